@@ -10,7 +10,7 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 _LAZY = {
-    "synth": ("swapmoe.synth", "synth"),
+    "synth": ("swapmoe.synthetic", "synth"),
     "open_gguf": ("swapmoe.gguf_file", "open_gguf"),
     "SwapmoeError": ("swapmoe.errors", "SwapmoeError"),
 }

@@ -1,0 +1,207 @@
+"""Synthetic MoE GGUF files of any supported architecture, shape, size and tensor type.
+
+    swapmoe.synth("model.gguf", arch="qwen3moe", preset="qwen3-30b-a3b", size_gb=4, type="Q4_K_M")
+
+Weights are random (valid quant blocks, finite scales) and the vocabulary is a small
+byte-level BPE, so llama.cpp loads and runs the file. Writing streams from a pool of
+random blocks: memory stays flat and a 30 GB file is written at disk speed.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T, GGUFValueType, GGUFWriter
+from tqdm import tqdm
+
+from swapmoe.atomic import atomic_output, check_free_space, check_output_path
+from swapmoe.errors import SwapmoeError
+from swapmoe.synthetic.archs import ARCHS, SynthConfig, Tensor
+from swapmoe.synthetic.blocks import BlockPool, FLOAT_TYPES, QUANT_TYPES, random_floats
+from swapmoe.synthetic.presets import PRESETS, preset_for
+from swapmoe.synthetic.vocab import build_vocab
+
+__all__ = ["synth", "plan", "PRESETS", "ARCHS", "TYPES"]
+
+MIXES = ("Q4_K_M",)
+TYPES = tuple(t.name for t in FLOAT_TYPES + QUANT_TYPES) + MIXES
+MATRIX_STD = 0.05
+ALIGNMENT = 32
+CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def _use_more_bits(i: int, n: int) -> bool:
+    """llama-quantize's rule for which layers get the bigger type in *_M mixes."""
+    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
+
+
+def _fits(ggml_type: T, ne0: int) -> T:
+    """The type itself if rows are whole blocks, else llama-quantize's fallback."""
+    if ne0 % GGML_QUANT_SIZES[ggml_type][0] == 0:
+        return ggml_type
+    return T.Q8_0 if ne0 % 32 == 0 else T.F16
+
+
+def _matrix_types(tensors: list[Tensor], config: SynthConfig, type_name: str) -> dict[str, T]:
+    """Type of every `matrix` tensor: one type for all, or a llama-quantize style mix."""
+    matrices = [(name, ne) for name, ne, role in tensors if role == "matrix"]
+    if type_name not in MIXES:
+        base = T[type_name]
+        return {name: _fits(base, ne[0]) for name, ne in matrices}
+    # Q4_K_M, following llama-quantize's rules for MoE files
+    names = {name for name, _ in matrices}
+    eight = config.n_expert == 8
+    v_like = [n for n, _ in matrices if n.endswith(("attn_v.weight", "attn_qkv.weight", "attn_kv_b.weight"))]
+    types = {}
+    for name, ne in matrices:
+        layer = int(name.split(".")[1]) if name.startswith("blk.") else -1
+        t = T.Q4_K
+        if name == "output.weight" or (name == "token_embd.weight" and "output.weight" not in names):
+            t = T.Q6_K
+        elif name in v_like:
+            t = T.Q8_0 if eight else (T.Q6_K if _use_more_bits(v_like.index(name), len(v_like)) else T.Q4_K)
+        elif name.endswith("attn_k.weight") and eight:
+            t = T.Q8_0
+        elif name.endswith("attn_output.weight") and eight:
+            t = T.Q5_K
+        elif ".ffn_down" in name and _use_more_bits(layer, config.n_layer):
+            t = T.Q6_K
+        types[name] = _fits(t, ne[0])
+    return types
+
+
+def _tensor_nbytes(ne: tuple[int, ...], ggml_type: T) -> int:
+    block, size = GGML_QUANT_SIZES[ggml_type]
+    return int(np.prod(ne, dtype=np.int64)) // block * size
+
+
+def plan(config: SynthConfig, type_name: str = "Q8_0") -> tuple[list[tuple[str, tuple[int, ...], str, T]], dict[str, Any]]:
+    """The tensors (name, ne, role, type) and arch keys a synthetic file of `config` will hold."""
+    if type_name not in TYPES:
+        raise SwapmoeError(f"unknown tensor type {type_name}; choose one of {', '.join(TYPES)}")
+    vocab = build_vocab()
+    tensors, keys = ARCHS[config.arch](config, len(vocab.tokens))
+    matrix_types = _matrix_types(tensors, config, type_name)
+    typed = [(name, ne, role, matrix_types.get(name, T.I32 if role == "table" else T.F32)) for name, ne, role in tensors]
+    return typed, keys
+
+
+def _size_of(config: SynthConfig, type_name: str) -> int:
+    tensors, _ = plan(config, type_name)
+    return sum(_tensor_nbytes(ne, t) for _, ne, _, t in tensors)
+
+
+def _scale_layers(config: SynthConfig, type_name: str, size_gb: float) -> SynthConfig:
+    """Pick the layer count that brings the file closest to `size_gb`."""
+    lead = config.n_dense_lead
+    one = _size_of(replace(config, n_layer=lead + 1), type_name)
+    two = _size_of(replace(config, n_layer=lead + 2), type_name)
+    per_layer, fixed = two - one, one - (two - one) * (lead + 1)
+    n_layer = max(lead + 1, round((size_gb * 1e9 - fixed) / per_layer))
+    extra = dict(config.extra)
+    if "hash_layers" in extra:
+        extra["hash_layers"] = min(extra["hash_layers"], n_layer - 1) if n_layer > 1 else 0
+    return replace(config, n_layer=n_layer, extra=extra)
+
+
+def _add_key(w: GGUFWriter, key: str, value: Any) -> None:
+    if isinstance(value, bool):
+        w.add_bool(key, value)
+    elif isinstance(value, int):
+        w.add_uint32(key, value)
+    elif isinstance(value, float):
+        w.add_float32(key, value)
+    elif isinstance(value, str):
+        w.add_string(key, value)
+    elif isinstance(value, list) and value and isinstance(value[0], float):
+        w.add_key_value(key, value, GGUFValueType.ARRAY, GGUFValueType.FLOAT32)
+    else:
+        w.add_array(key, value)
+
+
+def _small_tensor(role: str, ne: tuple[int, ...], n_expert: int, rng: np.random.Generator) -> np.ndarray:
+    """Contents of a non-matrix tensor as raw bytes."""
+    n = int(np.prod(ne))
+    if role == "table":  # DeepSeek-V4 hash routing: each token gets k distinct expert ids
+        k, vocab = ne
+        ids = np.argsort(rng.random((vocab, n_expert)), axis=1)[:, :k].astype(np.int32)
+        return ids.view(np.uint8).reshape(-1)
+    mean, std = {"norm": (1.0, 0.1), "vector": (0.0, 0.02), "router": (0.0, MATRIX_STD),
+                 "sinks": (0.0, 1.0), "decay": (-1.0, 0.2)}[role]
+    return random_floats(T.F32, n, std, rng, mean)
+
+
+def synth(path: str | os.PathLike, arch: str | None = None, preset: str | None = None, size_gb: float | None = None,
+          type: str = "Q8_0", seed: int = 0, force: bool = False, progress: bool = True, **overrides: Any) -> Path:
+    """Write a synthetic MoE GGUF and return its path.
+
+    arch: one of ARCHS (default: the preset's, else qwen3moe); preset: a name in PRESETS
+    (default `tiny-{arch}`); size_gb: scale the
+    layer count to about this size; type: a ggml type name for every weight matrix, or a
+    mix such as Q4_K_M; overrides: SynthConfig fields (n_layer, n_expert, d_model, ...).
+    """
+    path = Path(path)
+    if preset is not None and preset not in PRESETS:
+        raise SwapmoeError(f"unknown preset {preset}; choose one of {', '.join(PRESETS)}")
+    arch = arch or (PRESETS[preset].arch if preset else "qwen3moe")
+    if arch not in ARCHS:
+        raise SwapmoeError(f"unknown architecture {arch}; choose one of {', '.join(ARCHS)}")
+    config = preset_for(arch, preset)
+    if config.arch != arch:
+        raise SwapmoeError(f"preset {preset} is a {config.arch} model, not {arch}")
+    config = replace(config, **overrides)
+    if size_gb is not None:
+        config = _scale_layers(config, type, size_gb)
+    tensors, arch_keys = plan(config, type)
+    total = sum(_tensor_nbytes(ne, t) for _, ne, _, t in tensors)
+    check_output_path(path, force)
+    check_free_space(path, total + (64 << 20))
+
+    vocab = build_vocab()
+    rng = np.random.default_rng(seed)
+    w = GGUFWriter(None, arch)
+    w.add_name(f"swapmoe synthetic {preset or 'tiny-' + arch} {type}")
+    w.add_quantization_version(2)
+    w.add_custom_alignment(ALIGNMENT)
+    for key, value in arch_keys.items():
+        _add_key(w, f"{arch}.{key}", value)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(vocab.tokens)
+    w.add_token_types(vocab.token_types)
+    w.add_token_merges(vocab.merges)
+    w.add_eos_token_id(vocab.eos_id)
+    w.add_bos_token_id(vocab.eos_id)
+    w.add_pad_token_id(vocab.eos_id)
+    w.add_add_bos_token(False)
+    w.add_chat_template(CHAT_TEMPLATE)
+    for name, ne, _, ggml_type in tensors:
+        w.add_tensor_info(name, tuple(reversed(ne)), np.dtype(np.float32), _tensor_nbytes(ne, ggml_type), ggml_type)
+
+    pools: dict[T, BlockPool] = {}
+    with atomic_output(path) as tmp, tqdm(total=total, unit="B", unit_scale=True, disable=not progress,
+                                          desc=f"synth {path.name}") as bar:
+        w.open_output_file(tmp)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_ti_data_to_file()
+        f = w.fout[0]
+        w.write_padding(f, f.tell())
+        for name, ne, role, ggml_type in tensors:
+            nbytes = _tensor_nbytes(ne, ggml_type)
+            if role == "matrix":
+                if ggml_type not in pools:
+                    pools[ggml_type] = BlockPool(ggml_type, MATRIX_STD, rng)
+                for chunk in pools[ggml_type].chunks(nbytes):
+                    f.write(chunk)
+                    bar.update(len(chunk))
+            else:
+                f.write(_small_tensor(role, ne, config.n_expert, rng).data)
+                bar.update(nbytes)
+            w.write_padding(f, nbytes)
+        w.close()
+    return path

@@ -1,0 +1,261 @@
+"""Tensor sets and metadata of each MoE architecture, as llama.cpp's loaders expect them.
+
+Shapes are ggml `ne` (fastest dimension first). Each tensor has a role that decides its
+type and contents: `matrix` weights take the chosen quant type, the others stay F32/I32.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable
+
+from swapmoe.errors import SwapmoeError
+
+Tensor = tuple[str, tuple[int, ...], str]  # (name, ne, role)
+# roles: matrix (quantizable), norm (F32 around 1), vector (F32 small), router (F32 matrix),
+#        table (I32 token->expert ids), sinks (F32 per-head logits), decay (F32, negative)
+
+
+@dataclass(frozen=True)
+class SynthConfig:
+    arch: str
+    n_layer: int
+    d_model: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_expert: int
+    n_expert_used: int
+    expert_ff: int
+    shared_ff: int = 0  # width of the always-on shared expert (0: none)
+    dense_ff: int = 0  # width of dense FFN layers (deepseek2 leading layers)
+    n_dense_lead: int = 0  # deepseek2: first layers are dense
+    ctx: int = 4096
+    rope_base: float = 1e6
+    rms_eps: float = 1e-6
+    fused_gate_up: bool = False  # ffn_gate_up_exps instead of separate gate/up
+    extra: dict[str, Any] = field(default_factory=dict)  # arch-specific sizes
+
+    def scaled(self, **changes) -> "SynthConfig":
+        return replace(self, **changes)
+
+
+def _common_keys(c: SynthConfig, n_ff: int) -> dict[str, Any]:
+    return {
+        "context_length": c.ctx, "embedding_length": c.d_model, "block_count": c.n_layer,
+        "feed_forward_length": n_ff, "expert_count": c.n_expert, "expert_used_count": c.n_expert_used,
+        "attention.head_count": c.n_head, "attention.head_count_kv": c.n_head_kv,
+        "attention.key_length": c.head_dim, "attention.value_length": c.head_dim,
+        "attention.layer_norm_rms_epsilon": c.rms_eps, "rope.freq_base": c.rope_base,
+    }
+
+
+def _experts(c: SynthConfig, i: int, d_in: int, bias: bool = False) -> list[Tensor]:
+    p = f"blk.{i}."
+    E, F = c.n_expert, c.expert_ff
+    if c.fused_gate_up:
+        out = [(p + "ffn_gate_up_exps.weight", (d_in, 2 * F, E), "matrix")]
+    else:
+        out = [(p + "ffn_gate_exps.weight", (d_in, F, E), "matrix"), (p + "ffn_up_exps.weight", (d_in, F, E), "matrix")]
+    out.append((p + "ffn_down_exps.weight", (F, d_in, E), "matrix"))
+    if bias:
+        out += [(p + "ffn_gate_exps.bias", (F, E), "vector"), (p + "ffn_up_exps.bias", (F, E), "vector"),
+                (p + "ffn_down_exps.bias", (d_in, E), "vector")]
+    return out
+
+
+def _shared(c: SynthConfig, i: int, gated: bool) -> list[Tensor]:
+    p, D, Fs = f"blk.{i}.", c.d_model, c.shared_ff
+    out = [(p + "ffn_gate_inp_shexp.weight", (D,), "vector")] if gated else []
+    return out + [(p + "ffn_gate_shexp.weight", (D, Fs), "matrix"), (p + "ffn_up_shexp.weight", (D, Fs), "matrix"),
+                  (p + "ffn_down_shexp.weight", (Fs, D), "matrix")]
+
+
+def _gqa(c: SynthConfig, i: int, qkv_bias: bool = False, out_bias: bool = False) -> list[Tensor]:
+    p, D, q, kv = f"blk.{i}.", c.d_model, c.n_head * c.head_dim, c.n_head_kv * c.head_dim
+    out = [(p + "attn_q.weight", (D, q), "matrix"), (p + "attn_k.weight", (D, kv), "matrix"),
+           (p + "attn_v.weight", (D, kv), "matrix"), (p + "attn_output.weight", (q, D), "matrix")]
+    if qkv_bias:
+        out += [(p + "attn_q.bias", (q,), "vector"), (p + "attn_k.bias", (kv,), "vector"),
+                (p + "attn_v.bias", (kv,), "vector")]
+    if out_bias:
+        out.append((p + "attn_output.bias", (D,), "vector"))
+    return out
+
+
+def _globals(c: SynthConfig, n_vocab: int, output: bool = True) -> list[Tensor]:
+    out = [("token_embd.weight", (c.d_model, n_vocab), "matrix"), ("output_norm.weight", (c.d_model,), "norm")]
+    return out + ([("output.weight", (c.d_model, n_vocab), "matrix")] if output else [])
+
+
+def _norm(i: int, name: str, n: int) -> Tensor:
+    return (f"blk.{i}.{name}.weight", (n,), "norm")
+
+
+def _router(c: SynthConfig, i: int, bias: bool = False, probs_bias: bool = False) -> list[Tensor]:
+    p = f"blk.{i}."
+    out = [(p + "ffn_gate_inp.weight", (c.d_model, c.n_expert), "router")]
+    if bias:
+        out.append((p + "ffn_gate_inp.bias", (c.n_expert,), "vector"))
+    if probs_bias:
+        out.append((p + "exp_probs_b.bias", (c.n_expert,), "vector"))
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+def qwen3moe(c: SynthConfig, n_vocab: int) -> tuple[list[Tensor], dict[str, Any]]:
+    t = _globals(c, n_vocab)
+    for i in range(c.n_layer):
+        t += [_norm(i, "attn_norm", c.d_model), *_gqa(c, i), _norm(i, "attn_q_norm", c.head_dim),
+              _norm(i, "attn_k_norm", c.head_dim), _norm(i, "ffn_norm", c.d_model), *_router(c, i), *_experts(c, i, c.d_model)]
+    keys = _common_keys(c, c.expert_ff * c.n_expert_used) | {"expert_feed_forward_length": c.expert_ff}
+    return t, keys
+
+
+def qwen2moe(c: SynthConfig, n_vocab: int) -> tuple[list[Tensor], dict[str, Any]]:
+    if c.n_head * c.head_dim != c.d_model:
+        raise SwapmoeError("qwen2moe needs n_head * head_dim == d_model")
+    t = _globals(c, n_vocab)
+    for i in range(c.n_layer):
+        t += [_norm(i, "attn_norm", c.d_model), *_gqa(c, i, qkv_bias=True), _norm(i, "ffn_norm", c.d_model),
+              *_router(c, i), *_experts(c, i, c.d_model), *_shared(c, i, gated=True)]
+    keys = _common_keys(c, c.expert_ff * c.n_expert_used) | {
+        "expert_feed_forward_length": c.expert_ff, "expert_shared_feed_forward_length": c.shared_ff}
+    return t, keys
+
+
+def olmoe(c: SynthConfig, n_vocab: int) -> tuple[list[Tensor], dict[str, Any]]:
+    if c.n_head * c.head_dim != c.d_model or c.n_head_kv != c.n_head:
+        raise SwapmoeError("olmoe needs n_head * head_dim == d_model and n_head_kv == n_head")
+    t = _globals(c, n_vocab)
+    for i in range(c.n_layer):
+        t += [_norm(i, "attn_norm", c.d_model), *_gqa(c, i), _norm(i, "attn_q_norm", c.d_model),
+              _norm(i, "attn_k_norm", c.d_model), _norm(i, "ffn_norm", c.d_model), *_router(c, i), *_experts(c, i, c.d_model)]
+    return t, _common_keys(c, c.expert_ff)
+
+
+def llama(c: SynthConfig, n_vocab: int) -> tuple[list[Tensor], dict[str, Any]]:
+    t = _globals(c, n_vocab)
+    for i in range(c.n_layer):
+        t += [_norm(i, "attn_norm", c.d_model), *_gqa(c, i), _norm(i, "ffn_norm", c.d_model),
+              *_router(c, i), *_experts(c, i, c.d_model)]
+    return t, _common_keys(c, c.expert_ff) | {"rope.dimension_count": c.head_dim}
+
+
+def minimax_m2(c: SynthConfig, n_vocab: int) -> tuple[list[Tensor], dict[str, Any]]:
+    t = _globals(c, n_vocab)
+    for i in range(c.n_layer):
+        t += [_norm(i, "attn_norm", c.d_model), *_gqa(c, i), _norm(i, "attn_q_norm", c.n_head * c.head_dim),
+              _norm(i, "attn_k_norm", c.n_head_kv * c.head_dim), _norm(i, "ffn_norm", c.d_model),
+              *_router(c, i, probs_bias=True), *_experts(c, i, c.d_model)]
+    keys = _common_keys(c, c.expert_ff) | {
+        "expert_feed_forward_length": c.expert_ff, "expert_gating_func": 2,
+        "rope.dimension_count": c.extra.get("rope_dim", c.head_dim // 2)}
+    return t, keys
+
+
+def gpt_oss(c: SynthConfig, n_vocab: int) -> tuple[list[Tensor], dict[str, Any]]:
+    t = _globals(c, n_vocab)
+    for i in range(c.n_layer):
+        t += [_norm(i, "attn_norm", c.d_model), *_gqa(c, i, qkv_bias=True, out_bias=True),
+              (f"blk.{i}.attn_sinks.weight", (c.n_head,), "sinks"), _norm(i, "post_attention_norm", c.d_model),
+              *_router(c, i, bias=True), *_experts(c, i, c.d_model, bias=True)]
+    keys = _common_keys(c, c.expert_ff) | {
+        "expert_feed_forward_length": c.expert_ff, "attention.sliding_window": c.extra.get("sliding_window", 128),
+        "rope.scaling.type": "yarn", "rope.scaling.factor": 32.0, "rope.scaling.original_context_length": 4096}
+    return t, keys
+
+
+def deepseek2(c: SynthConfig, n_vocab: int) -> tuple[list[Tensor], dict[str, Any]]:
+    x = c.extra
+    ql, kvl, rope, nope, dv = x["q_lora_rank"], x["kv_lora_rank"], x["rope_dim"], x["nope_dim"], x["v_dim"]
+    D, H = c.d_model, c.n_head
+    t = _globals(c, n_vocab)
+    for i in range(c.n_layer):
+        p = f"blk.{i}."
+        t += [_norm(i, "attn_norm", D), (p + "attn_q_a.weight", (D, ql), "matrix"), _norm(i, "attn_q_a_norm", ql),
+              (p + "attn_q_b.weight", (ql, H * (nope + rope)), "matrix"),
+              (p + "attn_kv_a_mqa.weight", (D, kvl + rope), "matrix"), _norm(i, "attn_kv_a_norm", kvl),
+              (p + "attn_k_b.weight", (nope, kvl, H), "matrix"), (p + "attn_v_b.weight", (kvl, dv, H), "matrix"),
+              (p + "attn_output.weight", (H * dv, D), "matrix"), _norm(i, "ffn_norm", D)]
+        if i < c.n_dense_lead:
+            t += [(p + "ffn_gate.weight", (D, c.dense_ff), "matrix"), (p + "ffn_up.weight", (D, c.dense_ff), "matrix"),
+                  (p + "ffn_down.weight", (c.dense_ff, D), "matrix")]
+        else:
+            t += [*_router(c, i, probs_bias=True), *_experts(c, i, D), *_shared(c, i, gated=False)]
+    keys = _common_keys(c, c.dense_ff) | {
+        "attention.head_count_kv": 1, "attention.key_length": kvl + rope, "attention.value_length": kvl,
+        "attention.key_length_mla": nope + rope, "attention.value_length_mla": dv,
+        "attention.q_lora_rank": ql, "attention.kv_lora_rank": kvl, "rope.dimension_count": rope,
+        "leading_dense_block_count": c.n_dense_lead, "expert_feed_forward_length": c.expert_ff,
+        "expert_shared_count": max(1, c.shared_ff // c.expert_ff), "expert_weights_scale": 2.5,
+        "expert_weights_norm": True, "expert_gating_func": 2,
+        "expert_group_count": x.get("groups", 1), "expert_group_used_count": x.get("groups_used", 1)}
+    return t, keys
+
+
+def deepseek4(c: SynthConfig, n_vocab: int) -> tuple[list[Tensor], dict[str, Any]]:
+    x = c.extra
+    D, H, hd, ql = c.d_model, c.n_head, c.head_dim, x["q_lora_rank"]
+    groups, out_rank, hc, n_hash = x["out_groups"], x["out_rank"], 4, x["hash_layers"]
+    hc_dim, mix = hc * D, (2 + hc) * hc
+    t = _globals(c, n_vocab) + [("output_hc_fn.weight", (hc_dim, hc), "router"),
+                                ("output_hc_base.weight", (hc,), "vector"), ("output_hc_scale.weight", (1,), "vector")]
+    for i in range(c.n_layer):
+        p = f"blk.{i}."
+        t += [_norm(i, "attn_norm", D), (p + "attn_sinks.weight", (H,), "sinks"),
+              (p + "attn_q_a.weight", (D, ql), "matrix"), _norm(i, "attn_q_a_norm", ql),
+              (p + "attn_q_b.weight", (ql, H * hd), "matrix"), (p + "attn_kv.weight", (D, hd), "matrix"),
+              _norm(i, "attn_kv_a_norm", hd), (p + "attn_output_a.weight", (H * hd // groups, out_rank * groups), "matrix"),
+              (p + "attn_output_b.weight", (groups * out_rank, D), "matrix")]
+        for half in ("attn", "ffn"):
+            t += [(p + f"hc_{half}_fn.weight", (hc_dim, mix), "router"), (p + f"hc_{half}_base.weight", (mix,), "vector"),
+                  (p + f"hc_{half}_scale.weight", (3,), "vector")]
+        t += [_norm(i, "ffn_norm", D), *_router(c, i, probs_bias=i >= n_hash)]
+        if i < n_hash:
+            t.append((p + "ffn_gate_tid2eid.weight", (c.n_expert_used, n_vocab), "table"))
+        t += [*_experts(c, i, D), *_shared(c, i, gated=False)]
+    keys = _common_keys(c, c.expert_ff) | {
+        "rope.dimension_count": x.get("rope_dim", hd // 2), "attention.compress_rope_freq_base": 160000.0,
+        "attention.q_lora_rank": ql, "attention.sliding_window": 128, "attention.compress_ratios": [0] * c.n_layer,
+        "attention.indexer.head_count": 4, "attention.indexer.key_length": 64, "attention.indexer.top_k": 64,
+        "attention.output_group_count": groups, "attention.output_lora_rank": out_rank,
+        "hyper_connection.count": hc, "hyper_connection.sinkhorn_iterations": 20, "hyper_connection.epsilon": 1e-6,
+        "hash_layer_count": n_hash, "expert_feed_forward_length": c.expert_ff,
+        "expert_shared_count": max(1, c.shared_ff // c.expert_ff), "expert_weights_scale": 1.5,
+        "expert_weights_norm": True, "expert_gating_func": 4, "swiglu_clamp_exp": [10.0] * c.n_layer}
+    return t, keys
+
+
+def qwen35moe(c: SynthConfig, n_vocab: int) -> tuple[list[Tensor], dict[str, Any]]:
+    x = c.extra
+    D, H, hd = c.d_model, c.n_head, c.head_dim
+    hk, n_k, n_v, d_conv, interval = x["ssm_state"], x["ssm_groups"], x["ssm_heads"], 4, 4
+    val_dim, conv_dim = hk * n_v, 2 * hk * n_k + hk * n_v
+    t = _globals(c, n_vocab)
+    for i in range(c.n_layer):
+        p = f"blk.{i}."
+        t += [_norm(i, "attn_norm", D), _norm(i, "post_attention_norm", D)]
+        if (i + 1) % interval == 0:
+            kv = c.n_head_kv * hd
+            t += [(p + "attn_q.weight", (D, 2 * H * hd), "matrix"), (p + "attn_k.weight", (D, kv), "matrix"),
+                  (p + "attn_v.weight", (D, kv), "matrix"), _norm(i, "attn_q_norm", hd), _norm(i, "attn_k_norm", hd),
+                  (p + "attn_output.weight", (H * hd, D), "matrix")]
+        else:
+            t += [(p + "attn_qkv.weight", (D, conv_dim), "matrix"), (p + "attn_gate.weight", (D, val_dim), "matrix"),
+                  (p + "ssm_conv1d.weight", (d_conv, conv_dim), "router"), (p + "ssm_dt.bias", (n_v,), "vector"),
+                  (p + "ssm_a", (n_v,), "decay"), (p + "ssm_beta.weight", (D, n_v), "matrix"),
+                  (p + "ssm_alpha.weight", (D, n_v), "matrix"), _norm(i, "ssm_norm", hk),
+                  (p + "ssm_out.weight", (val_dim, D), "matrix")]
+        t += [*_router(c, i), *_experts(c, i, D), *_shared(c, i, gated=True)]
+    keys = _common_keys(c, c.expert_ff) | {
+        "expert_feed_forward_length": c.expert_ff, "expert_shared_feed_forward_length": c.shared_ff,
+        "rope.dimension_count": hd // 4, "rope.dimension_sections": [11, 11, 10, 0],
+        "ssm.conv_kernel": d_conv, "ssm.inner_size": val_dim, "ssm.state_size": hk, "ssm.time_step_rank": n_v,
+        "ssm.group_count": n_k, "full_attention_interval": interval}
+    return t, keys
+
+
+ARCHS: dict[str, Callable[[SynthConfig, int], tuple[list[Tensor], dict[str, Any]]]] = {
+    "qwen3moe": qwen3moe, "qwen2moe": qwen2moe, "olmoe": olmoe, "llama": llama, "deepseek2": deepseek2,
+    "deepseek4": deepseek4, "minimax-m2": minimax_m2, "gpt-oss": gpt_oss, "qwen35moe": qwen35moe,
+}
