@@ -52,7 +52,7 @@ def main():
 @click.option("--force", is_flag=True, help="Overwrite OUT if it exists.")
 @user_errors
 def synth(out, arch, preset, size_gb, type_name, layers, experts, seed, force):
-    """Write a synthetic MoE GGUF with random weights (for tests and benchmarks).
+    """Write a synthetic MoE GGUF with random weights, for tests and benchmarks.
 
     \b
     Examples:
@@ -73,7 +73,7 @@ def synth(out, arch, preset, size_gb, type_name, layers, experts, seed, force):
 @click.option("--page-size", type=int, default=16384, show_default=True, help="Page size for the alignment summary.")
 @user_errors
 def inspect(model, as_json, page_size):
-    """Show what a GGUF holds: experts, slice sizes, RAM needed, alignment."""
+    """Show experts, slice sizes, RAM needs and alignment of a GGUF."""
     from swapmoe.gguf_file import open_gguf
     from swapmoe.inspect import format_summary, summarize
 
@@ -84,7 +84,7 @@ def inspect(model, as_json, page_size):
 @main.command()
 @user_errors
 def demo():
-    """Show swapmoe on the tiny MoE model shipped inside the package."""
+    """Run swapmoe on the tiny MoE model shipped inside the package."""
     from swapmoe import default_model_path
     from swapmoe.gguf_file import open_gguf
     from swapmoe.inspect import format_summary, summarize

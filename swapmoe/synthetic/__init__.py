@@ -135,36 +135,9 @@ def _small_tensor(role: str, ne: tuple[int, ...], n_expert: int, rng: np.random.
     return random_floats(T.F32, n, std, rng, mean)
 
 
-def synth(path: str | os.PathLike, arch: str | None = None, preset: str | None = None, size_gb: float | None = None,
-          type: str = "Q8_0", seed: int = 0, force: bool = False, progress: bool = True, **overrides: Any) -> Path:
-    """Write a synthetic MoE GGUF and return its path.
-
-    arch: one of ARCHS (default: the preset's, else qwen3moe); preset: a name in PRESETS
-    (default `tiny-{arch}`); size_gb: scale the
-    layer count to about this size; type: a ggml type name for every weight matrix, or a
-    mix such as Q4_K_M; overrides: SynthConfig fields (n_layer, n_expert, d_model, ...).
-    """
-    path = Path(path)
-    if preset is not None and preset not in PRESETS:
-        raise SwapmoeError(f"unknown preset {preset}; choose one of {', '.join(PRESETS)}")
-    arch = arch or (PRESETS[preset].arch if preset else "qwen3moe")
-    if arch not in ARCHS:
-        raise SwapmoeError(f"unknown architecture {arch}; choose one of {', '.join(ARCHS)}")
-    config = preset_for(arch, preset)
-    if config.arch != arch:
-        raise SwapmoeError(f"preset {preset} is a {config.arch} model, not {arch}")
-    config = replace(config, **overrides)
-    if size_gb is not None:
-        config = _scale_layers(config, type, size_gb)
-    tensors, arch_keys = plan(config, type)
-    total = sum(_tensor_nbytes(ne, t) for _, ne, _, t in tensors)
-    check_output_path(path, force)
-    check_free_space(path, total + (64 << 20))
-
+def _metadata(w: GGUFWriter, arch: str, name: str, arch_keys: dict[str, Any]) -> None:
     vocab = build_vocab()
-    rng = np.random.default_rng(seed)
-    w = GGUFWriter(None, arch)
-    w.add_name(f"swapmoe synthetic {preset or 'tiny-' + arch} {type}")
+    w.add_name(name)
     w.add_quantization_version(2)
     w.add_custom_alignment(ALIGNMENT)
     for key, value in arch_keys.items():
@@ -179,12 +152,13 @@ def synth(path: str | os.PathLike, arch: str | None = None, preset: str | None =
     w.add_pad_token_id(vocab.eos_id)
     w.add_add_bos_token(False)
     w.add_chat_template(CHAT_TEMPLATE)
+
+
+def _write_file(path: Path, w: GGUFWriter, tensors, fill, bar) -> None:
+    """Write header, metadata and tensor infos with gguf's writer, then stream the data."""
     for name, ne, _, ggml_type in tensors:
         w.add_tensor_info(name, tuple(reversed(ne)), np.dtype(np.float32), _tensor_nbytes(ne, ggml_type), ggml_type)
-
-    pools: dict[T, BlockPool] = {}
-    with atomic_output(path) as tmp, tqdm(total=total, unit="B", unit_scale=True, disable=not progress,
-                                          desc=f"synth {path.name}") as bar:
+    with atomic_output(path) as tmp:
         w.open_output_file(tmp)
         w.write_header_to_file()
         w.write_kv_data_to_file()
@@ -193,15 +167,71 @@ def synth(path: str | os.PathLike, arch: str | None = None, preset: str | None =
         w.write_padding(f, f.tell())
         for name, ne, role, ggml_type in tensors:
             nbytes = _tensor_nbytes(ne, ggml_type)
-            if role == "matrix":
-                if ggml_type not in pools:
-                    pools[ggml_type] = BlockPool(ggml_type, MATRIX_STD, rng)
-                for chunk in pools[ggml_type].chunks(nbytes):
-                    f.write(chunk)
-                    bar.update(len(chunk))
-            else:
-                f.write(_small_tensor(role, ne, config.n_expert, rng).data)
-                bar.update(nbytes)
+            for chunk in fill(role, ne, ggml_type, nbytes):
+                f.write(chunk)
+                bar.update(len(chunk))
             w.write_padding(f, nbytes)
         w.close()
-    return path
+
+
+def shard_names(path: Path, shards: int) -> list[Path]:
+    """llama.cpp's split naming: x.gguf -> x-00001-of-00003.gguf, ..."""
+    if shards == 1:
+        return [path]
+    return [path.with_name(f"{path.stem}-{i:05d}-of-{shards:05d}.gguf") for i in range(1, shards + 1)]
+
+
+def synth(path: str | os.PathLike, arch: str | None = None, preset: str | None = None, size_gb: float | None = None,
+          type: str = "Q8_0", seed: int = 0, shards: int = 1, force: bool = False, progress: bool = True,
+          **overrides: Any) -> Path:
+    """Write a synthetic MoE GGUF and return its path (the first shard's if split).
+
+    arch: one of ARCHS (default: the preset's, else qwen3moe); preset: a name in PRESETS
+    (default `tiny-{arch}`); size_gb: scale the layer count to about this size; type: a ggml
+    type name for every weight matrix, or a mix such as Q4_K_M; shards: split the tensors
+    over this many files the way llama-gguf-split does; overrides: SynthConfig fields
+    (n_layer, n_expert, d_model, ...).
+    """
+    path = Path(path)
+    if preset is not None and preset not in PRESETS:
+        raise SwapmoeError(f"unknown preset {preset}; choose one of {', '.join(PRESETS)}")
+    arch = arch or (PRESETS[preset].arch if preset else "qwen3moe")
+    if arch not in ARCHS:
+        raise SwapmoeError(f"unknown architecture {arch}; choose one of {', '.join(ARCHS)}")
+    config = preset_for(arch, preset)
+    if config.arch != arch:
+        raise SwapmoeError(f"preset {preset} is a {config.arch} model, not {arch}")
+    config = replace(config, **overrides)
+    if size_gb is not None:
+        config = _scale_layers(config, type, size_gb)
+    tensors, arch_keys = plan(config, type)
+    if not 1 <= shards <= len(tensors):
+        raise SwapmoeError(f"shards must be between 1 and the tensor count {len(tensors)}")
+    paths = shard_names(path, shards)
+    total = sum(_tensor_nbytes(ne, t) for _, ne, _, t in tensors)
+    for p in paths:
+        check_output_path(p, force)
+    check_free_space(path, total + (64 << 20))
+
+    rng = np.random.default_rng(seed)
+    pools: dict[T, BlockPool] = {}
+
+    def fill(role, ne, ggml_type, nbytes):
+        if role != "matrix":
+            return [_small_tensor(role, ne, config.n_expert, rng).data]
+        if ggml_type not in pools:
+            pools[ggml_type] = BlockPool(ggml_type, MATRIX_STD, rng)
+        return pools[ggml_type].chunks(nbytes)
+
+    per_shard = -(-len(tensors) // shards)
+    with tqdm(total=total, unit="B", unit_scale=True, disable=not progress, desc=f"synth {path.name}") as bar:
+        for i, shard_path in enumerate(paths):
+            w = GGUFWriter(None, arch)
+            if i == 0:
+                _metadata(w, arch, f"swapmoe synthetic {preset or 'tiny-' + arch} {type}", arch_keys)
+            if shards > 1:
+                w.add_uint16("split.no", i)
+                w.add_uint16("split.count", shards)
+                w.add_int32("split.tensors.count", len(tensors))
+            _write_file(shard_path, w, tensors[i * per_shard:(i + 1) * per_shard], fill, bar)
+    return paths[0]

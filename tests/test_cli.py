@@ -1,0 +1,55 @@
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+import swapmoe
+from swapmoe.cli import main
+
+
+def run(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def test_help_lists_every_command():
+    result = run("--help")
+    assert result.exit_code == 0
+    for command in main.commands:
+        assert command in result.output
+
+
+def test_version():
+    result = run("--version")
+    assert result.exit_code == 0 and swapmoe.__version__ in result.output
+
+
+def test_synth_then_inspect(tmp_path):
+    out = tmp_path / "m.gguf"
+    assert run("synth", out, "--arch", "deepseek4", "--type", "Q4_K").exit_code == 0
+    result = run("inspect", out)
+    assert result.exit_code == 0
+    assert "deepseek4" in result.output and "hash layers     0" in result.output
+    result = run("inspect", out, "--json")
+    assert '"routed_expert_share"' in result.output
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"not a model at all", "not a GGUF file"),
+    (b"GGUF\x03\x00\x00\x00" + b"\xff" * 40, "corrupt or truncated GGUF header"),
+])
+def test_bad_input_is_one_line_and_nonzero(tmp_path, content, message):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(content)
+    # a real process: the message must reach stderr as one line, with no traceback
+    proc = subprocess.run([sys.executable, "-m", "swapmoe.cli", "inspect", str(bad)], capture_output=True, text=True)
+    assert proc.returncode == 1
+    assert proc.stderr.count("\n") == 1 and message in proc.stderr and str(bad) in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_missing_shard_cli(tmp_path):
+    first = swapmoe.synth(tmp_path / "m.gguf", shards=2, progress=False)
+    (tmp_path / "m-00002-of-00002.gguf").unlink()
+    result = run("inspect", first)
+    assert result.exit_code == 1 and "missing shard 2 of 2" in result.output

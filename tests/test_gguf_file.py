@@ -1,0 +1,91 @@
+import numpy as np
+import pytest
+from gguf import GGUFReader
+
+import swapmoe
+from swapmoe.errors import SwapmoeError
+from swapmoe.gguf_file import TensorKind, classify, open_gguf
+
+
+@pytest.mark.parametrize("name, kind, layer, projection, part", [
+    ("blk.3.ffn_gate_exps.weight", TensorKind.ROUTED_EXPERT, 3, "gate", "weight"),
+    ("blk.0.ffn_gate_up_exps.weight", TensorKind.ROUTED_EXPERT, 0, "gate_up", "weight"),
+    ("blk.12.ffn_down_exps.bias", TensorKind.ROUTED_EXPERT, 12, "down", "bias"),
+    ("blk.1.ffn_up_exps.scale", TensorKind.ROUTED_EXPERT, 1, "up", "scale"),
+    ("blk.1.ffn_up_shexp.weight", TensorKind.SHARED_EXPERT, 1, None, None),
+    ("blk.1.ffn_down_shexp.weight", TensorKind.SHARED_EXPERT, 1, None, None),
+    ("blk.2.ffn_gate_inp.weight", TensorKind.ROUTER, 2, None, None),
+    ("blk.2.ffn_gate_inp.bias", TensorKind.ROUTER, 2, None, None),
+    ("blk.2.ffn_gate_inp_shexp.weight", TensorKind.ROUTER, 2, None, None),
+    ("blk.5.exp_probs_b.bias", TensorKind.ROUTER, 5, None, None),
+    ("blk.0.ffn_gate_tid2eid.weight", TensorKind.HASH_TABLE, 0, None, None),
+    ("blk.0.ffn_gate.weight", TensorKind.OTHER, 0, None, None),
+    ("blk.4.attn_q.weight", TensorKind.OTHER, 4, None, None),
+    ("token_embd.weight", TensorKind.OTHER, None, None, None),
+])
+def test_classify(name, kind, layer, projection, part):
+    c = classify(name)
+    assert (c.kind, c.layer, c.projection, c.part) == (kind, layer, projection, part)
+
+
+def test_tensor_table_matches_gguf_reader(tmp_path):
+    path = swapmoe.synth(tmp_path / "m.gguf", arch="qwen3moe", type="Q4_K", progress=False)
+    g = open_gguf(path)
+    reader = GGUFReader(path)
+    assert [t.name for t in reader.tensors] == list(g.tensors)
+    for rt in reader.tensors:
+        t = g.tensors[rt.name]
+        assert (t.offset, t.nbytes, t.ggml_type, t.ne) == (rt.data_offset, rt.n_bytes, rt.tensor_type, tuple(rt.shape))
+        assert np.array_equal(g.raw(rt.name), np.asarray(rt.data).reshape(-1).view(np.uint8))
+    assert g.arch == "qwen3moe" and g.arch_get("expert_count") == 8
+    shard = g.shards[0]
+    assert shard.kv_span[0] == 24 and shard.kv_span[1] <= shard.tensor_info_span[0] <= shard.tensor_info_span[1]
+    assert shard.tensor_info_span[1] <= shard.data_offset < shard.tensor_info_span[1] + shard.alignment
+    experts = g.tensors_of_kind(TensorKind.ROUTED_EXPERT)
+    assert {t.cls.projection for t in experts} == {"gate", "up", "down"}
+    assert all(t.n_experts == 8 and t.expert_nbytes * 8 == t.nbytes for t in experts)
+
+
+def test_split_shards_are_one_model(tmp_path):
+    first = swapmoe.synth(tmp_path / "m.gguf", shards=3, progress=False)
+    assert first.name == "m-00001-of-00003.gguf"
+    g = open_gguf(first)
+    whole = open_gguf(swapmoe.synth(tmp_path / "whole.gguf", progress=False))
+    assert len(g.shards) == 3 and list(g.tensors) == list(whole.tensors)
+    for name in whole.tensors:
+        assert np.array_equal(g.raw(name), whole.raw(name))
+    assert g.get("tokenizer.ggml.tokens") == whole.get("tokenizer.ggml.tokens")
+
+
+def test_missing_shard_is_named(tmp_path):
+    first = swapmoe.synth(tmp_path / "m.gguf", shards=3, progress=False)
+    (tmp_path / "m-00002-of-00003.gguf").unlink()
+    with pytest.raises(SwapmoeError, match=r"m-00002-of-00003\.gguf: missing shard 2 of 3"):
+        open_gguf(first)
+    with pytest.raises(SwapmoeError, match="give the first shard"):
+        open_gguf(tmp_path / "m-00003-of-00003.gguf")
+
+
+def test_not_a_gguf(tmp_path):
+    p = tmp_path / "x.gguf"
+    p.write_bytes(b"PK\x03\x04" + b"\0" * 100)
+    with pytest.raises(SwapmoeError, match=r"x\.gguf: not a GGUF file"):
+        open_gguf(p)
+    with pytest.raises(SwapmoeError, match="no such file"):
+        open_gguf(tmp_path / "absent.gguf")
+
+
+def test_truncated_data_is_reported(tmp_path):
+    path = swapmoe.synth(tmp_path / "m.gguf", progress=False)
+    data = path.read_bytes()
+    path.write_bytes(data[:len(data) - 1000])
+    with pytest.raises(SwapmoeError, match=r"m\.gguf: truncated: tensor .* needs bytes up to"):
+        open_gguf(path)
+
+
+@pytest.mark.parametrize("keep", [30, 2000, 9000])
+def test_truncated_header_is_reported(tmp_path, keep):
+    path = swapmoe.synth(tmp_path / "m.gguf", progress=False)
+    path.write_bytes(path.read_bytes()[:keep])
+    with pytest.raises(SwapmoeError, match=r"m\.gguf: (corrupt or truncated GGUF header|truncated)"):
+        open_gguf(path)
