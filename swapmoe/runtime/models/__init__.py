@@ -1,0 +1,14 @@
+"""One file per architecture; ARCHITECTURES maps `general.architecture` to its model class."""
+from __future__ import annotations
+
+from swapmoe.runtime.models.llama import Llama
+from swapmoe.runtime.models.olmoe import OLMoE
+from swapmoe.runtime.models.qwen2moe import Qwen2MoE
+from swapmoe.runtime.models.qwen3moe import Qwen3MoE
+
+ARCHITECTURES = {
+    "qwen3moe": Qwen3MoE,
+    "qwen2moe": Qwen2MoE,
+    "olmoe": OLMoE,
+    "llama": Llama,
+}

@@ -1,0 +1,163 @@
+"""The building blocks every architecture shares, computed the way llama.cpp's CPU backend does.
+
+Shapes: activations are float32 [T, D] for T tokens; attention heads are [T, H, d].
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+F32 = np.float32
+
+
+def rms_norm(x: np.ndarray, weight: np.ndarray | None, eps: float) -> np.ndarray:
+    """x / sqrt(mean(x^2) + eps) * weight over the last axis; the sum of squares in double, as ggml does."""
+    sum_sq = np.sum((x * x).astype(np.float64), axis=-1, keepdims=True)
+    mean = (sum_sq / x.shape[-1]).astype(F32)
+    y = x * (F32(1.0) / np.sqrt(mean + F32(eps)))
+    return y if weight is None else y * weight
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    """Softmax over the last axis (f32 exponentials, double sum, f32 scale: ggml's soft_max)."""
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    total = e.astype(np.float64).sum(axis=-1, keepdims=True)
+    return e * (1.0 / total).astype(F32)
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    return x / (F32(1.0) + np.exp(-x))
+
+
+def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    return silu(gate) * up
+
+
+# --- rotary position embedding ------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Rope:
+    """RoPE with llama.cpp's angle recurrence and YaRN ramp.
+
+    neox: rotate pairs (i, i + n_rot/2) (NEOX) instead of adjacent pairs (2i, 2i+1) (NORM).
+    """
+    n_rot: int
+    base: float
+    neox: bool
+    freq_scale: float = 1.0
+    ext_factor: float = 0.0
+    attn_factor: float = 1.0
+    n_ctx_orig: int = 0
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    freq_factors: np.ndarray | None = None
+
+    def _corr_dims(self) -> tuple[float, float]:
+        def corr_dim(n_rot_pairs: float) -> float:
+            return self.n_rot * math.log(self.n_ctx_orig / (n_rot_pairs * 2 * math.pi)) / (2 * math.log(self.base))
+        low = math.floor(corr_dim(self.beta_fast))
+        high = math.ceil(corr_dim(self.beta_slow))
+        return max(0.0, low), min(self.n_rot - 1.0, high)
+
+    def tables(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """cos and sin [T, n_rot/2] for integer positions."""
+        half = self.n_rot // 2
+        theta_scale = F32(self.base) ** F32(-2.0 / self.n_rot)
+        theta = positions.astype(F32)
+        thetas = np.empty((len(positions), half), F32)
+        for i in range(half):  # an f32 recurrence, not a power per i: this is what ggml computes
+            thetas[:, i] = theta
+            theta = theta * theta_scale
+        if self.freq_factors is not None:
+            thetas = thetas / self.freq_factors[:half].astype(F32)
+        theta_interp = F32(self.freq_scale) * thetas
+        mscale = F32(self.attn_factor)
+        if self.ext_factor != 0.0:
+            low, high = self._corr_dims()
+            ramp = 1 - np.clip((np.arange(half, dtype=F32) - F32(low)) / F32(max(0.001, high - low)), 0, 1)
+            mix = (ramp * F32(self.ext_factor)).astype(F32)
+            thetas = theta_interp * (1 - mix) + thetas * mix
+            mscale = mscale * F32(1.0 + 0.1 * math.log(1.0 / self.freq_scale))
+        else:
+            thetas = theta_interp
+        return (np.cos(thetas) * mscale).astype(F32), (np.sin(thetas) * mscale).astype(F32)
+
+    def apply(self, x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+        """Rotate the first n_rot dims of every head of x [T, H, d]; the rest pass through."""
+        out = x.copy()
+        c, s = cos[:, None, :], sin[:, None, :]
+        if self.neox:
+            half = self.n_rot // 2
+            x0, x1 = x[..., :half], x[..., half:self.n_rot]
+            out[..., :half] = x0 * c - x1 * s
+            out[..., half:self.n_rot] = x0 * s + x1 * c
+        else:
+            x0, x1 = x[..., 0:self.n_rot:2], x[..., 1:self.n_rot:2]
+            out[..., 0:self.n_rot:2] = x0 * c - x1 * s
+            out[..., 1:self.n_rot:2] = x0 * s + x1 * c
+        return out
+
+
+# --- attention ----------------------------------------------------------------------------
+
+class KVCache:
+    """Keys and values of every past position of one layer, in f32."""
+
+    def __init__(self, n_ctx: int, n_head_kv: int, k_dim: int, v_dim: int):
+        self.k = np.empty((n_ctx, n_head_kv, k_dim), F32)
+        self.v = np.empty((n_ctx, n_head_kv, v_dim), F32)
+        self.length = 0
+
+    def append(self, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        n = len(k)
+        self.k[self.length:self.length + n] = k
+        self.v[self.length:self.length + n] = v
+        self.length += n
+        return self.k[:self.length], self.v[:self.length]
+
+
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_pos: np.ndarray, scale: float,
+              window: int | None = None, sinks: np.ndarray | None = None) -> np.ndarray:
+    """Causal multi-head attention with grouped KV heads.
+
+    q [T, H, d]; k [S, Hkv, d]; v [S, Hkv, dv] for positions 0..S-1; returns [T, H*dv].
+    Query head h reads KV head h // (H / Hkv). `window`: keys with q_pos - k_pos >= window are
+    masked (sliding-window layers). `sinks` [H]: per-head logits that join the softmax
+    denominator but add no value.
+    """
+    T, H, _ = q.shape
+    S, Hkv, dv = v.shape
+    group = H // Hkv
+    k_pos = np.arange(S)
+    masked = k_pos[None, :] > q_pos[:, None]
+    if window is not None:
+        masked |= (q_pos[:, None] - k_pos[None, :]) >= window
+    out = np.empty((T, H, dv), F32)
+    for g in range(Hkv):
+        qg = q[:, g * group:(g + 1) * group, :].transpose(1, 0, 2)  # [G, T, d]
+        scores = (qg @ k[:, g, :].T) * F32(scale)  # [G, T, S]
+        scores[:, masked] = -np.inf
+        top = scores.max(axis=-1, keepdims=True)
+        if sinks is not None:
+            top = np.maximum(top, sinks[g * group:(g + 1) * group, None, None])
+        e = np.exp(scores - top)
+        total = e.astype(np.float64).sum(axis=-1, keepdims=True)
+        if sinks is not None:
+            total += np.exp(sinks[g * group:(g + 1) * group, None, None] - top)
+        p = e * (1.0 / total).astype(F32)
+        out[:, g * group:(g + 1) * group, :] = (p @ v[:, g, :]).transpose(1, 0, 2)
+    return out.reshape(T, H * dv)
+
+
+# --- mixture of experts routing -----------------------------------------------------------
+
+def top_k(selection: np.ndarray, k: int) -> np.ndarray:
+    """Indices [T, k] of the k largest selection scores per token, best first."""
+    return np.argsort(-selection, axis=-1, kind="stable")[:, :k]
+
+
+def normalize_weights(w: np.ndarray) -> np.ndarray:
+    """Scale the chosen experts' weights to sum to one (the sum clamped as llama.cpp does)."""
+    return w / np.maximum(w.sum(axis=-1, keepdims=True), F32(6.103515625e-5))
