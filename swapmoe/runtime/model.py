@@ -10,11 +10,18 @@ import numba
 import numpy as np
 
 from swapmoe.errors import SwapmoeError
-from swapmoe.gguf_file import open_gguf
-from swapmoe.runtime.experts.store import MappedExpertStore
+from swapmoe.gguf_file import GGUFFile, open_gguf
+from swapmoe.memcap import available_memory
+from swapmoe.repack import index as expert_index
+from swapmoe.runtime.experts import options as streaming_options
+from swapmoe.runtime.experts.io import MmapEngine, PreadEngine, slot_need
+from swapmoe.runtime.experts.store import ExpertStore
 from swapmoe.runtime.models import ARCHITECTURES
+from swapmoe.runtime.models.base import Routing
 from swapmoe.runtime.sampling import Sampler, Sampling
-from swapmoe.runtime.tokenizer import Tokenizer
+try:
+    from swapmoe.runtime.tokenizer import Tokenizer
+except ImportError: Tokenizer=None
 
 BATCH = 256  # prompt tokens per forward pass: each expert is read once per batch
 
@@ -22,7 +29,8 @@ BATCH = 256  # prompt tokens per forward pass: each expert is read once per batc
 class Model:
     """A loaded model. `stats` describes the last call of logits() or generate()."""
 
-    def __init__(self, path: str | os.PathLike, ctx: int | None = None, threads: int | None = None):
+    def __init__(self, path: str | os.PathLike, ctx: int | None = None, threads: int | None = None,
+                 **streaming):
         self.path = Path(path)
         self.gguf = open_gguf(self.path)
         arch = self.gguf.arch
@@ -31,11 +39,42 @@ class Model:
                                f"(supported: {', '.join(sorted(ARCHITECTURES))})")
         if threads:
             numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
-        self.store = MappedExpertStore(self.gguf)
+        self.options = streaming_options.StreamingOptions.from_env(**streaming)
+        self.index = _index_for(self.gguf)
+        self.n_ctx = ctx or min(int(self.gguf.arch_get("context_length") or 4096), 4096)
+        self.plan = self._plan()
+        self.store = self._store()
         self.net = ARCHITECTURES[arch](self.gguf, self.store)
+        self.net.routing = Routing(self.store, self.plan.fixation,
+                                   prefetch_previous=self.plan.prefetch in ("previous", "both"),
+                                   lookahead=self.plan.prefetch in ("lookahead", "both"))
+        if not self.plan.streaming:
+            self.store.preload()
         self.tokenizer = Tokenizer.from_gguf(self.path)
-        self.n_ctx = ctx or min(self.net.hp.n_ctx_train, 4096)
         self.stats: dict = {}
+
+    def _plan(self) -> streaming_options.StreamingPlan:
+        idx = self.index
+        expert_bytes = int(idx.part_length.sum())
+        tensor_bytes = sum(t.nbytes for t in self.gguf.tensors.values())
+        kv = kv_cache_bytes(self.gguf, self.n_ctx)
+        per_expert = idx.part_length.sum(axis=2)  # [layer, expert]
+        min_cache = int(per_expert.max(initial=0)) * max(idx.n_expert_used, 1) * 2
+        return streaming_options.plan(self.options, expert_bytes, tensor_bytes - expert_bytes, kv, min_cache,
+                                      repacked=idx.layout != "original", available=available_memory())
+
+    def _store(self) -> ExpertStore:
+        idx, plan = self.index, self.plan
+        paths = idx.paths or [shard.path for shard in self.gguf.shards]
+        if plan.engine == "pread":
+            slices = [[(r.file, r.offset, r.length) for r in idx.slice(layer, e)]
+                      for layer in idx.moe_layers() for e in range(idx.n_expert)]
+            slot_bytes = max(slot_need(ranges) for ranges in slices)
+            n_slots = len(slices) if plan.budget_bytes is None else max(1, plan.budget_bytes // slot_bytes)
+            engine = PreadEngine(paths, slot_bytes, min(n_slots, len(slices)))
+        else:
+            engine = MmapEngine(paths, expert_regions(idx) if plan.streaming else None)
+        return ExpertStore(idx, engine, plan.budget_bytes, plan.keep_recent)
 
     # --- text <-> tokens -------------------------------------------------------------------
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
@@ -55,10 +94,19 @@ class Model:
 
     def _start_stats(self) -> None:
         self.stats = {"prompt_tokens": 0, "prompt_seconds": 0.0, "decode_tokens": 0, "decode_seconds": 0.0}
-        self._bytes_before = self.store.stats.bytes_requested
+        self._store_before = self.store.summary()
+        self._io_before = _proc_read_bytes()
 
     def _finish_stats(self) -> None:
-        self.stats["bytes_read"] = self.store.stats.bytes_requested - self._bytes_before
+        now = self.store.summary()
+        for key in ("requests", "hits", "misses", "prefetch_issued", "prefetch_used", "bytes_loaded", "evictions",
+                    "wait_seconds", "major_faults"):
+            self.stats[key] = now[key] - self._store_before[key]
+        self.stats["bytes_read"] = self.stats["bytes_loaded"]
+        self.stats["storage_read_bytes"] = _proc_read_bytes() - self._io_before
+        self.stats["resident_expert_bytes"] = now["resident_bytes"]
+        self.stats["peak_resident_expert_bytes"] = now["peak_resident_bytes"]
+        self.stats["engine"] = now["engine"]
 
     def logits(self, token_ids) -> np.ndarray:
         """float32 [n_tokens, n_vocab]: the logits after every position, in a fresh context."""
@@ -73,25 +121,25 @@ class Model:
         self._finish_stats()
         return out
 
-    def generate(self, prompt: str | list[int], max_tokens: int = 128, ignore_eos: bool = False,
-                 **sampling) -> Iterator[str]:
-        """Yield text pieces of the continuation of `prompt` (text, or token ids)."""
-        ids = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
-        self._check_ids(np.asarray(ids))
-        if not ids:
+    def generate_ids(self, prompt_ids: list[int], max_tokens: int = 128, ignore_eos: bool = False,
+                     **sampling) -> Iterator[int]:
+        """Yield the ids of the continuation of `prompt_ids`: one batched prompt pass, then one
+        forward pass per new token. Sampling options: see Sampling (default greedy)."""
+        ids = np.asarray(prompt_ids, dtype=np.int64).reshape(-1)
+        self._check_ids(ids)
+        if not ids.size:
             raise SwapmoeError("empty prompt")
         if len(ids) + max_tokens > self.n_ctx:
             raise SwapmoeError(f"prompt ({len(ids)} tokens) + {max_tokens} new tokens exceed the context of "
                                f"{self.n_ctx}; use a larger --ctx or fewer tokens")
         sampler = Sampler(Sampling(**sampling))
         stop = set() if ignore_eos else set(self.tokenizer.eot_ids)
-        decoder = self.tokenizer.decoder()
         cache = self.net.new_cache(len(ids) + max_tokens)
         self._start_stats()
         start = time.perf_counter()
-        logits = self._prefill(np.asarray(ids), cache, all_logits=False)[-1]
+        logits = self._prefill(ids, cache, all_logits=False)[-1]
         self.stats.update(prompt_tokens=len(ids), prompt_seconds=time.perf_counter() - start)
-        history = list(ids)
+        history = ids.tolist()
         start = time.perf_counter()
         try:
             for n in range(max_tokens):
@@ -100,19 +148,78 @@ class Model:
                     break
                 history.append(token)
                 self.stats["decode_tokens"] += 1
-                piece = decoder.push(token)
-                if piece:
-                    yield piece
+                yield token
                 if n + 1 < max_tokens:
                     logits = self.net.forward(np.array([token]), cache)[-1]
-            tail = decoder.flush()
-            if tail:
-                yield tail
         finally:
             self.stats["decode_seconds"] = time.perf_counter() - start
             self._finish_stats()
 
+    def generate(self, prompt: str | list[int], max_tokens: int = 128, ignore_eos: bool = False,
+                 **sampling) -> Iterator[str]:
+        """Yield text pieces of the continuation of `prompt` (text, or token ids); pieces are
+        always whole UTF-8 characters."""
+        ids = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+        decoder = self.tokenizer.decoder()
+        for token in self.generate_ids(ids, max_tokens, ignore_eos, **sampling):
+            piece = decoder.push(token)
+            if piece:
+                yield piece
+        tail = decoder.flush()
+        if tail:
+            yield tail
+
+
+def _proc_read_bytes() -> int:
+    """Bytes this process caused to be read from storage (/proc/self/io), or 0 where unavailable."""
+    try:
+        for line in Path("/proc/self/io").read_text().splitlines():
+            if line.startswith("read_bytes:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def _index_for(g: GGUFFile):
+    """The sidecar index beside the file, or one built in memory for a plain GGUF."""
+    if expert_index.sidecar_path(g.path).exists():
+        return expert_index.load(g.path)
+    if g.get("swapmoe.layout") == "bundled":
+        raise SwapmoeError(f"{g.path}: repacked file without its index {expert_index.sidecar_path(g.path).name}; "
+                           "copy the sidecar next to it")
+    idx = expert_index.build(g)
+    idx.paths = [shard.path for shard in g.shards]
+    return idx
+
+
+def expert_regions(idx) -> list[tuple[int, int, int]]:
+    """(file, offset, length) of each routed tensor's whole extent: where readahead must be off."""
+    lengths = idx.part_length
+    regions = []
+    for layer, p in zip(*np.nonzero(lengths.any(axis=1))):
+        present = lengths[layer, :, p] > 0
+        starts = idx.part_offset[layer, present, p]
+        ends = starts + lengths[layer, present, p]
+        regions.append((int(idx.part_file[layer, present, p][0]), int(starts.min()), int(ends.max() - starts.min())))
+    return regions
+
+
+def kv_cache_bytes(g: GGUFFile, n_ctx: int) -> int:
+    """f32 K and V for every layer and position (an upper bound for MLA and SWA models)."""
+    n_layer = int(g.arch_get("block_count") or 0)
+    heads = g.arch_get("attention.head_count_kv", g.arch_get("attention.head_count", 1))
+    heads = max(heads) if isinstance(heads, list) else heads
+    k = g.arch_get("attention.key_length") or int(g.arch_get("embedding_length")) // max(1, heads)
+    v = g.arch_get("attention.value_length") or k
+    return n_layer * n_ctx * heads * (k + v) * 4
+
 
 def load(path: str | os.PathLike, **options) -> Model:
-    """Open a GGUF MoE model for inference. Options: ctx (context length), threads."""
+    """Open a GGUF MoE model for inference.
+
+    Options: ctx (context length), threads, and the expert-streaming options io ("auto",
+    "mmap", "pread"), expert_streaming, expert_cache_size (MiB), expert_keep_recent,
+    expert_fixation, expert_prefetch ("off", "previous", "lookahead", "both"); unset ones
+    come from SWAPMOE_* environment variables, else from what fits this machine."""
     return Model(path, **options)

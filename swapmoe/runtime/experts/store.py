@@ -1,75 +1,253 @@
 """The expert store: the one way every architecture reaches its routed experts.
 
-`experts(layer, ids)` returns the weights of those experts of that layer, as views of the
-file's bytes. This baseline maps the file and lets the kernel page experts in on demand;
-the streaming engines replace how the bytes get into RAM, not this interface.
+    store.start_reads(layer, ids)  these experts are needed now: start all their reads at once
+    store.expert(layer, id)        -> Expert, resident and kept until the next expert is asked for
+    store.prefetch(layer, ids)     start reading experts that will probably be needed soon
+    store.end_pass()               one forward pass is done: apply keep-recent eviction
+
+Where an expert's bytes are comes from the sidecar index; how they get into RAM is the
+engine's business (io.py); which ones stay is decided here: a global LRU under a byte
+budget, and optionally only the N most recently used experts of each layer.
 """
 from __future__ import annotations
 
+import resource
+import time
+from collections import OrderedDict, defaultdict
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import numpy as np
+from gguf import GGMLQuantizationType
 
 from swapmoe.errors import SwapmoeError
-from swapmoe.gguf_file import GGUFFile, TensorInfo, TensorKind
+from swapmoe.runtime.experts.io import MmapEngine, PreadEngine, Ranges, slot_need
 from swapmoe.runtime.linear import Weight
 
 
 @dataclass(frozen=True)
 class Expert:
-    """One expert of one layer: its projections (gate/up or fused gate_up, down) and optional biases."""
+    """One expert of one layer: its projections and any per-expert bias/scale vectors."""
     down: Weight
     gate: Weight | None = None
     up: Weight | None = None
     gate_up: Weight | None = None
-    biases: dict[str, np.ndarray] = field(default_factory=dict)  # projection -> f32 [rows]
+    extras: dict[str, np.ndarray] = field(default_factory=dict)  # e.g. "gate.bias" -> f32 [rows]
+
+
+@dataclass
+class _Entry:
+    key: tuple[int, int]
+    read_ranges: Ranges
+    nbytes: int
+    slot: int = -1  # pread engine
+    pending: Future | None = None
+    expert: Expert | None = None
+    origin: str = "demand"  # demand: read because it is needed now; prefetch: read on a guess; used
 
 
 @dataclass
 class StoreStats:
-    experts_requested: int = 0
-    bytes_requested: int = 0
+    requests: int = 0
+    hits: int = 0
+    misses: int = 0
+    prefetch_issued: int = 0
+    prefetch_used: int = 0
+    bytes_loaded: int = 0
+    evictions: int = 0
+    wait_seconds: float = 0.0
+    hits_per_layer: dict = field(default_factory=lambda: defaultdict(int))
+    misses_per_layer: dict = field(default_factory=lambda: defaultdict(int))
+    peak_resident_bytes: int = 0
+
+    def as_dict(self) -> dict:
+        out = {k: v for k, v in self.__dict__.items() if not isinstance(v, dict)}
+        out["prefetch_precision"] = self.prefetch_used / self.prefetch_issued if self.prefetch_issued else None
+        out["prefetch_recall"] = self.prefetch_used / self.requests if self.requests else None
+        out["hits_per_layer"] = dict(self.hits_per_layer)
+        out["misses_per_layer"] = dict(self.misses_per_layer)
+        return out
 
 
-class MappedExpertStore:
-    """Experts as slices of the mapped 3-D expert tensors of a GGUF."""
-
-    def __init__(self, gguf: GGUFFile):
-        self.gguf = gguf
+class ExpertStore:
+    def __init__(self, index, engine: MmapEngine | PreadEngine, budget_bytes: int | None = None,
+                 keep_recent: int | None = None):
+        """index: an ExpertIndex; budget_bytes: resident expert bytes allowed (None: no limit);
+        keep_recent: after each pass keep only this many most recently used experts per layer."""
+        self.index = index
+        self.engine = engine
+        self.budget = budget_bytes
+        self.keep_recent = keep_recent
         self.stats = StoreStats()
-        self._tensors: dict[tuple[int, str, str], TensorInfo] = {}
-        for t in gguf.tensors_of_kind(TensorKind.ROUTED_EXPERT):
-            self._tensors[(t.layer, t.cls.projection, t.cls.part)] = t
-        self.layers = sorted({layer for layer, _, _ in self._tensors})
-        self._cache: dict[tuple[int, int], Expert] = {}
+        self.resident_bytes = 0
+        self._lru: OrderedDict[tuple[int, int], _Entry] = OrderedDict()
+        self._current: tuple[int, int] | None = None  # the expert being computed: never evicted
+        self._recent: dict[int, OrderedDict[int, None]] = defaultdict(OrderedDict)
+        self._majflt_start = resource.getrusage(resource.RUSAGE_SELF).ru_majflt
 
-    def _slice(self, t: TensorInfo, expert: int) -> np.ndarray:
-        return self.gguf.raw(t.name)[expert * t.expert_nbytes:(expert + 1) * t.expert_nbytes]
+    # --- what an expert is made of ----------------------------------------------------------
+    def _new_entry(self, layer: int, expert: int) -> _Entry:
+        index = self.index
+        if not (0 <= layer < index.n_layer and 0 <= expert < index.n_expert) or not index.part_length[layer, expert].any():
+            raise SwapmoeError(f"no routed expert {expert} in layer {layer}")
+        ranges = [(r.file, r.offset, r.length) for r in index.slice(layer, expert)]
+        nbytes = slot_need(ranges) if isinstance(self.engine, PreadEngine) else sum(n for _, _, n in ranges)
+        return _Entry((layer, expert), ranges, nbytes)
 
-    def _expert(self, layer: int, expert: int) -> Expert:
-        weights, biases = {}, {}
-        for projection in ("gate", "up", "down", "gate_up"):
-            t = self._tensors.get((layer, projection, "weight"))
-            if t is not None:
-                if not 0 <= expert < t.n_experts:
-                    raise SwapmoeError(f"{self.gguf.path}: expert {expert} out of range for {t.name}")
-                weights[projection] = Weight(self._slice(t, expert), t.ggml_type, t.ne[1], t.ne[0])
-            b = self._tensors.get((layer, projection, "bias"))
-            if b is not None:
-                biases[projection] = self._slice(b, expert).view(np.float32)
+    def _build_expert(self, entry: _Entry, range_views: list[np.ndarray]) -> Expert:
+        index, (layer, expert) = self.index, entry.key
+        weights, extras = {}, {}
+        for p, name in enumerate(index.parts):
+            length = int(index.part_length[layer, expert, p])
+            if not length:
+                continue
+            f, off = int(index.part_file[layer, expert, p]), int(index.part_offset[layer, expert, p])
+            for (rf, ro, rn), view in zip(entry.read_ranges, range_views):
+                if rf == f and ro <= off and off + length <= ro + rn:
+                    raw = view[off - ro:off - ro + length]
+                    break
+            else:
+                raise SwapmoeError(f"index inconsistency: part {name} of expert {expert} layer {layer} not in its slice")
+            ne = [int(d) for d in index.part_ne[layer, p] if d]
+            if "." in name:  # bias or scale: float32 per row
+                extras[name] = raw.view(np.float32)
+            else:
+                weights[name] = Weight(raw, GGMLQuantizationType(int(index.part_type[layer, p])),
+                                       int(np.prod(ne[1:])), ne[0])
         if "down" not in weights:
-            raise SwapmoeError(f"{self.gguf.path}: layer {layer} has no ffn_down_exps tensor")
-        return Expert(biases=biases, **weights)
+            raise SwapmoeError(f"layer {layer} has no ffn_down_exps part")
+        return Expert(extras=extras, **weights)
 
-    def experts(self, layer: int, ids) -> list[Expert]:
-        out = []
+    # --- residency --------------------------------------------------------------------------
+    def _make_room(self, nbytes: int) -> None:
+        """Evict least recently used, unpinned experts until `nbytes` more fit the budget (and a slot is free)."""
+        def over() -> bool:
+            if isinstance(self.engine, PreadEngine) and not self.engine.free_slots:
+                return True
+            return self.budget is not None and self.resident_bytes + nbytes > self.budget
+
+        for key, entry in list(self._lru.items()):
+            if not over():
+                return
+            if key != self._current and entry.origin != "demand":  # demand: needed by the layer being computed
+                self._evict(key)
+        if over():
+            raise SwapmoeError("the expert cache is too small for one layer's experts; raise --expert-cache-size")
+
+    def _evict(self, key: tuple[int, int]) -> None:
+        entry = self._lru.pop(key)
+        if entry.pending is not None:
+            entry.pending.result()  # never reuse a slot a read is still filling
+        if isinstance(self.engine, PreadEngine):
+            self.engine.free_slots.append(entry.slot)
+        else:
+            self.engine.release(entry.read_ranges)
+        self.resident_bytes -= entry.nbytes
+        self.stats.evictions += 1
+
+    def _admit(self, layer: int, expert: int, origin: str, wait: bool) -> _Entry:
+        """Make room for an expert and start reading it (wait=True: and finish reading it)."""
+        entry = self._new_entry(layer, expert)
+        self._make_room(entry.nbytes)
+        entry.origin = origin
+        if isinstance(self.engine, PreadEngine):
+            entry.slot = self.engine.free_slots.pop()
+            entry.pending = self.engine.read(entry.slot, entry.read_ranges)
+        elif wait:
+            entry.expert = self._build_expert(entry, self.engine.load(entry.read_ranges))
+        else:
+            self.engine.prefetch(entry.read_ranges)
+        self._lru[entry.key] = entry
+        self.resident_bytes += entry.nbytes
+        self.stats.bytes_loaded += entry.nbytes
+        self.stats.peak_resident_bytes = max(self.stats.peak_resident_bytes, self.resident_bytes)
+        return entry
+
+    def _ready(self, entry: _Entry) -> Expert:
+        if entry.expert is None:
+            start = time.perf_counter()
+            if isinstance(self.engine, PreadEngine):
+                entry.pending.result()
+                entry.pending = None
+                views = self.engine.views(entry.slot, entry.read_ranges)
+            else:
+                views = self.engine.load(entry.read_ranges)
+            self.stats.wait_seconds += time.perf_counter() - start
+            entry.expert = self._build_expert(entry, views)
+        return entry.expert
+
+    # --- the interface the models use ---------------------------------------------------------
+    def start_reads(self, layer: int, ids) -> None:
+        """Start reading every expert of `ids` that is not resident, so the reads overlap each
+        other and the computation of the ones already in (as far as the budget allows)."""
         for e in ids:
             key = (layer, int(e))
-            if key not in self._cache:
-                self._cache[key] = self._expert(layer, int(e))
-            expert = self._cache[key]
-            self.stats.experts_requested += 1
-            self.stats.bytes_requested += sum(w.raw.nbytes for w in (expert.gate, expert.up, expert.down,
-                                                                      expert.gate_up) if w is not None)
-            out.append(expert)
+            if key not in self._lru:
+                try:
+                    self._admit(*key, origin="demand", wait=False)
+                except SwapmoeError:  # the rest will be read one by one as they are asked for
+                    return
+
+    def expert(self, layer: int, expert: int) -> Expert:
+        """Expert `expert` of `layer`, resident; it is not evicted before the next expert is asked for."""
+        key = (layer, int(expert))
+        self._current = None
+        entry = self._lru.get(key)
+        self.stats.requests += 1
+        if entry is None:
+            entry = self._admit(*key, origin="demand", wait=True)
+        if entry.origin == "demand":
+            self.stats.misses += 1
+            self.stats.misses_per_layer[layer] += 1
+        else:
+            self.stats.hits += 1
+            self.stats.hits_per_layer[layer] += 1
+            self.stats.prefetch_used += entry.origin == "prefetch"
+        entry.origin = "used"
+        self._current = key
+        self._lru.move_to_end(key)
+        self._recent[layer][key[1]] = None
+        self._recent[layer].move_to_end(key[1])
+        return self._ready(entry)
+
+    def prefetch(self, layer: int, ids) -> None:
+        """Start bringing in experts that will probably be needed soon; never evicts ones in use."""
+        for e in ids:
+            key = (layer, int(e))
+            if key in self._lru:
+                continue
+            try:
+                self._admit(*key, origin="prefetch", wait=False)
+            except SwapmoeError:  # no room without evicting what is in use: skip the hint
+                return
+            self.stats.prefetch_issued += 1
+
+    def end_pass(self) -> None:
+        """After a forward pass: keep only the `keep_recent` most recently used experts of each layer."""
+        if self.keep_recent is None:
+            return
+        for layer, recent in self._recent.items():
+            while len(recent) > self.keep_recent:
+                expert, _ = recent.popitem(last=False)
+                if (layer, expert) in self._lru and (layer, expert) != self._current:
+                    self._evict((layer, expert))
+
+    def preload(self) -> None:
+        """Read every expert now (streaming off): nothing is read later, nothing is evicted."""
+        for layer in self.index.moe_layers():
+            for expert in range(self.index.n_expert):
+                if (layer, expert) not in self._lru:
+                    self._ready(self._admit(layer, expert, origin="used", wait=True))
+
+    def summary(self) -> dict:
+        out = self.stats.as_dict()
+        out["resident_bytes"] = self.resident_bytes
+        out["major_faults"] = resource.getrusage(resource.RUSAGE_SELF).ru_majflt - self._majflt_start
+        out["engine"] = self.engine.name
         return out
+
+    def close(self) -> None:
+        for entry in self._lru.values():
+            if entry.pending is not None:
+                entry.pending.result()
+        self.engine.close()

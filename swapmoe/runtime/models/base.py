@@ -64,14 +64,26 @@ class Hparams:
             n_ctx_orig=g.arch_get("rope.scaling.original_context_length", need("context_length")),
         )
 
-    def rope(self, neox: bool, freq_factors: np.ndarray | None = None) -> layers.Rope:
-        """RoPE with llama.cpp's context-level YaRN settings."""
-        ext_factor = 1.0 if self.rope_scaling == "yarn" else 0.0
-        attn_factor = self.rope_attn_factor
-        if ext_factor:  # llama.cpp cancels the kernel's YaRN magnitude boost, then applies get_mscale(f, 1)
-            f = 1.0 / self.rope_freq_scale
-            attn_factor *= (0.1 * math.log(f) + 1.0) / (1.0 + 0.1 * math.log(f))
-        return layers.Rope(self.n_rot, self.rope_base, neox, self.rope_freq_scale, ext_factor, attn_factor,
+    def context_attn_factor(self, mscale: float = 1.0, mscale_all_dims: float = 0.0) -> float:
+        """llama.cpp's context attn_factor: with YaRN, get_mscale(f, 1) — or get_mscale(f, mscale) /
+        get_mscale(f, mscale_all_dims) when the model sets a YaRN log multiplier — divided by the
+        boost the RoPE kernel applies itself; always times rope.scaling.attn_factor."""
+        if self.rope_scaling != "yarn":
+            return self.rope_attn_factor
+        f = 1.0 / self.rope_freq_scale
+
+        def get_mscale(m: float) -> float:
+            return 1.0 if f <= 1.0 else 0.1 * m * math.log(f) + 1.0
+        factor = get_mscale(mscale) / get_mscale(mscale_all_dims) if mscale_all_dims else get_mscale(1.0)
+        return factor / (1.0 + 0.1 * math.log(f)) * self.rope_attn_factor
+
+    def rope(self, neox: bool, freq_factors: np.ndarray | None = None, base: float | None = None,
+             attn_factor: float | None = None) -> layers.Rope:
+        """RoPE with llama.cpp's context-level YaRN settings; `base` overrides the frequency base
+        (sliding-window layers), `attn_factor` the context attn factor."""
+        return layers.Rope(self.n_rot, self.rope_base if base is None else base, neox, self.rope_freq_scale,
+                           1.0 if self.rope_scaling == "yarn" else 0.0,
+                           self.context_attn_factor() if attn_factor is None else attn_factor,
                            self.n_ctx_orig, freq_factors=freq_factors)
 
 
@@ -100,6 +112,66 @@ class Weights:
     def optional_vector(self, name: str) -> np.ndarray | None:
         return self.vector(name) if self.has(name) else None
 
+    def matrices(self, name: str) -> list[Weight]:
+        """A 3-D tensor {cols, rows, n} as its n matrices (e.g. MLA's per-head attn_k_b)."""
+        t = self.g.tensor(name)
+        raw, n = self.g.raw(name), t.ne[2]
+        step = len(raw) // n
+        return [Weight(raw[j * step:(j + 1) * step], t.ggml_type, t.ne[1], t.ne[0]) for j in range(n)]
+
+
+class Routing:
+    """Expert-choice policies that sit between the router and the expert store.
+
+    fixation N: while decoding, each layer reuses the expert ids of the first pass of every
+        window of N passes (the router still weighs the pinned experts); never for prompts.
+    prefetch_previous: at the start of a decoding pass, prefetch each layer's experts of the
+        previous pass. lookahead: prefetch layer i+1's predicted experts after layer i.
+    """
+
+    def __init__(self, store, fixation: int = 0, prefetch_previous: bool = False, lookahead: bool = False):
+        self.store, self.fixation = store, fixation
+        self.prefetch_previous, self.lookahead = prefetch_previous, lookahead
+        self._decoding = False
+        self._passes = 0  # decoding passes since the fixation window opened
+        self._pinned: dict[int, np.ndarray] = {}
+        self._last: dict[int, np.ndarray] = {}
+
+    def begin_pass(self, decoding: bool) -> None:
+        self._decoding = decoding
+        if not decoding:
+            self._pinned.clear()
+            self._passes = 0
+        elif self.fixation and self._passes >= self.fixation:
+            self._pinned.clear()
+            self._passes = 0
+        if decoding and self.prefetch_previous:
+            for layer, ids in self._last.items():
+                self.store.prefetch(layer, ids)
+        elif decoding and self._pinned:  # fixed experts are known for the whole pass
+            for layer, ids in self._pinned.items():
+                self.store.prefetch(layer, ids)
+
+    def select(self, layer: int, selection: np.ndarray, k: int) -> np.ndarray:
+        """ids [T, k] of the chosen experts: top-k of `selection`, or the pinned ids under fixation."""
+        if self._decoding and self.fixation and layer in self._pinned:
+            ids = self._pinned[layer][None, :]
+        else:
+            ids = layers.top_k(selection, k)
+            if self._decoding and self.fixation:
+                self._pinned[layer] = ids[0]
+        self._last[layer] = np.unique(ids)
+        return ids
+
+    def prefetch(self, layer: int, ids) -> None:
+        if ids is not None and not (self._decoding and layer in self._pinned):
+            self.store.prefetch(layer, ids)
+
+    def end_pass(self) -> None:
+        if self._decoding:
+            self._passes += 1
+        self.store.end_pass()
+
 
 class Transformer:
     """The outer loop shared by all architectures: embed, run the blocks, normalise, project.
@@ -118,6 +190,7 @@ class Transformer:
         self.output_norm = self.w.vector("output_norm.weight")
         self.output = self.w.matrix("output.weight") if self.w.has("output.weight") else self.embedding
         self.n_vocab = self.embedding.rows
+        self.routing = Routing(store)
 
     def new_cache(self, n_ctx: int) -> list[layers.KVCache]:
         hp = self.hp
@@ -127,9 +200,14 @@ class Transformer:
         """Logits [T, n_vocab] (or [1, n_vocab] for the last token) after feeding `tokens`."""
         start = cache[0].length
         positions = np.arange(start, start + len(tokens))
+        decoding = len(tokens) == 1 and start > 0
+        self.routing.begin_pass(decoding)
         h = rows_of(self.embedding, tokens)
         for i in range(self.hp.n_layer):
             h = self.block(i, h, positions, cache[i])
+            if self.routing.lookahead and decoding and i + 1 < self.hp.n_layer:
+                self.routing.prefetch(i + 1, self.predict_experts(i + 1, h))
+        self.routing.end_pass()
         if not all_logits:
             h = h[-1:]
         return linear(self.output, layers.rms_norm(h, self.output_norm, self.hp.rms_eps))
@@ -141,11 +219,14 @@ class Transformer:
     def routed_experts(self, layer: int, x: np.ndarray, ids: np.ndarray, weights: np.ndarray) -> np.ndarray:
         """Σ_k weights[t,k] · expert_{ids[t,k]}(x[t]), summed in rank order as llama.cpp does.
 
-        Expert-major: each expert any token chose is fetched once and applied to all its tokens."""
+        Expert-major: each expert any token chose is fetched once and applied to all its tokens.
+        All reads of the layer start at once; each expert is computed as soon as it is in."""
         T_, k = ids.shape
         used = np.unique(ids)
+        self.store.start_reads(layer, used)
         per_slot = np.zeros((T_, k, x.shape[1]), np.float32)
-        for e, expert in zip(used, self.store.experts(layer, used)):
+        for e in used:
+            expert = self.store.expert(layer, e)
             rows, slots = np.nonzero(ids == e)
             per_slot[rows, slots] = self.expert_ffn(expert, x[rows]) * weights[rows, slots, None]
         out = per_slot[:, 0]
@@ -153,14 +234,31 @@ class Transformer:
             out = out + per_slot[:, s]
         return out
 
+    expert_activation = staticmethod(layers.swiglu)  # act(gate, up) of the routed experts
+
     def expert_ffn(self, expert: Expert, x: np.ndarray) -> np.ndarray:
-        return self.dense_ffn(expert.gate, expert.up, expert.down, x)
+        """down(act(gate(x), up(x))) of one routed expert, plus its per-expert biases if the file has
+        them. A fused gate_up is one matmul whose rows [0, F) are the gate and [F, 2F) the up."""
+        bias = expert.extras.get
+        if expert.gate_up is not None:
+            gate, up = np.split(_plus(linear(expert.gate_up, x), bias("gate_up.bias")), 2, axis=1)
+        else:
+            gate, up = _gate_and_up(expert.gate, expert.up, x)
+            gate, up = _plus(gate, bias("gate.bias")), _plus(up, bias("up.bias"))
+        return _plus(linear(expert.down, self.expert_activation(gate, up)), bias("down.bias"))
 
     def dense_ffn(self, gate: Weight, up: Weight, down: Weight, x: np.ndarray) -> np.ndarray:
-        """down(silu(gate(x)) * up(x)); gate and up share one quantized activation."""
-        qx = quantize(gate, x)
-        up_qx = qx if up.vec_dot_type == gate.vec_dot_type else None
-        return linear(down, layers.swiglu(linear(gate, x, qx), linear(up, x, up_qx)))
+        """down(silu(gate(x)) * up(x))."""
+        return linear(down, layers.swiglu(*_gate_and_up(gate, up, x)))
+
+    def predict_experts(self, i: int, h: np.ndarray) -> np.ndarray | None:
+        """Guess layer i's experts from the residual stream before layer i runs (for prefetch):
+        its router applied to h as if attention added nothing. None if the layer has no router."""
+        b = self.blocks[i]
+        if "router" not in b:
+            return None
+        x = layers.rms_norm(h[-1:], b["ffn_norm"], self.hp.rms_eps)
+        return layers.top_k(linear(b["router"], x), self.hp.n_expert_used)[0]
 
     def attention_weights(self, i: int, q_norm: bool = False, k_norm: bool = False) -> dict:
         """Per-layer GQA weights: q/k/v/o matrices, optional biases and optional q/k norms."""
@@ -175,9 +273,10 @@ class Transformer:
 
     def gqa_attention(self, b: dict, x: np.ndarray, positions: np.ndarray, cache: layers.KVCache,
                       qk_norm_per_head: bool = True, window: int | None = None,
-                      sinks: np.ndarray | None = None) -> np.ndarray:
+                      sinks: np.ndarray | None = None, rope: layers.Rope | None = None) -> np.ndarray:
         """Grouped-query attention as llama.cpp builds it: q,k,v (+bias) → optional RMS norm of q
-        and k (per head, or over the whole projection) → RoPE → softmax(q·k/√d) v → output (+bias)."""
+        and k (per head, or over the whole projection) → RoPE → softmax(q·k/√d) v → output (+bias).
+        `rope` replaces the model's RoPE for this layer (per-layer frequency base)."""
         hp, T_ = self.hp, len(x)
         qx = quantize(b["wq"], x)
         same = lambda w: qx if w.vec_dot_type == b["wq"].vec_dot_type else None  # noqa: E731
@@ -191,8 +290,9 @@ class Transformer:
         k = k.reshape(T_, hp.n_head_kv, hp.head_dim)
         if b["q_norm"] is not None and qk_norm_per_head:
             q, k = layers.rms_norm(q, b["q_norm"], hp.rms_eps), layers.rms_norm(k, b["k_norm"], hp.rms_eps)
-        cos, sin = self.rope.tables(positions)
-        q, k = self.rope.apply(q, cos, sin), self.rope.apply(k, cos, sin)
+        rope = rope or self.rope
+        cos, sin = rope.tables(positions)
+        q, k = rope.apply(q, cos, sin), rope.apply(k, cos, sin)
         keys, values = cache.append(k, v.reshape(T_, hp.n_head_kv, hp.v_head_dim))
         out = linear(b["wo"], layers.attention(q, keys, values, positions, 1.0 / math.sqrt(hp.head_dim),
                                                window, sinks))
@@ -200,9 +300,35 @@ class Transformer:
 
     def softmax_moe(self, i: int, router: Weight, x: np.ndarray, renormalize: bool) -> np.ndarray:
         """Softmax over all experts, top-k, optionally renormalise the k weights, run the experts."""
-        probs = layers.softmax(linear(router, x))
-        ids = layers.top_k(probs, self.hp.n_expert_used)
+        return self.moe(i, linear(router, x), x, "softmax", normalize=renormalize)
+
+    def moe(self, i: int, logits: np.ndarray, x: np.ndarray, gating: str, selection_bias: np.ndarray | None = None,
+            normalize: bool = False, scale: float = 0.0, n_groups: int = 0, n_groups_used: int = 0) -> np.ndarray:
+        """llama.cpp's build_moe_ffn from the router logits on. gating: "softmax" or "sigmoid" gives
+        the probabilities, "softmax_weight" (gpt-oss) keeps the logits and softmaxes the chosen k.
+        `selection_bias` (DeepSeek-V3's exp_probs_b) shifts only which experts are chosen; group
+        limiting, top-k, weights gathered from the unbiased probabilities, optionally renormalised,
+        then scaled unless scale is 0 or 1."""
+        probs = {"softmax": layers.softmax, "sigmoid": layers.sigmoid, "softmax_weight": lambda z: z}[gating](logits)
+        selection = probs if selection_bias is None else probs + selection_bias
+        if n_groups > 1:
+            selection = layers.limit_to_groups(selection, n_groups, n_groups_used)
+        ids = self.routing.select(i, selection, self.hp.n_expert_used)
         weights = np.take_along_axis(probs, ids, axis=-1)
-        if renormalize:
+        if gating == "softmax_weight":
+            weights = layers.softmax(weights)
+        if normalize:
             weights = layers.normalize_weights(weights)
+        if scale not in (0.0, 1.0):
+            weights = weights * np.float32(scale)
         return self.routed_experts(i, x, ids, weights)
+
+
+def _gate_and_up(gate: Weight, up: Weight, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """gate(x) and up(x), sharing one quantized activation when the types allow."""
+    qx = quantize(gate, x)
+    return linear(gate, x, qx), linear(up, x, qx if up.vec_dot_type == gate.vec_dot_type else None)
+
+
+def _plus(x: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
+    return x if bias is None else x + bias

@@ -1,0 +1,163 @@
+"""How expert bytes get from the file into RAM: two engines behind one small interface.
+
+Both work on whole expert slices given as byte ranges `(file, offset, length)` from the
+sidecar index, and hand out zero-copy uint8 views for the kernels.
+
+mmap   The files are mapped. Expert regions get MADV_RANDOM, so a fault never drags in an 8 MiB
+       readahead window of neighbours. `load` populates exactly the slice's pages
+       (MADV_POPULATE_READ: one large read); `prefetch` asks for them asynchronously
+       (MADV_WILLNEED); `release` drops them from the mapping and the page cache.
+pread  swapmoe owns the memory: a pool of equal slots, one expert slice each, filled by
+       `os.preadv` from worker threads (O_DIRECT where the file system allows, so the page
+       cache neither doubles the memory nor competes with it). Reads run while numba
+       computes (the kernels release the GIL).
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+MADV_POPULATE_READ = 22  # Linux 5.14; older kernels answer EINVAL and we touch the pages instead
+PAGE = mmap.PAGESIZE
+DIRECT_ALIGN = 4096  # O_DIRECT wants offsets, lengths and buffers aligned to the logical block size
+
+Ranges = list[tuple[int, int, int]]  # (file, offset, length)
+
+
+def _page_span(offset: int, length: int, inner: bool = False) -> tuple[int, int]:
+    """The page-aligned (start, length) covering [offset, offset+length), or only the pages
+    entirely inside it (inner=True, so that a neighbour sharing a page is left alone)."""
+    if inner:
+        start, end = -(-offset // PAGE) * PAGE, (offset + length) // PAGE * PAGE
+    else:
+        start, end = offset // PAGE * PAGE, -(-(offset + length) // PAGE) * PAGE
+    return start, max(0, end - start)
+
+
+class MmapEngine:
+    name = "mmap"
+
+    def __init__(self, paths: list[Path], expert_regions: Ranges | None):
+        self._files = [open(p, "rb") for p in paths]
+        self._maps = [mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) for f in self._files]
+        self._arrays = [np.frombuffer(m, np.uint8) for m in self._maps]
+        self._populate = True
+        for file, offset, length in expert_regions or ():
+            start, n = _page_span(offset, length, inner=True)
+            if n:
+                self._maps[file].madvise(mmap.MADV_RANDOM, start, n)
+
+    def views(self, ranges: Ranges) -> list[np.ndarray]:
+        return [self._arrays[f][o:o + n] for f, o, n in ranges]
+
+    def load(self, ranges: Ranges) -> list[np.ndarray]:
+        """Bring the ranges into RAM now (one read each) and return views of them."""
+        for f, o, n in ranges:
+            start, span = _page_span(o, n)
+            if self._populate:
+                try:
+                    self._maps[f].madvise(MADV_POPULATE_READ, start, span)
+                    continue
+                except OSError:
+                    self._populate = False
+            self._maps[f].madvise(mmap.MADV_WILLNEED, start, span)
+            self._arrays[f][start:start + span:PAGE].sum()  # touch every page
+        return self.views(ranges)
+
+    def prefetch(self, ranges: Ranges) -> None:
+        for f, o, n in ranges:
+            self._maps[f].madvise(mmap.MADV_WILLNEED, *_page_span(o, n))
+
+    def release(self, ranges: Ranges) -> None:
+        for f, o, n in ranges:
+            start, span = _page_span(o, n, inner=True)
+            if span:
+                self._maps[f].madvise(mmap.MADV_DONTNEED, start, span)
+                os.posix_fadvise(self._files[f].fileno(), start, span, os.POSIX_FADV_DONTNEED)
+
+    def close(self) -> None:
+        self._arrays.clear()
+        for m in self._maps:
+            try:
+                m.close()
+            except BufferError:  # views still alive; the map goes when they do
+                pass
+        for f in self._files:
+            f.close()
+
+
+def direct_spans(ranges: Ranges) -> list[tuple[int, int, int, int, int]]:
+    """Where each range lands in a pread slot: (file, aligned offset, aligned length, slot position,
+    bytes to skip before the range's first byte). Aligned to DIRECT_ALIGN for O_DIRECT."""
+    out, pos = [], 0
+    for f, o, n in ranges:
+        start = o // DIRECT_ALIGN * DIRECT_ALIGN
+        span = -(-(o + n - start) // DIRECT_ALIGN) * DIRECT_ALIGN
+        out.append((f, start, span, pos, o - start))
+        pos += span
+    return out
+
+
+def slot_need(ranges: Ranges) -> int:
+    """Bytes of slot one expert slice needs in the pread engine."""
+    return sum(span for _, _, span, _, _ in direct_spans(ranges))
+
+
+class PreadEngine:
+    name = "pread"
+
+    def __init__(self, paths: list[Path], slot_bytes: int, n_slots: int, workers: int = 4):
+        self.slot_bytes = -(-slot_bytes // DIRECT_ALIGN) * DIRECT_ALIGN
+        self.direct = True
+        self._fds = []
+        for p in paths:
+            try:
+                self._fds.append(os.open(p, os.O_RDONLY | os.O_DIRECT))
+            except OSError:  # tmpfs and some others refuse O_DIRECT
+                self.direct = False
+                self._fds.append(os.open(p, os.O_RDONLY))
+        self._pool = mmap.mmap(-1, self.slot_bytes * n_slots)
+        self._memory = np.frombuffer(self._pool, np.uint8)
+        self._memory[::PAGE] = 0  # first touch is slow on this kind of VM: pay it at load, not per token
+        self.free_slots = list(range(n_slots))
+        self._executor = ThreadPoolExecutor(workers, thread_name_prefix="swapmoe-read")
+        self._lock = threading.Lock()
+        self.bytes_read = 0
+
+    @property
+    def n_slots(self) -> int:
+        return len(self._memory) // self.slot_bytes
+
+    def _read(self, slot: int, ranges: Ranges) -> None:
+        base = slot * self.slot_bytes
+        total = 0
+        for f, start, span, pos, _ in direct_spans(ranges):
+            view = memoryview(self._memory[base + pos:base + pos + span])
+            done = 0
+            while done < span:
+                n = os.preadv(self._fds[f], [view[done:]], start + done)
+                if n == 0:  # end of file: the aligned span ran past it
+                    break
+                done += n
+            total += done
+        with self._lock:
+            self.bytes_read += total
+
+    def read(self, slot: int, ranges: Ranges) -> Future:
+        """Start filling `slot` with the ranges on a worker thread."""
+        return self._executor.submit(self._read, slot, ranges)
+
+    def views(self, slot: int, ranges: Ranges) -> list[np.ndarray]:
+        base = slot * self.slot_bytes
+        return [self._memory[base + pos + skip:base + pos + skip + n]
+                for (_, _, _, pos, skip), (_, _, n) in zip(direct_spans(ranges), ranges)]
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=True)
+        for fd in self._fds:
+            os.close(fd)
