@@ -4,6 +4,10 @@ Public API (each name is imported lazily so `import swapmoe` stays cheap):
     swapmoe.synth(path, arch=..., ...)        write a synthetic MoE GGUF
     swapmoe.default_model_path()              path of the embedded tiny trained MoE
     swapmoe.open_gguf(path)                   metadata and tensor table of a GGUF (and its shards)
+    swapmoe.repack(in_path, out_path, ...)    page-aligned copy of a GGUF plus its sidecar index
+    swapmoe.index.load(gguf_path)             the sidecar index: where every expert slice lives
+    swapmoe.load(path, **options)             a model ready to score and generate text (Model)
+    swapmoe.Tokenizer.from_gguf(path)         llama.cpp-exact tokenizer of a GGUF
 """
 from __future__ import annotations
 
@@ -13,6 +17,11 @@ _LAZY = {
     "synth": ("swapmoe.synthetic", "synth"),
     "open_gguf": ("swapmoe.gguf_file", "open_gguf"),
     "SwapmoeError": ("swapmoe.errors", "SwapmoeError"),
+    "repack": ("swapmoe.repack", None),  # the package itself, callable
+    "index": ("swapmoe.repack.index", None),
+    "load": ("swapmoe.runtime.model", "load"),
+    "Model": ("swapmoe.runtime.model", "Model"),
+    "Tokenizer": ("swapmoe.runtime.tokenizer", "Tokenizer"),
 }
 
 
@@ -28,5 +37,6 @@ def __getattr__(name: str):
         import importlib
 
         module, attr = _LAZY[name]
-        return getattr(importlib.import_module(module), attr)
+        module = importlib.import_module(module)
+        return module if attr is None else getattr(module, attr)
     raise AttributeError(f"module 'swapmoe' has no attribute {name!r}")

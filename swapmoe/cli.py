@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -82,19 +83,282 @@ def inspect(model, as_json, page_size):
 
 
 @main.command()
+@click.argument("model", required=False, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("-p", "--prompt", help="Prompt text.")
+@click.option("-f", "--file", "prompt_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Read the prompt from a file.")
+@click.option("--chat", is_flag=True, help="Apply the model's chat template; without -p/-f, chat interactively.")
+@click.option("-n", "--max-tokens", type=int, default=128, show_default=True, help="Tokens to generate.")
+@click.option("--temp", type=float, default=0.0, show_default=True, help="Temperature; 0 is greedy.")
+@click.option("--top-k", type=int, default=40, show_default=True, help="Keep the k most likely tokens (0: off).")
+@click.option("--top-p", type=float, default=0.95, show_default=True, help="Nucleus sampling mass (1: off).")
+@click.option("--min-p", type=float, default=0.05, show_default=True, help="Drop tokens below min-p × the best.")
+@click.option("--repeat-penalty", type=float, default=1.0, show_default=True, help="Penalty for recent tokens.")
+@click.option("--seed", type=int, help="Random seed for sampling.")
+@click.option("--ctx", type=int, help="Context length (default: the model's, at most 4096).")
+@click.option("--threads", type=int, help="Compute threads (default: all cores).")
+@click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-text tokens.")
+@click.option("--expert-streaming/--no-expert-streaming", default=None,
+              help="Read routed experts only when needed (default: on for repacked files or when the experts do "
+                   "not fit in RAM). Env SWAPMOE_EXPERT_STREAMING.")
+@click.option("--expert-cache-size", type=int, metavar="MiB",
+              help="RAM budget for resident experts, enforced (default: what is left after the rest of the "
+                   "model). Env SWAPMOE_EXPERT_CACHE_SIZE.")
+@click.option("--expert-keep-recent", type=int, metavar="N",
+              help="Keep only the N most recently used experts of each layer after every token. "
+                   "Env SWAPMOE_EXPERT_KEEP_RECENT.")
+@click.option("--expert-fixation", type=int, metavar="N",
+              help="While decoding, reuse each layer's experts for N tokens (faster from disk, slightly "
+                   "different output). Env SWAPMOE_EXPERT_FIXATION.")
+@click.option("--expert-prefetch", type=click.Choice(["off", "previous", "lookahead", "both"]),
+              help="Start reading experts before they are needed: the previous token's, and/or the next layer's "
+                   "predicted by its router. Env SWAPMOE_EXPERT_PREFETCH.")
+@click.option("--io", type=click.Choice(["auto", "mmap", "pread"]),
+              help="How experts are read: mapped file or explicit reads into owned buffers. Env SWAPMOE_IO.")
+@click.option("--stats", "show_stats", is_flag=True, help="Print what the expert store chose and why, and its counters.")
 @user_errors
-def demo():
-    """Run swapmoe on the tiny MoE model shipped inside the package."""
-    from swapmoe import default_model_path
+def run(model, prompt, prompt_file, chat, max_tokens, temp, top_k, top_p, min_p, repeat_penalty, seed, ctx,
+        threads, ignore_eos, expert_streaming, expert_cache_size, expert_keep_recent, expert_fixation,
+        expert_prefetch, io, show_stats):
+    """Generate text with a GGUF MoE model (default: the embedded tiny model).
+
+    \b
+    Examples:
+      swapmoe run -p "def fibonacci(n):"
+      swapmoe run model.gguf -p "Why is the sky blue?" --chat -n 256 --temp 0.7
+    Tokens stream to stdout; a line of statistics goes to stderr at the end.
+    """
+    import swapmoe
+
+    if prompt is not None and prompt_file is not None:
+        raise SwapmoeError("give either -p or -f, not both")
+    if prompt_file is not None:
+        prompt = prompt_file.read_text(encoding="utf-8")
+    if prompt is None and not chat:
+        raise SwapmoeError("give a prompt with -p TEXT or -f FILE (or --chat to chat)")
+    m = swapmoe.load(model or swapmoe.default_model_path(), ctx=ctx, threads=threads, io=io,
+                     expert_streaming=expert_streaming, expert_cache_size=expert_cache_size,
+                     expert_keep_recent=expert_keep_recent, expert_fixation=expert_fixation,
+                     expert_prefetch=expert_prefetch)
+    if show_stats:
+        for reason in m.plan.reasons:
+            click.echo(f"swapmoe: {reason}", err=True)
+    sampling = dict(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty, seed=seed)
+
+    def reply(text: str, add_special: bool) -> str:
+        pieces = []
+        for piece in m.generate(m.tokenize(text, add_special=add_special), max_tokens, ignore_eos, **sampling):
+            click.echo(piece, nl=False)
+            pieces.append(piece)
+        click.echo()
+        s = m.stats
+        click.echo(f"prompt {s['prompt_tokens']} tok at {s['prompt_tokens'] / max(s['prompt_seconds'], 1e-9):.1f} tok/s, "
+                   f"decode {s['decode_tokens']} tok at {s['decode_tokens'] / max(s['decode_seconds'], 1e-9):.1f} tok/s, "
+                   f"expert hits {s['hits']}/{s['requests']}, experts read {s['bytes_read'] / 2**20:.1f} MiB",
+                   err=True)
+        if show_stats:
+            click.echo("swapmoe: " + ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
+                                             for k, v in s.items()), err=True)
+        return "".join(pieces)
+
+    if not chat:
+        click.echo(prompt, nl=False)
+        reply(prompt, add_special=True)
+        return
+    from swapmoe.runtime.chat import ChatTemplate
+
+    template = ChatTemplate.from_gguf(m.path)
+    messages = []
+    turns = [prompt] if prompt is not None else None
+    while True:
+        if turns is not None:
+            if not turns:
+                return
+            user = turns.pop()
+        else:
+            try:
+                user = click.prompt("you", prompt_suffix="> ")
+            except (EOFError, click.Abort):
+                return
+        messages.append({"role": "user", "content": user})
+        answer = reply(template.render(messages, add_generation_prompt=True), add_special=False)
+        messages.append({"role": "assistant", "content": answer})
+
+
+def _page_size(ctx, param, value):
+    if value < 4096 or value & (value - 1):
+        raise click.BadParameter("must be a power of two of at least 4096")
+    return value
+
+
+@main.command()
+@click.argument("in_path", metavar="IN", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("out", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--layout", type=click.Choice(["bundled", "compat"]), default="bundled", show_default=True,
+              help="bundled: each expert one page-aligned run (swapmoe runtime); compat: standard 3-D expert "
+                   "tensors, page-aligned, still loads in llama.cpp.")
+@click.option("--page-size", type=int, default=16384, show_default=True, callback=_page_size,
+              help="Alignment of expert slices: a power of two >= 4096 (16 KiB suits 4 KiB and 16 KiB page systems).")
+@click.option("--force", is_flag=True, help="Overwrite OUT if it exists.")
+@user_errors
+def repack(in_path, out, layout, page_size, force):
+    """Copy the GGUF IN to OUT with every expert slice page-aligned, and write OUT.swapidx.
+
+    IN may be the first shard of a split GGUF (NAME-00001-of-0000N.gguf); OUT is one file.
+    Nothing is left at OUT if the copy fails or is interrupted; IN is only read.
+    `swapmoe unpack OUT ORIG` gives IN back bit for bit.
+    """
+    from swapmoe.repack.index import sidecar_path
+    from swapmoe.repack.write import repack as run_repack
+
+    path = run_repack(in_path, out, layout=layout, page_size=page_size, force=force, progress=True)
+    click.echo(f"wrote {path} ({path.stat().st_size / 1e9:.3f} GB, {layout} layout, {page_size // 1024} KiB pages) "
+               f"and {sidecar_path(path).name}")
+
+
+@main.command("index")
+@click.argument("model", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--page-size", type=int, default=16384, show_default=True, callback=_page_size,
+              help="Page size to judge alignment by (a repacked file uses its own).")
+@click.option("--no-digests", is_flag=True, help="Skip the sha256 of every tensor (no full read of the file; "
+                                                 "verify then cannot check bytes).")
+@user_errors
+def index_cmd(model, page_size, no_digests):
+    """Write MODEL.swapidx, the sidecar index, for a GGUF as it is (no copy).
+
+    Lets the runtime stream experts from an original, un-repacked file; slices that are not
+    page-aligned or share a page are marked. Rewrites an existing sidecar.
+    """
+    from swapmoe.repack.index import FLAG_PAGE_ALIGNED, FLAG_SHARES_PAGE
+    from swapmoe.repack.write import index_gguf
+
+    side, index = index_gguf(model, page_size, digests=not no_digests, progress=True)
+    present = index.part_length.any(axis=2)
+    flags = index.slice_flags[present]
+    click.echo(f"wrote {side}: {len(index.moe_layers())} MoE layers x {index.n_expert} experts, "
+               f"{int((flags & FLAG_PAGE_ALIGNED).astype(bool).sum())} of {int(present.sum())} slices page-aligned, "
+               f"{int((flags & FLAG_SHARES_PAGE).astype(bool).sum())} share a page with a neighbour")
+
+
+@main.command()
+@click.argument("model", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--against", type=click.Path(dir_okay=False, path_type=Path),
+              help="The original GGUF: also compare every tensor byte for byte.")
+@user_errors
+def verify(model, against):
+    """Check MODEL against its sidecar index: digests, layout, and (with --against) the original."""
+    from swapmoe.repack.verify import verify as run_verify
+
+    report = run_verify(model, against, progress=True)
+    for problem in report.problems:
+        click.echo(f"problem: {problem}", err=True)
+    checked = f"{report.tensors} tensors, {report.expert_slices} expert slices, {report.bytes_checked / 1e9:.3f} GB"
+    if not report.ok:
+        raise SwapmoeError(f"{model}: {len(report.problems)} problem(s) ({checked} checked)")
+    against_text = f", byte-identical to {report.against}" if report.against else ""
+    click.echo(f"OK: {model} ({report.layout} layout): {checked} checked{against_text}")
+
+
+@main.command()
+@click.argument("packed", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("orig", type=click.Path(path_type=Path))
+@click.option("--force", is_flag=True, help="Overwrite ORIG if it exists.")
+@user_errors
+def unpack(packed, orig, force):
+    """Rebuild the original GGUF from the repacked PACKED, bit for bit.
+
+    A split original comes back as its shards: give ORIG as NAME-00001-of-0000N.gguf, or a
+    directory to get the original file names. The result is checked against the original's
+    digest stored in PACKED before it is put in place.
+    """
+    from swapmoe.repack.unpack import unpack as run_unpack
+
+    paths = run_unpack(packed, orig, force=force, progress=True)
+    click.echo(f"wrote {', '.join(str(p) for p in paths)} (matches the original's digest)")
+
+
+DEMO_PROMPT = "def fibonacci(n):\n"
+
+
+def _demo_cache() -> Path:
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    cache = base / "swapmoe"
+    cache.mkdir(parents=True, exist_ok=True)
+    return cache
+
+
+def _print_stream_stats(m) -> None:
+    s = m.stats
+    budget = m.plan.budget_bytes
+    click.echo(f"\n--- expert streaming ({m.plan.engine}) ---")
+    click.echo(f"prompt  {s['prompt_tokens']} tokens at {s['prompt_tokens'] / max(s['prompt_seconds'], 1e-9):.1f} tok/s; "
+               f"decode {s['decode_tokens']} tokens at {s['decode_tokens'] / max(s['decode_seconds'], 1e-9):.1f} tok/s")
+    click.echo(f"experts asked for {s['requests']}, found in RAM {s['hits']}, read {s['misses']} "
+               f"({s['bytes_read'] / 2**20:.1f} MiB), evicted {s['evictions']}")
+    if budget is not None:
+        click.echo(f"resident experts at most {s['peak_resident_expert_bytes'] / 2**20:.2f} MiB "
+                   f"of a {budget / 2**20:.2f} MiB budget")
+
+
+@main.command()
+@click.option("--big", is_flag=True, help="Also run a synthetic model 4x larger than a memory cap the demo sets "
+                                          "(needs root for the cgroup, and ~5 GB of disk).")
+@click.option("-n", "--max-tokens", type=int, default=64, show_default=True, help="Tokens to generate.")
+@user_errors
+def demo(big, max_tokens):
+    """Run swapmoe on the tiny MoE model shipped inside the package.
+
+    The model is repacked into ~/.cache/swapmoe on first use, then generates text with
+    room in RAM for only a quarter of its experts, and shows what the streaming did.
+    """
+    import swapmoe
     from swapmoe.gguf_file import open_gguf
     from swapmoe.inspect import format_summary, summarize
+    from swapmoe.repack.index import load as load_index, sidecar_path
 
-    path = Path(default_model_path())
+    path = Path(swapmoe.default_model_path())
     if not path.exists():
         raise SwapmoeError(f"{path}: the embedded model is missing from this installation")
-    click.echo(f"The embedded tiny model: a qwen3moe trained on Python sources.\n")
-    click.echo(format_summary(summarize(open_gguf(path))))
-    click.echo("\nRepacking and running come with the next releases; this demo grows with them.")
+    packed = _demo_cache() / "tiny-moe.repacked.gguf"
+    if not packed.exists() or not sidecar_path(packed).exists():
+        click.echo(f"repacking the embedded model into {packed} ...")
+        swapmoe.repack(path, packed, force=True)
+    click.echo("The embedded tiny model, a qwen3moe trained on Python sources, repacked:\n")
+    click.echo(format_summary(summarize(open_gguf(packed))))
+    quarter = int(load_index(packed).part_length.sum()) // 4  # raised by load() if one layer needs more
+    m = swapmoe.load(packed, io="pread", expert_cache_size=max(1, -(-quarter >> 20)))
+    click.echo(f"\nGenerating with {m.plan.budget_bytes / 2**20:.0f} MiB for experts "
+               f"({m.plan.budget_bytes / m.index.part_length.sum():.0%} of them):\n")
+    click.echo(DEMO_PROMPT, nl=False)
+    for piece in m.generate(DEMO_PROMPT, max_tokens=max_tokens):
+        click.echo(piece, nl=False)
+    _print_stream_stats(m)
+    if big:
+        _big_demo()
+
+
+def _big_demo() -> None:
+    """A synthetic Qwen3-30B-A3B-shaped model of ~4.5 GB, run under a 1.2 GiB memory cap."""
+    import swapmoe
+    from swapmoe.memcap import run_capped
+    from swapmoe.repack.index import sidecar_path
+
+    cache = _demo_cache()
+    original, packed = cache / "big-demo.gguf", cache / "big-demo.repacked.gguf"
+    if not packed.exists() or not sidecar_path(packed).exists():
+        click.echo("\nwriting a 12-layer Qwen3-30B-A3B-shaped model (Q4_K_M) and repacking it ...")
+        swapmoe.synth(original, preset="qwen3-30b-a3b", type="Q4_K_M", n_layer=12, force=True)
+        swapmoe.repack(original, packed, force=True, progress=True)
+        original.unlink()
+    cap = 1200 << 20
+    click.echo(f"\n{packed.name}: {packed.stat().st_size / 2**30:.2f} GiB, run under a {cap >> 20} MiB cap "
+               "(page cache included):")
+    result = run_capped([sys.executable, "-m", "swapmoe.cli", "run", str(packed), "-p", "hello", "-n", "16",
+                         "--ignore-eos", "--stats"], cap)
+    click.echo(f"peak memory {result.peak / 2**20:.0f} MiB of {cap >> 20} MiB, OOM kills {result.oom_kills}, "
+               f"exit {result.returncode}")
+    if result.returncode != 0:
+        raise SwapmoeError("the capped run failed")
 
 
 if __name__ == "__main__":

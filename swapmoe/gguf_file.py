@@ -9,6 +9,7 @@ Tensor data is only ever reached through read-only memory maps.
 """
 from __future__ import annotations
 
+import mmap
 import os
 import re
 from dataclasses import dataclass
@@ -234,6 +235,11 @@ class GGUFFile:
     def keys(self) -> list[str]:
         return [k for k in self._readers[0].fields if not k.startswith("GGUF.")]
 
+    def kv_spans(self, shard: int = 0) -> list[tuple[str, int, int]]:
+        """(key, start, end) byte span of every key/value field of a shard, in file order."""
+        return [(key, int(f.offset), int(f.offset) + sum(int(p.nbytes) for p in f.parts))
+                for key, f in self._readers[shard].fields.items() if not key.startswith("GGUF.")]
+
     @cached_property
     def arch(self) -> str:
         arch = self.get("general.architecture")
@@ -254,6 +260,14 @@ class GGUFFile:
             return self.tensors[name]
         except KeyError:
             raise SwapmoeError(f"{self.path}: missing tensor {name}") from None
+
+    def advise(self, advice: int, shard: int, offset: int = 0, length: int | None = None) -> None:
+        """madvise() this object's own map of a shard, page-aligned outwards (e.g. MADV_RANDOM so that
+        reading a tensor does not drag neighbouring bytes in with readahead)."""
+        data = self._readers[shard].data
+        end = len(data) if length is None else min(len(data), offset + length)
+        start = offset // mmap.PAGESIZE * mmap.PAGESIZE
+        data._mmap.madvise(advice, start, end - start)
 
     def raw(self, name: str) -> np.ndarray:
         """The tensor's bytes as a read-only uint8 view of the mapped file (no copy)."""

@@ -1,6 +1,7 @@
 """`swapmoe.load(path)`: a GGUF MoE model ready to score and generate text."""
 from __future__ import annotations
 
+import mmap
 import os
 import time
 from pathlib import Path
@@ -19,9 +20,7 @@ from swapmoe.runtime.experts.store import ExpertStore
 from swapmoe.runtime.models import ARCHITECTURES
 from swapmoe.runtime.models.base import Routing
 from swapmoe.runtime.sampling import Sampler, Sampling
-try:
-    from swapmoe.runtime.tokenizer import Tokenizer
-except ImportError: Tokenizer=None
+from swapmoe.runtime.tokenizer import Tokenizer
 
 BATCH = 256  # prompt tokens per forward pass: each expert is read once per batch
 
@@ -31,6 +30,7 @@ class Model:
 
     def __init__(self, path: str | os.PathLike, ctx: int | None = None, threads: int | None = None,
                  **streaming):
+        self.options = streaming_options.StreamingOptions.from_env(**streaming)
         self.path = Path(path)
         self.gguf = open_gguf(self.path)
         arch = self.gguf.arch
@@ -39,10 +39,11 @@ class Model:
                                f"(supported: {', '.join(sorted(ARCHITECTURES))})")
         if threads:
             numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
-        self.options = streaming_options.StreamingOptions.from_env(**streaming)
         self.index = _index_for(self.gguf)
         self.n_ctx = ctx or min(int(self.gguf.arch_get("context_length") or 4096), 4096)
         self.plan = self._plan()
+        if self.plan.streaming:
+            self._load_nonexpert()
         self.store = self._store()
         self.net = ARCHITECTURES[arch](self.gguf, self.store)
         self.net.routing = Routing(self.store, self.plan.fixation,
@@ -62,6 +63,14 @@ class Model:
         min_cache = int(per_expert.max(initial=0)) * max(idx.n_expert_used, 1) * 2
         return streaming_options.plan(self.options, expert_bytes, tensor_bytes - expert_bytes, kv, min_cache,
                                       repacked=idx.layout != "original", available=available_memory())
+
+    def _load_nonexpert(self) -> None:
+        """Read the non-expert tensors by exact ranges, once, and turn readahead off for the rest of
+        the map, so that touching them never drags expert bytes into the page cache."""
+        for shard in range(len(self.gguf.shards)):
+            self.gguf.advise(mmap.MADV_RANDOM, shard)
+        for r in self.index.nonexpert_ranges():
+            self.gguf.advise(mmap.MADV_WILLNEED, r.file, r.offset, r.length)
 
     def _store(self) -> ExpertStore:
         idx, plan = self.index, self.plan

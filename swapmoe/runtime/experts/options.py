@@ -100,9 +100,10 @@ def plan(options: StreamingOptions, expert_bytes: int, nonexpert_bytes: int, kv_
                f"{max(usable, 0) / 2**30:.2f} GiB is left for experts ({expert_bytes / 2**30:.2f} GiB in the file)"]
     streaming = options.expert_streaming
     if streaming is None:
-        streaming = repacked or not fits
+        streaming = repacked or not fits or options.expert_cache_size is not None
         reasons.append(f"streaming {'on' if streaming else 'off'}: " +
-                       ("the file is repacked" if repacked else "the experts fit in RAM" if fits else
+                       ("the file is repacked" if repacked else "an expert cache size was given"
+                        if options.expert_cache_size is not None else "the experts fit in RAM" if fits else
                         "the experts do not fit in RAM"))
     budget = None
     if options.expert_cache_size is not None:

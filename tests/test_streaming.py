@@ -1,0 +1,162 @@
+"""Expert streaming: both engines, the byte budget, keep-recent, fixation and prefetch.
+
+Behaviour only; nothing here measures time."""
+import ctypes
+import mmap
+import os
+
+import numpy as np
+import pytest
+
+import swapmoe
+from swapmoe.errors import SwapmoeError
+from swapmoe.runtime.experts.options import StreamingOptions, plan
+
+PROMPT = [5, 60, 7, 300, 41, 42, 9, 120, 200, 11, 3, 77]
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory):
+    """A qwen3moe with 16 experts (top-2) in 3 layers; each expert slice is 288 KiB."""
+    path = tmp_path_factory.mktemp("stream") / "m.gguf"
+    return swapmoe.synth(path, arch="qwen3moe", type="Q8_0", n_layer=3, n_expert=16, seed=3, progress=False)
+
+
+@pytest.fixture(scope="module")
+def reference(model_path):
+    m = swapmoe.load(model_path, expert_streaming=False)
+    return m.logits(PROMPT), list(m.generate_ids(PROMPT, max_tokens=8, ignore_eos=True))
+
+
+@pytest.mark.parametrize("io", ["mmap", "pread"])
+def test_engines_compute_the_same(model_path, reference, io):
+    m = swapmoe.load(model_path, io=io, expert_streaming=True, expert_cache_size=4)
+    assert m.store.engine.name == io
+    np.testing.assert_array_equal(m.logits(PROMPT), reference[0])
+    assert list(m.generate_ids(PROMPT, max_tokens=8, ignore_eos=True)) == reference[1]
+
+
+@pytest.mark.parametrize("io", ["mmap", "pread"])
+def test_budget_holds(model_path, io):
+    m = swapmoe.load(model_path, io=io, expert_cache_size=2)  # 2 MiB: 7 of the 48 slices
+    budget = 2 << 20
+    m.logits(PROMPT)
+    list(m.generate_ids(PROMPT, max_tokens=6, ignore_eos=True))
+    assert m.store.stats.evictions > 0
+    assert m.store.stats.peak_resident_bytes <= budget
+    assert m.store.resident_bytes <= budget
+
+
+GiB = 1 << 30
+
+
+def test_defaults_fit_the_machine():
+    def choose(expert_gb, available_gb, repacked=False, **given):
+        return plan(StreamingOptions(**given), int(expert_gb * GiB), GiB // 2, 64 << 20, 16 << 20, repacked,
+                    (int(available_gb * GiB), "test"))
+
+    fits = choose(4, 24)
+    assert not fits.streaming and fits.engine == "mmap" and fits.budget_bytes is None
+    assert choose(4, 24, repacked=True).streaming  # repacked: never read experts at load time
+    big = choose(60, 16)
+    usable = int(16 * GiB * 0.9) - GiB // 2 - (64 << 20) - (384 << 20)
+    assert big.streaming and big.engine == "pread" and big.budget_bytes == usable
+    tiny = choose(60, 16, expert_cache_size=1)  # smaller than one layer needs: raised
+    assert tiny.budget_bytes == 16 << 20 and any("raised" in r for r in tiny.reasons)
+    assert choose(4, 24, expert_cache_size=100).streaming  # a cache size implies streaming
+
+
+def test_keep_recent_evicts_older_experts(model_path):
+    m = swapmoe.load(model_path, io="mmap", expert_streaming=True, expert_keep_recent=2)
+    list(m.generate_ids(PROMPT, max_tokens=5, ignore_eos=True))
+    for layer in m.index.moe_layers():
+        resident = [key for key in m.store._lru if key[0] == layer]
+        assert len(resident) <= 2
+        # the survivors are the last experts that layer used
+        last = [int(e) for e in m.net.routing._last[layer]]
+        assert sorted(e for _, e in resident) == sorted(last)
+
+
+def test_fixation_pins_ids_for_the_window(model_path):
+    seen = []
+    m = swapmoe.load(model_path, expert_fixation=3)
+    select = m.net.routing.select
+
+    def spy(layer, selection, k):
+        ids = select(layer, selection, k)
+        seen.append((m.net.routing._decoding, layer, tuple(ids[0]) if len(ids) == 1 else None))
+        return ids
+
+    m.net.routing.select = spy
+    list(m.generate_ids(PROMPT, max_tokens=7, ignore_eos=True))
+    decode = [(layer, ids) for decoding, layer, ids in seen if decoding]
+    n_layer = len(m.index.moe_layers())
+    passes = [decode[i:i + n_layer] for i in range(0, len(decode), n_layer)]
+    assert len(passes) == 6  # the first token comes from the prompt pass
+    assert passes[1] == passes[0] and passes[2] == passes[0]  # one window of 3
+    assert passes[4] == passes[3] and passes[5] == passes[3]
+    assert not any(decoding for decoding, _, ids in seen[:n_layer])  # the prompt pass is never fixed
+
+
+def test_fixation_changes_little_on_prompt_logits(model_path, reference):
+    m = swapmoe.load(model_path, expert_fixation=4)
+    np.testing.assert_array_equal(m.logits(PROMPT), reference[0])  # prompts are never fixed
+
+
+def test_lookahead_prefetches_the_predicted_experts(model_path):
+    m = swapmoe.load(model_path, io="mmap", expert_streaming=True, expert_prefetch="lookahead")
+    hinted = []
+    engine_prefetch = m.store.engine.prefetch
+    m.store.engine.prefetch = lambda ranges: (hinted.append(list(ranges)), engine_prefetch(ranges))[1]
+    predicted = []
+    predict = m.net.predict_experts
+    m.net.predict_experts = lambda i, h: (predicted.append((i, predict(i, h))), predicted[-1][1])[1]
+    list(m.generate_ids(PROMPT, max_tokens=3, ignore_eos=True))
+    assert predicted and all(i >= 1 for i, _ in predicted)  # layer 0 has nothing before it
+    # every hinted range is exactly an index slice of a predicted expert of that layer
+    expected = {(r.file, r.offset, r.length) for i, ids in predicted for e in ids for r in m.index.slice(i, int(e))}
+    assert hinted and {r for ranges in hinted for r in ranges} <= expected | {
+        (r.file, r.offset, r.length) for layer in m.index.moe_layers() for e in range(16)
+        for r in m.index.slice(layer, e)}
+    assert m.store.stats.prefetch_issued > 0
+
+
+def _resident_pages(array: np.ndarray, offset: int, length: int) -> int:
+    """Pages of array[offset:offset+length] (page-aligned) that are in RAM, by mincore(2)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    pages = length // mmap.PAGESIZE
+    vec = (ctypes.c_ubyte * pages)()
+    if libc.mincore(ctypes.c_void_p(array.ctypes.data + offset), ctypes.c_size_t(length), vec) != 0:
+        raise OSError(ctypes.get_errno(), "mincore")
+    return sum(v & 1 for v in vec)
+
+
+def test_mmap_release_drops_pages(tmp_path):
+    """Resident experts are wholly in RAM, evicted and unused ones hold no page (mincore)."""
+    original = swapmoe.synth(tmp_path / "m.gguf", type="F16", n_layer=6, n_expert=16, seed=3, progress=False)
+    packed = swapmoe.repack(original, tmp_path / "p.gguf")
+    with open(packed, "rb") as f:  # start cold: writing the file left it in the page cache
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+    m = swapmoe.load(packed, io="mmap", expert_keep_recent=1)
+    list(m.generate_ids(PROMPT, max_tokens=4, ignore_eos=True))
+    engine, checked = m.store.engine, 0
+    # opening a GGUF faults its header in with the kernel's readahead (a window of read_ahead_kb,
+    # 8 MiB here, and the next one started asynchronously): the first 16 MiB are not ours to judge
+    skip = (16 << 20) + (64 << 10)
+    for layer in m.index.moe_layers():
+        for e in range(16):
+            (r,) = m.index.slice(layer, e)  # bundled: one range per expert
+            if r.offset < skip:
+                continue
+            in_ram = _resident_pages(engine._arrays[r.file], r.offset, r.length // mmap.PAGESIZE * mmap.PAGESIZE)
+            expected = r.length // mmap.PAGESIZE if (layer, e) in m.store._lru else 0
+            assert in_ram == expected, (layer, e)
+            checked += 1
+    assert checked >= 20 and m.store.stats.evictions > 0
+
+
+def test_bad_options():
+    with pytest.raises(SwapmoeError, match="expert-cache-size must be at least 1"):
+        swapmoe.load(swapmoe.default_model_path(), expert_cache_size=0)
+    with pytest.raises(SwapmoeError, match="expert-prefetch must be one of"):
+        swapmoe.load(swapmoe.default_model_path(), expert_prefetch="always")

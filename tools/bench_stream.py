@@ -1,0 +1,187 @@
+#!/usr/bin/env python3
+"""A model larger than the RAM it may use: decode speed of every streaming configuration,
+and of llama.cpp, each under the same memory cgroup cap, each starting with a cold file.
+
+    python tools/bench_stream.py --quick            # 12 layers (~4.5 GB) under 1.5 GiB
+    python tools/bench_stream.py                    # 48 layers (~17 GB) under 6 GiB
+    python tools/bench_stream.py --configs default pread mmap --llama-bin DIR
+
+The model is a synthetic qwen3moe of the Qwen3-30B-A3B shape at Q4_K_M, repacked with
+`swapmoe repack` (both kept in --dir and reused). Each configuration runs in a child process
+inside a cgroup capped at --cap-mib (page cache included; needs root), after the page cache
+was dropped: a --prompt-token prompt, then --decode greedy tokens. Printed per
+configuration: decode and prompt tok/s, GB read from storage per token, the read bandwidth
+while decoding as a share of the disk's sequential read bandwidth (measured in the same
+run), peak memory of the cgroup, and OOM kills. llama.cpp runs on the original file with
+--no-repack (its CPU repacking copies weights into anonymous memory, which a cap kills).
+"""
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+CONFIGS = {
+    "default": {},
+    "mmap": {"io": "mmap"},
+    "pread": {"io": "pread"},
+    "keep-recent-16": {"expert_keep_recent": 16},
+    "fixation-4": {"expert_fixation": 4},
+    "prefetch-previous": {"expert_prefetch": "previous"},
+    "prefetch-lookahead": {"expert_prefetch": "lookahead"},
+    "mmap+lookahead": {"io": "mmap", "expert_prefetch": "lookahead"},
+    "pread+lookahead": {"io": "pread", "expert_prefetch": "lookahead"},
+    "pread+lookahead+fixation-4": {"io": "pread", "expert_prefetch": "lookahead", "expert_fixation": 4},
+}
+
+
+def child(args) -> None:
+    """Runs inside the cap: load, prompt, decode, print one JSON line of measurements."""
+    import swapmoe
+
+    options = json.loads(args.options)
+    start = time.perf_counter()
+    model = swapmoe.load(args.model, ctx=args.prompt + args.decode + 8, **options)
+    load_seconds = time.perf_counter() - start
+    prompt = np.random.default_rng(0).integers(0, model.net.n_vocab, args.prompt).tolist()
+    ids = list(model.generate_ids(prompt, max_tokens=args.decode, ignore_eos=True))
+    s = dict(model.stats)
+    s.update(load_seconds=load_seconds, plan=model.plan.reasons, engine=model.plan.engine,
+             budget=model.plan.budget_bytes, tokens=ids)
+    print("RESULT " + json.dumps(s))
+
+
+def drop_caches() -> None:
+    os.sync()
+    Path("/proc/sys/vm/drop_caches").write_text("3\n")
+
+
+def disk_bandwidth(path: Path, nbytes: int = 2 << 30) -> float:
+    """Sequential read GB/s of `path` with 16 MiB O_DIRECT reads (no page cache involved)."""
+    import mmap
+
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    buf = mmap.mmap(-1, 16 << 20)
+    done, start = 0, time.perf_counter()
+    try:
+        while done < nbytes:
+            n = os.preadv(fd, [buf], done)
+            if n <= 0:
+                break
+            done += n
+    finally:
+        os.close(fd)
+    return done / (time.perf_counter() - start) / 1e9
+
+
+def capped(cmd: list[str], cap_mib: int):
+    from swapmoe.memcap import run_capped
+
+    out_path = Path(f"/tmp/swapmoe-bench-child-{os.getpid()}.txt")
+    with open(out_path, "w") as out:
+        result = run_capped(cmd, cap_mib << 20, stdout=out, stderr=subprocess.STDOUT)
+    text = out_path.read_text()
+    out_path.unlink()
+    return result, text
+
+
+def run_swapmoe(model: Path, options: dict, args) -> dict:
+    drop_caches()
+    cmd = [sys.executable, __file__, "--child", str(model), "--options", json.dumps(options),
+           "--prompt", str(args.prompt), "--decode", str(args.decode)]
+    result, text = capped(cmd, args.cap_mib)
+    row = {"peak": result.peak, "oom": result.oom_kills, "rc": result.returncode}
+    found = re.search(r"^RESULT (.*)$", text, re.M)
+    if found:
+        row.update(json.loads(found.group(1)))
+    else:
+        row["error"] = text.strip().splitlines()[-1] if text.strip() else f"exit {result.returncode}"
+    return row
+
+
+def run_llama(llama_bin: Path, model: Path, args) -> dict:
+    drop_caches()
+    prompt = " ".join(["hello"] * args.prompt)
+    cmd = [str(llama_bin / "llama-completion"), "-m", str(model), "-p", prompt, "-n", str(args.decode),
+           "-t", "2", "--temp", "0", "-no-cnv", "--no-repack", "--ignore-eos", "-c", str(args.prompt * 2 + args.decode)]
+    result, text = capped(cmd, args.cap_mib)
+    row = {"peak": result.peak, "oom": result.oom_kills, "rc": result.returncode}
+    decode = re.search(r"eval time =\s*([\d.]+) ms /\s*(\d+) runs.*?([\d.]+) tokens per second", text)
+    prompt_eval = re.search(r"prompt eval time =\s*([\d.]+) ms /\s*(\d+) tokens.*?([\d.]+) tokens per second", text)
+    if decode and prompt_eval and result.returncode == 0:
+        row.update(decode_tps=float(decode.group(3)), prompt_tps=float(prompt_eval.group(3)))
+    else:
+        row["error"] = f"exit {result.returncode}"
+    return row
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--options", default="{}", help=argparse.SUPPRESS)
+    ap.add_argument("--quick", action="store_true", help="12 layers under 1.5 GiB instead of 48 under 6 GiB")
+    ap.add_argument("--layers", type=int)
+    ap.add_argument("--cap-mib", type=int)
+    ap.add_argument("--prompt", type=int, default=64)
+    ap.add_argument("--decode", type=int, default=32)
+    ap.add_argument("--dir", type=Path, default=Path("/tmp/swapmoe-bench"))
+    ap.add_argument("--configs", nargs="*", default=list(CONFIGS))
+    default_bin = os.environ.get("SWAPMOE_LLAMA_BIN", str(Path.home() / ".cache/swapmoe-ref/llama-build/bin"))
+    ap.add_argument("--llama-bin", type=Path, default=Path(default_bin))
+    args = ap.parse_args()
+    if args.child:
+        args.model = args.child
+        return child(args)
+    import swapmoe
+
+    layers = args.layers or (12 if args.quick else 48)
+    args.cap_mib = args.cap_mib or (1536 if args.quick else 6144)
+    args.dir.mkdir(parents=True, exist_ok=True)
+    original = args.dir / f"qwen3-30b-a3b-{layers}L-Q4_K_M.gguf"
+    packed = args.dir / f"qwen3-30b-a3b-{layers}L-Q4_K_M.repacked.gguf"
+    if not original.exists():
+        swapmoe.synth(original, preset="qwen3-30b-a3b", type="Q4_K_M", n_layer=layers)
+    if not packed.exists():
+        swapmoe.repack(original, packed)
+    disk = disk_bandwidth(packed)
+    size = packed.stat().st_size
+    print(f"model {packed.name}: {size / 1e9:.2f} GB, cap {args.cap_mib} MiB, prompt {args.prompt}, "
+          f"decode {args.decode}; disk sequential read {disk:.2f} GB/s (O_DIRECT, 16 MiB reads)")
+    print(f"{'configuration':30} {'decode tok/s':>12} {'prompt tok/s':>12} {'GB read/tok':>11} {'read BW/disk':>12} "
+          f"{'peak MiB':>9} {'OOM':>4}")
+    rows = {}
+    for name in args.configs:
+        row = run_swapmoe(packed, CONFIGS[name], args)
+        rows[name] = row
+        if "error" in row:
+            print(f"{name:30} failed: {row['error']}  (peak {row['peak'] / 2**20:.0f} MiB, OOM {row['oom']})")
+            continue
+        tg = row["decode_tokens"] / row["decode_seconds"]
+        pp = row["prompt_tokens"] / row["prompt_seconds"]
+        per_token = row["storage_read_bytes"] / max(1, row["prompt_tokens"] + row["decode_tokens"])
+        bandwidth = row["bytes_read"] / (row["prompt_seconds"] + row["decode_seconds"]) / 1e9
+        print(f"{name:30} {tg:12.2f} {pp:12.1f} {per_token / 1e9:11.3f} {bandwidth / disk:12.2f} "
+              f"{row['peak'] / 2**20:9.0f} {row['oom']:4d}")
+    if (args.llama_bin / "llama-completion").exists():
+        row = run_llama(args.llama_bin, original, args)
+        rows["llama.cpp"] = row
+        if "error" in row:
+            print(f"{'llama.cpp --no-repack':30} failed: {row['error']} (peak {row['peak'] / 2**20:.0f} MiB, "
+                  f"OOM {row['oom']})")
+        else:
+            print(f"{'llama.cpp --no-repack':30} {row['decode_tps']:12.2f} {row['prompt_tps']:12.1f} {'':>11} "
+                  f"{'':>12} {row['peak'] / 2**20:9.0f} {row['oom']:4d}")
+            if "default" in rows and "error" not in rows["default"]:
+                d = rows["default"]
+                print(f"swapmoe default / llama.cpp decode: {d['decode_tokens'] / d['decode_seconds'] / row['decode_tps']:.2f}"
+                      " (target >= 5)")
+    (args.dir / "bench_stream.json").write_text(json.dumps(rows, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()
