@@ -1,46 +1,74 @@
 """What a GGUF holds, from swapmoe's point of view: how much is routed experts, how big one
-expert slice is, how much RAM the rest needs, and whether slices are page-aligned."""
+expert slice is, how much RAM the rest needs, and whether slices are page-aligned.
+
+Expert facts come from the sidecar index when one is beside the file and matches it, and
+otherwise from an index built in memory from the tensor table (no tensor bytes are read),
+so repacked files, whose expert tensors are renamed per expert, are described alike.
+"""
 from __future__ import annotations
 
-from collections import defaultdict
 from typing import Any
 
+import numpy as np
+from gguf import GGMLQuantizationType
+
+from swapmoe.errors import SwapmoeError
 from swapmoe.gguf_file import GGUFFile, TensorKind
 
 
+def _index(g: GGUFFile, page_size: int):
+    """(index, where it came from) or (None, reason) for a file without routed experts."""
+    from swapmoe.repack.index import build, load, sidecar_path
+
+    note = "built from the tensor table (no sidecar)"
+    if sidecar_path(g.path).exists():
+        try:
+            return load(g.path), str(sidecar_path(g.path))
+        except SwapmoeError as e:
+            note = f"built from the tensor table (sidecar not used: {e})"
+    if not g.tensors_of_kind(TensorKind.ROUTED_EXPERT) and g.get("swapmoe.layout") is None:
+        return None, "no routed experts"
+    return build(g, page_size=page_size), note
+
+
 def summarize(g: GGUFFile, page_size: int = 16384) -> dict[str, Any]:
-    routed = g.tensors_of_kind(TensorKind.ROUTED_EXPERT)
-    slice_bytes: dict[int, int] = defaultdict(int)
-    n_experts: dict[int, int] = {}
-    aligned = total = 0
-    for t in routed:
-        slice_bytes[t.layer] += t.expert_nbytes
-        n_experts[t.layer] = t.n_experts
-        for e in range(t.n_experts):
-            total += 1
-            aligned += (t.offset + e * t.expert_nbytes) % page_size == 0
-    routed_bytes = sum(t.nbytes for t in routed)
+    from swapmoe.repack.index import FLAG_CONTIGUOUS, FLAG_PAGE_ALIGNED, FLAG_SHARES_PAGE
+
+    index, source = _index(g, page_size)
     tensor_bytes = sum(t.nbytes for t in g.tensors.values())
-    hash_layers = sorted(t.layer for t in g.tensors_of_kind(TensorKind.HASH_TABLE))
-    return {
-        "file": str(g.path),
-        "shards": len(g.shards),
-        "file_bytes": g.total_size,
-        "arch": g.arch,
-        "layers": g.arch_get("block_count"),
-        "moe_layers": len(slice_bytes),
-        "experts": g.arch_get("expert_count"),
-        "experts_used": g.arch_get("expert_used_count"),
-        "expert_slice_bytes": {str(layer): slice_bytes[layer] for layer in sorted(slice_bytes)},
-        "routed_expert_bytes": routed_bytes,
-        "routed_expert_share": routed_bytes / tensor_bytes if tensor_bytes else 0.0,
-        "nonexpert_bytes": tensor_bytes - routed_bytes,
-        "tensor_types": sorted({t.ggml_type.name for t in g.tensors.values()}),
-        "page_size": page_size,
-        "expert_slices": total,
-        "expert_slice_parts_page_aligned": aligned,
-        "hash_layers": hash_layers,
+    summary: dict[str, Any] = {
+        "file": str(g.path), "shards": len(g.shards), "file_bytes": g.total_size, "arch": g.arch,
+        "layers": g.arch_get("block_count"), "experts": g.arch_get("expert_count"),
+        "experts_used": g.arch_get("expert_used_count"), "index": source,
         "swapmoe_layout": g.get("swapmoe.layout"),
+    }
+    if index is None:
+        return summary | {
+            "moe_layers": 0, "expert_slice_bytes": {}, "routed_expert_bytes": 0, "routed_expert_share": 0.0,
+            "nonexpert_bytes": tensor_bytes, "nonexpert_ranges": 0,
+            "tensor_types": sorted({t.ggml_type.name for t in g.tensors.values()}), "page_size": page_size,
+            "expert_slices": 0, "expert_slice_parts_page_aligned": 0, "slices_page_aligned": 0,
+            "slices_sharing_a_page": 0, "slices_contiguous": 0, "hash_layers": []}
+    lengths = index.part_length
+    present = lengths.any(axis=2)
+    flags = index.slice_flags[present]
+    routed_bytes = int(lengths.sum())
+    parts = lengths > 0
+    return summary | {
+        "moe_layers": len(index.moe_layers()),
+        "expert_slice_bytes": {str(layer): int(lengths[layer, 0].sum()) for layer in index.moe_layers()},
+        "routed_expert_bytes": routed_bytes,
+        "routed_expert_share": routed_bytes / g.total_size if g.total_size else 0.0,
+        "nonexpert_bytes": int(index.tensor_nbytes.sum()) - routed_bytes,
+        "nonexpert_ranges": len(index.nonexpert),
+        "tensor_types": sorted({GGMLQuantizationType(int(t)).name for t in np.unique(index.tensor_type)}),
+        "page_size": index.page_size,
+        "expert_slices": int(present.sum()),
+        "expert_slice_parts_page_aligned": int((index.part_offset[parts] % index.page_size == 0).sum()),
+        "slices_page_aligned": int((flags & FLAG_PAGE_ALIGNED).astype(bool).sum()),
+        "slices_sharing_a_page": int((flags & FLAG_SHARES_PAGE).astype(bool).sum()),
+        "slices_contiguous": int((flags & FLAG_CONTIGUOUS).astype(bool).sum()),
+        "hash_layers": index.hash_layers(),
     }
 
 
@@ -52,18 +80,21 @@ def format_summary(s: dict[str, Any]) -> str:
     slices = s["expert_slice_bytes"]
     sizes = sorted(set(slices.values()))
     slice_text = ", ".join(_mb(v) for v in sizes) if sizes else "none"
+    n = s["expert_slices"]
     lines = [
         f"file            {s['file']} ({s['shards']} shard{'s' if s['shards'] > 1 else ''}, {_mb(s['file_bytes'])})",
         f"architecture    {s['arch']}, {s['layers']} layers ({s['moe_layers']} with routed experts)",
         f"experts         {s['experts']} per layer, {s['experts_used']} used per token",
         f"expert slice    {slice_text} (one expert of one layer, all projections)",
-        f"routed experts  {_mb(s['routed_expert_bytes'])} = {s['routed_expert_share']:.1%} of tensor data",
-        f"non-expert RAM  {_mb(s['nonexpert_bytes'])} (loaded at start)",
+        f"routed experts  {_mb(s['routed_expert_bytes'])} = {s['routed_expert_share']:.1%} of the file",
+        f"non-expert RAM  {_mb(s['nonexpert_bytes'])} (loaded at start, in {s['nonexpert_ranges']} "
+        f"run{'s' if s['nonexpert_ranges'] != 1 else ''})",
         f"per token       {_mb(sum(slices.values()) * (s['experts_used'] or 0))} of experts read if none is cached",
         f"tensor types    {', '.join(s['tensor_types'])}",
-        f"alignment       {s['expert_slice_parts_page_aligned']} of {s['expert_slices']} expert slice parts start on a "
-        f"{s['page_size'] // 1024} KiB page",
+        f"alignment       {s['slices_page_aligned']} of {n} expert slices start on a {s['page_size'] // 1024} KiB "
+        f"page, {s['slices_contiguous']} are one run, {s['slices_sharing_a_page']} share a page with a neighbour",
         f"hash layers     {', '.join(map(str, s['hash_layers'])) or 'none'}",
         f"layout          {s['swapmoe_layout'] or 'original (not repacked)'}",
+        f"index           {s['index']}",
     ]
     return "\n".join(lines)

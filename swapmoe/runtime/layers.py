@@ -35,6 +35,17 @@ def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     return silu(gate) * up
 
 
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    return F32(1.0) / (F32(1.0) + np.exp(-x))
+
+
+def swiglu_oai(gate: np.ndarray, up: np.ndarray, alpha: float = 1.702, limit: float = 7.0) -> np.ndarray:
+    """gpt-oss's clamped SwiGLU: g·σ(alpha·g)·(u + 1) with g = min(gate, limit), u = clamp(up, ±limit)."""
+    g = np.minimum(gate, F32(limit))
+    u = np.clip(up, F32(-limit), F32(limit))
+    return g / (F32(1.0) + np.exp(F32(alpha) * -g)) * (u + F32(1.0))
+
+
 # --- rotary position embedding ------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -156,6 +167,21 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_pos: np.ndarray, sc
 def top_k(selection: np.ndarray, k: int) -> np.ndarray:
     """Indices [T, k] of the k largest selection scores per token, best first."""
     return np.argsort(-selection, axis=-1, kind="stable")[:, :k]
+
+
+def limit_to_groups(selection: np.ndarray, n_groups: int, n_groups_used: int) -> np.ndarray:
+    """DeepSeek-V3's group-limited routing as llama.cpp applies it: experts form n_groups equal
+    groups, a group scores the sum of its two best selection values, and the experts of all but
+    the n_groups_used best groups are masked to -inf."""
+    T_, E = selection.shape
+    groups = selection.reshape(T_, n_groups, E // n_groups)
+    best_two = np.sort(groups, axis=-1)[..., -2:]
+    scores = best_two[..., 1] + best_two[..., 0]
+    kept = top_k(scores, n_groups_used)
+    masked = np.full_like(groups, -np.inf)
+    rows = np.arange(T_)[:, None]
+    masked[rows, kept] = groups[rows, kept]
+    return masked.reshape(T_, E)
 
 
 def normalize_weights(w: np.ndarray) -> np.ndarray:

@@ -162,34 +162,55 @@ def gpt_oss(c: SynthConfig, n_vocab: int) -> tuple[list[Tensor], dict[str, Any]]
     keys = _common_keys(c, c.expert_ff) | {
         "expert_feed_forward_length": c.expert_ff, "attention.sliding_window": c.extra.get("sliding_window", 128),
         "rope.scaling.type": "yarn", "rope.scaling.factor": 32.0, "rope.scaling.original_context_length": 4096}
+    if "rope_base_swa" in c.extra:
+        keys["rope.freq_base_swa"] = float(c.extra["rope_base_swa"])
     return t, keys
 
 
 def deepseek2(c: SynthConfig, n_vocab: int) -> tuple[list[Tensor], dict[str, Any]]:
+    """DeepSeek-V3 shaped by default. extra knobs for the other layouts llama.cpp loads:
+    q_lora_rank 0 (lite: attn_q), mla False (legacy attn_kv_b), gating 1 (V2 softmax, no
+    exp_probs_b), weights_scale / weights_norm, yarn {factor, original_context_length, log_mul}."""
     x = c.extra
     ql, kvl, rope, nope, dv = x["q_lora_rank"], x["kv_lora_rank"], x["rope_dim"], x["nope_dim"], x["v_dim"]
+    mla, gating = x.get("mla", True), x.get("gating", 2)
     D, H = c.d_model, c.n_head
     t = _globals(c, n_vocab)
     for i in range(c.n_layer):
         p = f"blk.{i}."
-        t += [_norm(i, "attn_norm", D), (p + "attn_q_a.weight", (D, ql), "matrix"), _norm(i, "attn_q_a_norm", ql),
-              (p + "attn_q_b.weight", (ql, H * (nope + rope)), "matrix"),
-              (p + "attn_kv_a_mqa.weight", (D, kvl + rope), "matrix"), _norm(i, "attn_kv_a_norm", kvl),
-              (p + "attn_k_b.weight", (nope, kvl, H), "matrix"), (p + "attn_v_b.weight", (kvl, dv, H), "matrix"),
-              (p + "attn_output.weight", (H * dv, D), "matrix"), _norm(i, "ffn_norm", D)]
+        t.append(_norm(i, "attn_norm", D))
+        if ql:
+            t += [(p + "attn_q_a.weight", (D, ql), "matrix"), _norm(i, "attn_q_a_norm", ql),
+                  (p + "attn_q_b.weight", (ql, H * (nope + rope)), "matrix")]
+        else:
+            t.append((p + "attn_q.weight", (D, H * (nope + rope)), "matrix"))
+        t += [(p + "attn_kv_a_mqa.weight", (D, kvl + rope), "matrix"), _norm(i, "attn_kv_a_norm", kvl)]
+        if mla:
+            t += [(p + "attn_k_b.weight", (nope, kvl, H), "matrix"), (p + "attn_v_b.weight", (kvl, dv, H), "matrix")]
+        else:
+            t.append((p + "attn_kv_b.weight", (kvl, H * (nope + dv)), "matrix"))
+        t += [(p + "attn_output.weight", (H * dv, D), "matrix"), _norm(i, "ffn_norm", D)]
         if i < c.n_dense_lead:
             t += [(p + "ffn_gate.weight", (D, c.dense_ff), "matrix"), (p + "ffn_up.weight", (D, c.dense_ff), "matrix"),
                   (p + "ffn_down.weight", (c.dense_ff, D), "matrix")]
         else:
-            t += [*_router(c, i, probs_bias=True), *_experts(c, i, D), *_shared(c, i, gated=False)]
-    keys = _common_keys(c, c.dense_ff) | {
-        "attention.head_count_kv": 1, "attention.key_length": kvl + rope, "attention.value_length": kvl,
-        "attention.key_length_mla": nope + rope, "attention.value_length_mla": dv,
+            t += [*_router(c, i, probs_bias=gating == 2), *_experts(c, i, D), *_shared(c, i, gated=False)]
+    if mla:  # the converter's MQA view of the absorbed form
+        heads = {"attention.head_count_kv": 1, "attention.key_length": kvl + rope, "attention.value_length": kvl,
+                 "attention.key_length_mla": nope + rope, "attention.value_length_mla": dv}
+    else:
+        heads = {"attention.head_count_kv": H, "attention.key_length": nope + rope, "attention.value_length": dv}
+    keys = _common_keys(c, c.dense_ff) | heads | {
         "attention.q_lora_rank": ql, "attention.kv_lora_rank": kvl, "rope.dimension_count": rope,
         "leading_dense_block_count": c.n_dense_lead, "expert_feed_forward_length": c.expert_ff,
-        "expert_shared_count": max(1, c.shared_ff // c.expert_ff), "expert_weights_scale": 2.5,
-        "expert_weights_norm": True, "expert_gating_func": 2,
+        "expert_shared_count": max(1, c.shared_ff // c.expert_ff), "expert_weights_scale": x.get("weights_scale", 2.5),
+        "expert_weights_norm": x.get("weights_norm", True), "expert_gating_func": gating,
         "expert_group_count": x.get("groups", 1), "expert_group_used_count": x.get("groups_used", 1)}
+    if "yarn" in x:
+        y = x["yarn"]
+        keys |= {"rope.scaling.type": "yarn", "rope.scaling.factor": float(y["factor"]),
+                 "rope.scaling.original_context_length": y["original_context_length"],
+                 "rope.scaling.yarn_log_multiplier": 0.1 * y["log_mul"]}
     return t, keys
 
 

@@ -2,14 +2,23 @@
 
 Every kernel decodes one weight block into a small int8 scratch array and then
 takes fixed-length (16 or 32) integer dot products with the quantized
-activation.  Those short fixed-length loops only become SIMD code through
-LLVM's SLP vectorizer, which numba leaves off by default; we turn it on for
-the process before any kernel is compiled (it only changes how code is
-vectorized, never what it computes).
+activation.  Two things make that fast in numba:
+
+* Those short fixed-length loops only become SIMD code through LLVM's SLP
+  vectorizer, which numba leaves off by default; we turn it on for the process
+  before any kernel is compiled (it only changes how code is vectorized, never
+  what it computes).
+* No array slices or views inside block loops (each one costs atomic refcount
+  calls), and helpers are inlined at numba level (inline="always") so LLVM
+  sees non-negative loop-derived offsets and drops the negative-index checks.
+  Kernels therefore index a per-row slice with explicit block offsets.
+* Activations are indexed through a 1-D row view per token (2-D indexing
+  defeats vectorization), so the kernels decode a whole weight row first
+  (int8 values, or int16 values times their integer sub-block scale for the
+  256-value types) and then run one tight dot loop per token over it.  The row
+  is decoded once for all tokens; its bytes are read from memory once.
 """
 from __future__ import annotations
-
-import math
 
 import numba
 import numpy as np
@@ -20,6 +29,16 @@ numba.config.SLP_VECTORIZE = 1
 # Options for the row-parallel kernels: release the GIL, cache the machine code.
 PARALLEL = dict(parallel=True, nogil=True, cache=True)
 SERIAL = dict(nogil=True, cache=True)
+# small helpers called from the kernels
+INLINE = dict(nogil=True, cache=True, inline="always")
+# rows per parallel task: amortises the per-task scratch allocations
+ROWS_PER_TASK = 8
+
+
+# 2^(e - 25) for a half's exponent field e (1..30); entry 0 serves subnormals
+_F16_POW2 = np.array([2.0 ** (max(e, 1) - 25) for e in range(32)], np.float32)
+# ggml_e8m0_to_fp32_half: 0.5 * 2^(e - 127) for each exponent byte
+E8M0_HALF = np.array([2.0 ** (e - 128) for e in range(256)], np.float32)
 
 
 @njit(nogil=True, cache=True, inline="always")
@@ -28,34 +47,38 @@ def f16_to_f32(lo, hi):
     h = np.int32(lo) | (np.int32(hi) << 8)
     exponent = (h >> 10) & 0x1F
     mantissa = h & 0x3FF
-    if exponent == 0:
-        value = np.float32(math.ldexp(mantissa, -24))
-    elif exponent == 31:
+    if exponent == 31:
         value = np.float32(np.inf) if mantissa == 0 else np.float32(np.nan)
     else:
-        value = np.float32(math.ldexp(mantissa + 1024, exponent - 25))
+        # (implicit bit + mantissa) * 2^(e-25): exact, no libm call
+        value = np.float32(mantissa | (1024 if exponent else 0)) * _F16_POW2[exponent]
     return -value if h & 0x8000 else value
 
 
-@njit(nogil=True, cache=True, inline="always")
-def e8m0_to_f32_half(e):
-    """MXFP4 shared exponent byte to 0.5 * 2^(e-127) (ggml_e8m0_to_fp32_half)."""
-    return np.float32(math.ldexp(1.0, np.int32(e) - 128))
-
-
-@njit(nogil=True, cache=True)
-def dot16(a, b):
-    """Exact int32 dot of the first 16 entries of two int8 arrays."""
-    s = np.int32(0)
-    for j in range(16):
-        s = np.int32(s + np.int32(a[j]) * np.int32(b[j]))
-    return s
-
-
-@njit(nogil=True, cache=True)
-def dot32(a, b):
-    """Exact int32 dot of the first 32 entries of two int8 arrays."""
+@njit(**INLINE)
+def dot32(a, ao, x, xo):
+    """Exact int32 dot of int8 a[ao:ao+32] with int8 x[xo:xo+32]."""
     s = np.int32(0)
     for j in range(32):
-        s = np.int32(s + np.int32(a[j]) * np.int32(b[j]))
+        s = np.int32(s + np.int32(a[ao + j]) * np.int32(x[xo + j]))
     return s
+
+
+@njit(**INLINE)
+def dot256(ws, wo, x, xo):
+    """Exact int32 dot of int16 scaled weights ws[wo:wo+256] with int8 x[xo:xo+256]
+    (vpmovsxbw + vpmaddwd when x is a 1-D contiguous array)."""
+    s = np.int32(0)
+    for j in range(256):
+        s = np.int32(s + np.int32(ws[wo + j]) * np.int32(x[xo + j]))
+    return s
+
+
+@njit(**INLINE)
+def scale_into(ws, wo, wq, scales, group):
+    """ws[wo + k] = wq[k] * scales[k // group] for a 256-value super-block, so a
+    token needs one dot per super-block instead of one per sub-block."""
+    for s in range(256 // group):
+        f = np.int16(scales[s])
+        for i in range(group):
+            ws[wo + s * group + i] = np.int16(wq[s * group + i]) * f

@@ -1,0 +1,135 @@
+"""Chat prompts from the model's own Jinja chat template (`tokenizer.chat_template`).
+
+Rendered as Hugging Face's `apply_chat_template` does: jinja2's ImmutableSandboxedEnvironment
+with trim_blocks and lstrip_blocks, the loop-controls extension, `{% generation %}` blocks,
+`raise_exception` and `strftime_now` functions and a `tojson` filter that keeps non-ASCII
+text; variables
+`messages`, `add_generation_prompt`, `bos_token`, `eos_token` plus any extra ones (`tools`,
+`enable_thinking`, ...).
+
+`apply_chat_template` also does what llama.cpp's chat layer (common/chat.cpp) does around the
+template, so that its prompts are llama.cpp's: bos_token / eos_token are those tokens' text; a
+BOS (EOS) text the template writes at the start (end) is dropped when the tokenizer adds that
+token itself, so `tokenizer.encode(prompt)` has it exactly once; `enable_thinking` (true),
+`date_string` and `datetime` have llama.cpp's defaults; a "developer" message becomes "system"
+(except for gpt-oss templates); and a system message is merged into the next message for
+templates that do not use it (e.g. Mixtral's, Gemma's).
+"""
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from functools import lru_cache
+from typing import Any, Iterable
+
+from swapmoe.errors import SwapmoeError
+
+
+class ChatTemplateError(SwapmoeError):
+    """The template called raise_exception(), or cannot be parsed or rendered."""
+
+
+def _raise_exception(message: str):
+    raise ChatTemplateError(message)
+
+
+def _strftime_now(format: str) -> str:
+    return datetime.now().strftime(format)
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, separators=None,
+            sort_keys: bool = False) -> str:
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+@lru_cache(maxsize=16)
+def _compile(source: str):
+    from jinja2 import TemplateError, nodes
+    from jinja2.ext import Extension, loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class GenerationBlock(Extension):
+        """{% generation %}...{% endgeneration %}: Hugging Face uses it to mark the assistant's
+        text for training masks; it renders as its body."""
+        tags = {"generation"}
+
+        def parse(self, parser) -> list[nodes.Node]:
+            next(parser.stream)
+            return parser.parse_statements(("name:endgeneration",), drop_needle=True)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[loopcontrols, GenerationBlock])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    try:
+        return env.from_string(source)
+    except TemplateError as e:
+        raise ChatTemplateError(f"cannot parse the chat template: {e}") from None
+
+
+def render_template(source: str, messages: Iterable[dict[str, Any]], add_generation_prompt: bool = True,
+                    bos_token: str = "", eos_token: str = "", **variables: Any) -> str:
+    """Render a Jinja chat template with `messages` ([{"role": ..., "content": ...}, ...])."""
+    from jinja2 import TemplateError
+
+    template = _compile(source)
+    try:
+        return template.render(messages=list(messages), add_generation_prompt=add_generation_prompt,
+                               bos_token=bos_token, eos_token=eos_token, **variables)
+    except TemplateError as e:
+        raise ChatTemplateError(f"cannot render the chat template: {e}") from None
+
+
+def apply_chat_template(tokenizer, messages: Iterable[dict[str, Any]], add_generation_prompt: bool = True,
+                        template: str | None = None, **variables: Any) -> str:
+    """The prompt text for `messages` in the model's chat format, ready for
+    `tokenizer.encode(prompt)` (with its default add_special=True).
+
+    template: Jinja source to use instead of the model's own (e.g. for a GGUF without one).
+    """
+    source = template if template is not None else tokenizer.chat_template
+    if not source:
+        raise SwapmoeError(f"{tokenizer.source}: the model has no chat template (tokenizer.chat_template); "
+                           "pass one with template=..., or give the prompt as plain text")
+    bos = _special_text(tokenizer, tokenizer.bos_id)
+    eos = _special_text(tokenizer, tokenizer.eos_id)
+    now = datetime.now()
+    variables = {"enable_thinking": True, "date_string": now.strftime("%d %b %Y"),
+                 "datetime": now.strftime("%b %d %Y"), **variables}
+    messages = _adapt_messages(source, list(messages))
+    prompt = render_template(source, messages, add_generation_prompt, bos_token=bos, eos_token=eos, **variables)
+    if tokenizer.add_bos and bos and prompt.startswith(bos):
+        prompt = prompt[len(bos):]
+    if tokenizer.add_eos and eos and prompt.endswith(eos):
+        prompt = prompt[:-len(eos)]
+    return prompt
+
+
+def _special_text(tokenizer, token_id: int | None) -> str:
+    if token_id is None:
+        return ""
+    return tokenizer.token_bytes(token_id, special=True).decode("utf-8", "replace")
+
+
+def _adapt_messages(source: str, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """llama.cpp's message workarounds: developer -> system, system merged where unsupported."""
+    if "<|channel|>" not in source:
+        messages = [{**m, "role": "system"} if m.get("role") == "developer" else m for m in messages]
+    if messages and messages[0].get("role") == "system" and not _supports_system_role(source):
+        if len(messages) > 1:
+            merged = {**messages[1], "content": f"{messages[0]['content']}\n{messages[1]['content']}"}
+            messages = [merged, *messages[2:]]
+        else:
+            messages = []
+    return messages
+
+
+@lru_cache(maxsize=16)
+def _supports_system_role(source: str) -> bool:
+    """Whether the template shows a system message (llama.cpp probes the template the same way)."""
+    probe = [{"role": "system", "content": "System message"}, {"role": "user", "content": "User message"}]
+    try:
+        return "System message" in render_template(source, probe)
+    except SwapmoeError:
+        return False

@@ -1,0 +1,128 @@
+"""Quantized matrix kernels computing straight from GGUF weight bytes.
+
+One dispatch table, KERNELS, keyed by ggml type (gguf.GGMLQuantizationType
+ints).  Each entry names the activation type llama.cpp's CPU backend uses for
+that weight type ("vec_dot_type"), the row-parallel matmul kernel and the row
+dequantizer.  Adding a type is one entry.
+
+Simple entry points:
+    matvec(ggml_type, W, rows, cols, x)   -> y[rows]        y = W @ x
+    matmul(ggml_type, W, rows, cols, X)   -> Y[T, rows]     Y = X @ W.T
+    dequantize_rows(ggml_type, W, rows, cols, row_ids=None) -> float32 [n, cols]
+Quantize an activation once and reuse it against many matrices of types that
+share a vec_dot_type:
+    qx = quantize_activation(ggml_type, X)   # X: [cols] or [T, cols]
+    matvec_q(ggml_type, W, rows, cols, qx) / matmul_q(...)
+
+W is the tensor's raw bytes as a 1-D uint8 array (typically a view of a
+memory map; never copied), rows are ggml rows (outputs), cols the row length.
+"""
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES
+from gguf import GGMLQuantizationType as T
+
+from . import float as _float
+from . import iquants, kquants, legacy, mxfp4
+from .activation import QUANTIZERS, QuantizedActivation
+
+
+class Kernel(NamedTuple):
+    vec_dot_type: int
+    matmul: Callable  # (W, rows, cols, qs, d, extra, out[T, rows]) -> None
+    dequantize: Callable  # (W, cols, row_ids, out[n, cols]) -> None
+
+
+KERNELS: dict[int, Kernel] = {
+    int(T.F32): Kernel(int(T.F32), _float.matmul_f32, _float.dequantize_f32),
+    int(T.F16): Kernel(int(T.F16), _float.matmul_f16, _float.dequantize_f16),
+    int(T.BF16): Kernel(int(T.BF16), _float.matmul_bf16, _float.dequantize_bf16),
+    int(T.Q4_0): Kernel(int(T.Q8_0), legacy.matmul_q4_0, legacy.dequantize_q4_0),
+    int(T.Q4_1): Kernel(int(T.Q8_1), legacy.matmul_q4_1, legacy.dequantize_q4_1),
+    int(T.Q5_0): Kernel(int(T.Q8_0), legacy.matmul_q5_0, legacy.dequantize_q5_0),
+    int(T.Q5_1): Kernel(int(T.Q8_1), legacy.matmul_q5_1, legacy.dequantize_q5_1),
+    int(T.Q8_0): Kernel(int(T.Q8_0), legacy.matmul_q8_0, legacy.dequantize_q8_0),
+    int(T.Q2_K): Kernel(int(T.Q8_K), kquants.matmul_q2_k, kquants.dequantize_q2_k),
+    int(T.Q3_K): Kernel(int(T.Q8_K), kquants.matmul_q3_k, kquants.dequantize_q3_k),
+    int(T.Q4_K): Kernel(int(T.Q8_K), kquants.matmul_q4_k, kquants.dequantize_q4_k),
+    int(T.Q5_K): Kernel(int(T.Q8_K), kquants.matmul_q5_k, kquants.dequantize_q5_k),
+    int(T.Q6_K): Kernel(int(T.Q8_K), kquants.matmul_q6_k, kquants.dequantize_q6_k),
+    int(T.IQ4_NL): Kernel(int(T.Q8_0), iquants.matmul_iq4_nl, iquants.dequantize_iq4_nl),
+    int(T.IQ4_XS): Kernel(int(T.Q8_K), iquants.matmul_iq4_xs, iquants.dequantize_iq4_xs),
+    int(T.MXFP4): Kernel(int(T.Q8_0), mxfp4.matmul_mxfp4, mxfp4.dequantize_mxfp4),
+    int(T.IQ2_XXS): Kernel(int(T.Q8_K), iquants.matmul_iq2_xxs, iquants.dequantize_iq2_xxs),
+    int(T.IQ2_XS): Kernel(int(T.Q8_K), iquants.matmul_iq2_xs, iquants.dequantize_iq2_xs),
+    int(T.IQ2_S): Kernel(int(T.Q8_K), iquants.matmul_iq2_s, iquants.dequantize_iq2_s),
+    int(T.IQ3_XXS): Kernel(int(T.Q8_K), iquants.matmul_iq3_xxs, iquants.dequantize_iq3_xxs),
+    int(T.IQ3_S): Kernel(int(T.Q8_K), iquants.matmul_iq3_s, iquants.dequantize_iq3_s),
+    int(T.IQ1_S): Kernel(int(T.Q8_K), iquants.matmul_iq1_s, iquants.dequantize_iq1_s),
+    int(T.IQ1_M): Kernel(int(T.Q8_K), iquants.matmul_iq1_m, iquants.dequantize_iq1_m),
+}
+
+
+def _kernel(ggml_type: int) -> Kernel:
+    try:
+        return KERNELS[int(ggml_type)]
+    except KeyError:
+        raise NotImplementedError(f"no kernel for ggml type {T(int(ggml_type)).name}") from None
+
+
+def _check_weights(ggml_type: int, W: np.ndarray, rows: int, cols: int) -> None:
+    block_size, type_size = GGML_QUANT_SIZES[T(int(ggml_type))]
+    if W.dtype != np.uint8 or W.ndim != 1:
+        raise TypeError("W must be a 1-D uint8 array of the tensor's bytes")
+    if cols % block_size:
+        raise ValueError(f"cols={cols} is not a multiple of the {T(int(ggml_type)).name} block size {block_size}")
+    if W.size < rows * (cols // block_size) * type_size:
+        raise ValueError(f"W holds {W.size} bytes, {rows} rows of {cols} need {rows * (cols // block_size) * type_size}")
+
+
+def quantize_activation(ggml_type: int, X: np.ndarray) -> QuantizedActivation:
+    """Convert activations [cols] or [T, cols] to ggml_type's vec_dot_type."""
+    X = np.ascontiguousarray(X, dtype=np.float32)
+    return QUANTIZERS[_kernel(ggml_type).vec_dot_type](X.reshape(-1, X.shape[-1]))
+
+
+def matmul_q(ggml_type: int, W: np.ndarray, rows: int, cols: int, qx: QuantizedActivation) -> np.ndarray:
+    """Y[T, rows] = X @ W.T with X already passed through quantize_activation."""
+    kernel = _kernel(ggml_type)
+    _check_weights(ggml_type, W, rows, cols)
+    if qx.vec_dot_type != kernel.vec_dot_type or qx.qs.shape[1] != cols:
+        raise ValueError("activation was quantized for another vec_dot_type or length")
+    out = np.empty((qx.qs.shape[0], rows), np.float32)
+    kernel.matmul(W, rows, cols, qx.qs, qx.d, qx.extra, out)
+    return out
+
+
+def matvec_q(ggml_type: int, W: np.ndarray, rows: int, cols: int, qx: QuantizedActivation) -> np.ndarray:
+    """y[rows] = W @ x for a single quantized activation row."""
+    return matmul_q(ggml_type, W, rows, cols, qx)[0]
+
+
+def matvec(ggml_type: int, W: np.ndarray, rows: int, cols: int, x: np.ndarray) -> np.ndarray:
+    return matvec_q(ggml_type, W, rows, cols, quantize_activation(ggml_type, x))
+
+
+def matmul(ggml_type: int, W: np.ndarray, rows: int, cols: int, X: np.ndarray) -> np.ndarray:
+    return matmul_q(ggml_type, W, rows, cols, quantize_activation(ggml_type, X))
+
+
+def dequantize_rows(ggml_type: int, W: np.ndarray, rows: int, cols: int, row_ids=None) -> np.ndarray:
+    """float32 [len(row_ids), cols] of the selected rows (all rows if None)."""
+    kernel = _kernel(ggml_type)
+    _check_weights(ggml_type, W, rows, cols)
+    ids = np.arange(rows, dtype=np.int64) if row_ids is None else np.asarray(row_ids, dtype=np.int64).reshape(-1)
+    if ids.size and (ids.min() < 0 or ids.max() >= rows):
+        raise IndexError("row id out of range")
+    out = np.empty((ids.size, cols), np.float32)
+    kernel.dequantize(W, cols, ids, out)
+    return out
+
+
+__all__ = [
+    "KERNELS", "Kernel", "QuantizedActivation", "quantize_activation",
+    "matvec", "matmul", "matvec_q", "matmul_q", "dequantize_rows",
+]

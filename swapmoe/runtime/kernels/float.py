@@ -1,0 +1,97 @@
+"""Float weight types: F32, F16, BF16.
+
+llama.cpp rounds the activation to the weight's type (F16/BF16, done in
+activation.py) and accumulates the products in float32 SIMD lanes.  We do the
+same: each weight row is widened to float32 once, then dotted with every
+token using a vectorized float32 reduction (summation order differs from
+ggml's, see docs/kernels.md).  Products of two f16/bf16 values are exact in
+float32, so only the accumulation rounds.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from ._jit import PARALLEL, SERIAL
+
+_F16_EXP_SCALE = np.float32(2.0**112)
+
+
+@njit(nogil=True, cache=True, fastmath=True)
+def _dot_f32(a, b):
+    s = np.float32(0.0)
+    for j in range(a.size):
+        s += a[j] * b[j]
+    return s
+
+
+@njit(**SERIAL)
+def _widen_f16(halves, bits, values):
+    """halves (uint16) -> values (float32 view of the uint32 scratch `bits`)."""
+    for j in range(halves.size):
+        h = np.uint32(halves[j])
+        special = np.uint32(0x7F800000) if (h & 0x7C00) == 0x7C00 else np.uint32(0)
+        bits[j] = ((h & 0x8000) << 16) | ((h & 0x7FFF) << 13) | special
+    for j in range(halves.size):
+        # moves the 5-bit exponent into float32 range; exact, also for subnormals
+        values[j] = values[j] * _F16_EXP_SCALE
+
+
+@njit(**SERIAL)
+def _widen_bf16(halves, bits):
+    for j in range(halves.size):
+        bits[j] = np.uint32(halves[j]) << 16
+
+
+@njit(**PARALLEL)
+def matmul_f32(W, rows, cols, qs, d, extra, out):
+    n_tok = qs.shape[0]
+    for r in prange(rows):
+        w = W[r * cols * 4:(r + 1) * cols * 4].view(np.float32)
+        for t in range(n_tok):
+            out[t, r] = _dot_f32(w, qs[t])
+
+
+@njit(**SERIAL)
+def dequantize_f32(W, cols, row_ids, out):
+    for i in range(row_ids.size):
+        out[i] = W[row_ids[i] * cols * 4:(row_ids[i] + 1) * cols * 4].view(np.float32)
+
+
+@njit(**PARALLEL)
+def matmul_f16(W, rows, cols, qs, d, extra, out):
+    n_tok = qs.shape[0]
+    for r in prange(rows):
+        bits = np.empty(cols, np.uint32)
+        w = bits.view(np.float32)
+        _widen_f16(W[r * cols * 2:(r + 1) * cols * 2].view(np.uint16), bits, w)
+        for t in range(n_tok):
+            out[t, r] = _dot_f32(w, qs[t])
+
+
+@njit(**SERIAL)
+def dequantize_f16(W, cols, row_ids, out):
+    for i in range(row_ids.size):
+        bits = np.empty(cols, np.uint32)
+        w = bits.view(np.float32)
+        _widen_f16(W[row_ids[i] * cols * 2:(row_ids[i] + 1) * cols * 2].view(np.uint16), bits, w)
+        out[i] = w
+
+
+@njit(**PARALLEL)
+def matmul_bf16(W, rows, cols, qs, d, extra, out):
+    n_tok = qs.shape[0]
+    for r in prange(rows):
+        bits = np.empty(cols, np.uint32)
+        _widen_bf16(W[r * cols * 2:(r + 1) * cols * 2].view(np.uint16), bits)
+        w = bits.view(np.float32)
+        for t in range(n_tok):
+            out[t, r] = _dot_f32(w, qs[t])
+
+
+@njit(**SERIAL)
+def dequantize_bf16(W, cols, row_ids, out):
+    for i in range(row_ids.size):
+        bits = np.empty(cols, np.uint32)
+        _widen_bf16(W[row_ids[i] * cols * 2:(row_ids[i] + 1) * cols * 2].view(np.uint16), bits)
+        out[i] = bits.view(np.float32)

@@ -1,0 +1,383 @@
+"""K-quants: Q2_K, Q3_K, Q4_K, Q5_K, Q6_K (256-value super-blocks).
+
+Each weight row is decoded once into int16 values times their integer
+sub-block scale (plus per-block float scales and integer mins); each token
+then takes one exact int32 dot per super-block against its Q8_K activation,
+isum = sum(scale * q * x), the mins use the Q8_K bsums, and adds
+    (d_w * d_x) * isum - (dmin_w * d_x) * summins
+in float32, once per super-block.  ggml's generic and AVX code spread that
+float step over 8 lanes instead; the difference is float rounding only (see
+docs/kernels.md).  Kernel signatures as in legacy.py.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from ._jit import INLINE, PARALLEL, ROWS_PER_TASK, SERIAL, dot256, f16_to_f32, scale_into
+
+
+@njit(**INLINE)
+def _scales_mins_k4(blk, o, sc, mn):
+    """Unpack Q4_K/Q5_K's twelve bytes of 6-bit scales and mins at blk[o]."""
+    for j in range(4):
+        sc[j] = blk[o + j] & 63
+        mn[j] = blk[o + j + 4] & 63
+        sc[j + 4] = (blk[o + j + 8] & 15) | ((blk[o + j] >> 6) << 4)
+        mn[j + 4] = (blk[o + j + 8] >> 4) | ((blk[o + j + 4] >> 6) << 4)
+
+
+@njit(**INLINE)
+def _decode_nibbles_k(blk, o, wq):
+    """128 bytes of nibbles -> 256 values: 32 low nibbles, then 32 high, x4."""
+    for g in range(4):
+        for i in range(32):
+            v = blk[o + g * 32 + i]
+            wq[g * 64 + i] = v & 15
+            wq[g * 64 + 32 + i] = v >> 4
+
+
+@njit(**INLINE)
+def _decode_crumbs_k(blk, o, wq):
+    """64 bytes of 2-bit fields -> 256 values (Q2_K / Q3_K low bits)."""
+    for h in range(2):
+        for i in range(32):
+            # literal shifts: a loop-variable shift keeps this loop scalar
+            v = blk[o + h * 32 + i]
+            wq[h * 128 + i] = v & 3
+            wq[h * 128 + 32 + i] = (v >> 2) & 3
+            wq[h * 128 + 64 + i] = (v >> 4) & 3
+            wq[h * 128 + 96 + i] = v >> 6
+
+
+@njit(**INLINE)
+def _sum_mins(bsums, bo, mins, mo, per_min):
+    """Sum of a super-block's 16 Q8_K bsums times the min of their sub-block."""
+    total = 0
+    for j in range(16):
+        total += bsums[bo + j] * mins[mo + j // per_min]
+    return total
+
+
+# ---- Q2_K: scales[16] (lo nibble scale, hi nibble min), qs[64], d, dmin -----
+
+@njit(**PARALLEL)
+def matmul_q2_k(W, rows, cols, qs, d, extra, out):
+    nb = cols // 256
+    rb = nb * 84
+    for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+        wq = np.empty(256, np.int8)
+        sc = np.empty(16, np.int32)
+        mn = np.empty(8, np.int32)
+        ws = np.empty(cols, np.int16)
+        dw = np.empty(nb, np.float32)
+        dmin = np.empty(nb, np.float32)
+        mins = np.empty(nb * 16, np.int32)
+        for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
+            row = W[r * rb:(r + 1) * rb]
+            for b in range(nb):
+                o = b * 84
+                dw[b] = f16_to_f32(row[o + 80], row[o + 81])
+                dmin[b] = f16_to_f32(row[o + 82], row[o + 83])
+                for j in range(16):
+                    sc[j] = row[o + j] & 15
+                    mins[b * 16 + j] = row[o + j] >> 4
+                _decode_crumbs_k(row, o + 16, wq)
+                scale_into(ws, b * 256, wq, sc, 16)
+            for t in range(qs.shape[0]):
+                x = qs[t]
+                dx = d[t]
+                bsums = extra[t]
+                acc = np.float32(0.0)
+                for b in range(nb):
+                    isum = dot256(ws, b * 256, x, b * 256)
+                    summ = _sum_mins(bsums, b * 16, mins, b * 16, 1)
+                    acc += (dx[b] * dw[b]) * np.float32(isum) - (dx[b] * dmin[b]) * np.float32(summ)
+                out[t, r] = acc
+
+
+@njit(**SERIAL)
+def dequantize_q2_k(W, cols, row_ids, out):
+    nb = cols // 256
+    rb = nb * 84
+    for i in range(row_ids.size):
+        row = W[row_ids[i] * rb:(row_ids[i] + 1) * rb]
+        wq = np.empty(256, np.int8)
+        for b in range(nb):
+            o = b * 84
+            dw = f16_to_f32(row[o + 80], row[o + 81])
+            dmin = f16_to_f32(row[o + 82], row[o + 83])
+            _decode_crumbs_k(row, o + 16, wq)
+            for s in range(16):
+                dl = dw * np.float32(row[o + s] & 15)
+                ml = dmin * np.float32(row[o + s] >> 4)
+                for j in range(16):
+                    out[i, b * 256 + s * 16 + j] = dl * np.float32(wq[s * 16 + j]) - ml
+
+
+# ---- Q3_K: hmask[32], qs[64], scales[12] (6-bit, -32), d -------------------
+
+@njit(**INLINE)
+def _scales_q3_k(blk, o, sc):
+    for k in range(8):
+        sc[k] = (blk[o + 96 + k] & 15) | (((blk[o + 104 + k % 4] >> (2 * (k // 4))) & 3) << 4)
+        sc[k + 8] = (blk[o + 96 + k] >> 4) | (((blk[o + 104 + k % 4] >> (2 * (k // 4 + 2))) & 3) << 4)
+    for k in range(16):
+        sc[k] -= 32
+
+
+@njit(**INLINE)
+def _decode_q3_k(blk, o, wq):
+    _decode_crumbs_k(blk, o + 32, wq)
+    for i in range(32):
+        # the high bit *clear* means value - 4 (literal shifts, see above)
+        h = ~blk[o + i]
+        wq[i] -= (h & 1) << 2
+        wq[32 + i] -= ((h >> 1) & 1) << 2
+        wq[64 + i] -= ((h >> 2) & 1) << 2
+        wq[96 + i] -= ((h >> 3) & 1) << 2
+        wq[128 + i] -= ((h >> 4) & 1) << 2
+        wq[160 + i] -= ((h >> 5) & 1) << 2
+        wq[192 + i] -= ((h >> 6) & 1) << 2
+        wq[224 + i] -= ((h >> 7) & 1) << 2
+
+
+@njit(**PARALLEL)
+def matmul_q3_k(W, rows, cols, qs, d, extra, out):
+    nb = cols // 256
+    rb = nb * 110
+    for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+        wq = np.empty(256, np.int8)
+        sc = np.empty(16, np.int32)
+        mn = np.empty(8, np.int32)
+        ws = np.empty(cols, np.int16)
+        dw = np.empty(nb, np.float32)
+        for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
+            row = W[r * rb:(r + 1) * rb]
+            for b in range(nb):
+                o = b * 110
+                dw[b] = f16_to_f32(row[o + 108], row[o + 109])
+                _scales_q3_k(row, o, sc)
+                _decode_q3_k(row, o, wq)
+                scale_into(ws, b * 256, wq, sc, 16)
+            for t in range(qs.shape[0]):
+                x = qs[t]
+                dx = d[t]
+                acc = np.float32(0.0)
+                for b in range(nb):
+                    isum = dot256(ws, b * 256, x, b * 256)
+                    acc += (dw[b] * dx[b]) * np.float32(isum)
+                out[t, r] = acc
+
+
+@njit(**SERIAL)
+def dequantize_q3_k(W, cols, row_ids, out):
+    nb = cols // 256
+    rb = nb * 110
+    for i in range(row_ids.size):
+        row = W[row_ids[i] * rb:(row_ids[i] + 1) * rb]
+        wq = np.empty(256, np.int8)
+        sc = np.empty(16, np.int32)
+        for b in range(nb):
+            o = b * 110
+            dw = f16_to_f32(row[o + 108], row[o + 109])
+            _scales_q3_k(row, o, sc)
+            _decode_q3_k(row, o, wq)
+            for s in range(16):
+                dl = dw * np.float32(sc[s])
+                for j in range(16):
+                    out[i, b * 256 + s * 16 + j] = dl * np.float32(wq[s * 16 + j])
+
+
+# ---- Q4_K: d, dmin, scales[12], qs[128] ------------------------------------
+
+@njit(**PARALLEL)
+def matmul_q4_k(W, rows, cols, qs, d, extra, out):
+    nb = cols // 256
+    rb = nb * 144
+    for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+        wq = np.empty(256, np.int8)
+        sc = np.empty(16, np.int32)
+        mn = np.empty(8, np.int32)
+        ws = np.empty(cols, np.int16)
+        dw = np.empty(nb, np.float32)
+        dmin = np.empty(nb, np.float32)
+        mins = np.empty(nb * 8, np.int32)
+        for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
+            row = W[r * rb:(r + 1) * rb]
+            for b in range(nb):
+                o = b * 144
+                dw[b] = f16_to_f32(row[o], row[o + 1])
+                dmin[b] = f16_to_f32(row[o + 2], row[o + 3])
+                _scales_mins_k4(row, o + 4, sc, mn)
+                for j in range(8):
+                    mins[b * 8 + j] = mn[j]
+                _decode_nibbles_k(row, o + 16, wq)
+                scale_into(ws, b * 256, wq, sc, 32)
+            for t in range(qs.shape[0]):
+                x = qs[t]
+                dx = d[t]
+                bsums = extra[t]
+                acc = np.float32(0.0)
+                for b in range(nb):
+                    isum = dot256(ws, b * 256, x, b * 256)
+                    summ = _sum_mins(bsums, b * 16, mins, b * 8, 2)
+                    acc += (dw[b] * dx[b]) * np.float32(isum) - (dmin[b] * dx[b]) * np.float32(summ)
+                out[t, r] = acc
+
+
+@njit(**SERIAL)
+def dequantize_q4_k(W, cols, row_ids, out):
+    nb = cols // 256
+    rb = nb * 144
+    for i in range(row_ids.size):
+        row = W[row_ids[i] * rb:(row_ids[i] + 1) * rb]
+        wq = np.empty(256, np.int8)
+        sc = np.empty(8, np.int32)
+        mn = np.empty(8, np.int32)
+        for b in range(nb):
+            o = b * 144
+            dw = f16_to_f32(row[o], row[o + 1])
+            dmin = f16_to_f32(row[o + 2], row[o + 3])
+            _scales_mins_k4(row, o + 4, sc, mn)
+            _decode_nibbles_k(row, o + 16, wq)
+            for s in range(8):
+                dl = dw * np.float32(sc[s])
+                ml = dmin * np.float32(mn[s])
+                for j in range(32):
+                    out[i, b * 256 + s * 32 + j] = dl * np.float32(wq[s * 32 + j]) - ml
+
+
+# ---- Q5_K: d, dmin, scales[12], qh[32], qs[128] ----------------------------
+
+@njit(**INLINE)
+def _decode_q5_k(blk, o, wq):
+    _decode_nibbles_k(blk, o + 48, wq)
+    for i in range(32):
+        h = blk[o + 16 + i]  # bit k is the fifth bit of sub-block k (literal shifts)
+        wq[i] |= (h & 1) << 4
+        wq[32 + i] |= ((h >> 1) & 1) << 4
+        wq[64 + i] |= ((h >> 2) & 1) << 4
+        wq[96 + i] |= ((h >> 3) & 1) << 4
+        wq[128 + i] |= ((h >> 4) & 1) << 4
+        wq[160 + i] |= ((h >> 5) & 1) << 4
+        wq[192 + i] |= ((h >> 6) & 1) << 4
+        wq[224 + i] |= ((h >> 7) & 1) << 4
+
+
+@njit(**PARALLEL)
+def matmul_q5_k(W, rows, cols, qs, d, extra, out):
+    nb = cols // 256
+    rb = nb * 176
+    for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+        wq = np.empty(256, np.int8)
+        sc = np.empty(16, np.int32)
+        mn = np.empty(8, np.int32)
+        ws = np.empty(cols, np.int16)
+        dw = np.empty(nb, np.float32)
+        dmin = np.empty(nb, np.float32)
+        mins = np.empty(nb * 8, np.int32)
+        for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
+            row = W[r * rb:(r + 1) * rb]
+            for b in range(nb):
+                o = b * 176
+                dw[b] = f16_to_f32(row[o], row[o + 1])
+                dmin[b] = f16_to_f32(row[o + 2], row[o + 3])
+                _scales_mins_k4(row, o + 4, sc, mn)
+                for j in range(8):
+                    mins[b * 8 + j] = mn[j]
+                _decode_q5_k(row, o, wq)
+                scale_into(ws, b * 256, wq, sc, 32)
+            for t in range(qs.shape[0]):
+                x = qs[t]
+                dx = d[t]
+                bsums = extra[t]
+                acc = np.float32(0.0)
+                for b in range(nb):
+                    isum = dot256(ws, b * 256, x, b * 256)
+                    summ = _sum_mins(bsums, b * 16, mins, b * 8, 2)
+                    acc += (dw[b] * dx[b]) * np.float32(isum) - (dmin[b] * dx[b]) * np.float32(summ)
+                out[t, r] = acc
+
+
+@njit(**SERIAL)
+def dequantize_q5_k(W, cols, row_ids, out):
+    nb = cols // 256
+    rb = nb * 176
+    for i in range(row_ids.size):
+        row = W[row_ids[i] * rb:(row_ids[i] + 1) * rb]
+        wq = np.empty(256, np.int8)
+        sc = np.empty(8, np.int32)
+        mn = np.empty(8, np.int32)
+        for b in range(nb):
+            o = b * 176
+            dw = f16_to_f32(row[o], row[o + 1])
+            dmin = f16_to_f32(row[o + 2], row[o + 3])
+            _scales_mins_k4(row, o + 4, sc, mn)
+            _decode_q5_k(row, o, wq)
+            for s in range(8):
+                dl = dw * np.float32(sc[s])
+                ml = dmin * np.float32(mn[s])
+                for j in range(32):
+                    out[i, b * 256 + s * 32 + j] = dl * np.float32(wq[s * 32 + j]) - ml
+
+
+# ---- Q6_K: ql[128], qh[64], scales[16] int8, d; value = q6 - 32 -------------
+
+@njit(**INLINE)
+def _decode_q6_k(blk, o, wq):
+    for h in range(2):
+        for i in range(32):
+            lo0 = blk[o + h * 64 + i]
+            lo1 = blk[o + h * 64 + 32 + i]
+            hi = blk[o + 128 + h * 32 + i]
+            wq[h * 128 + i] = ((lo0 & 15) | ((hi & 3) << 4)) - 32
+            wq[h * 128 + 32 + i] = ((lo1 & 15) | (((hi >> 2) & 3) << 4)) - 32
+            wq[h * 128 + 64 + i] = ((lo0 >> 4) | (((hi >> 4) & 3) << 4)) - 32
+            wq[h * 128 + 96 + i] = ((lo1 >> 4) | ((hi >> 6) << 4)) - 32
+
+
+@njit(**PARALLEL)
+def matmul_q6_k(W, rows, cols, qs, d, extra, out):
+    nb = cols // 256
+    rb = nb * 210
+    for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+        wq = np.empty(256, np.int8)
+        sc = np.empty(16, np.int32)
+        mn = np.empty(8, np.int32)
+        ws = np.empty(cols, np.int16)
+        dw = np.empty(nb, np.float32)
+        for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
+            row = W[r * rb:(r + 1) * rb]
+            for b in range(nb):
+                o = b * 210
+                dw[b] = f16_to_f32(row[o + 208], row[o + 209])
+                for j in range(16):
+                    sc[j] = np.int8(row[o + 192 + j])
+                _decode_q6_k(row, o, wq)
+                scale_into(ws, b * 256, wq, sc, 16)
+            for t in range(qs.shape[0]):
+                x = qs[t]
+                dx = d[t]
+                acc = np.float32(0.0)
+                for b in range(nb):
+                    isum = dot256(ws, b * 256, x, b * 256)
+                    acc += (dw[b] * dx[b]) * np.float32(isum)
+                out[t, r] = acc
+
+
+@njit(**SERIAL)
+def dequantize_q6_k(W, cols, row_ids, out):
+    nb = cols // 256
+    rb = nb * 210
+    for i in range(row_ids.size):
+        row = W[row_ids[i] * rb:(row_ids[i] + 1) * rb]
+        wq = np.empty(256, np.int8)
+        for b in range(nb):
+            o = b * 210
+            dw = f16_to_f32(row[o + 208], row[o + 209])
+            _decode_q6_k(row, o, wq)
+            for s in range(16):
+                dl = dw * np.float32(np.int8(row[o + 192 + s]))
+                for j in range(16):
+                    out[i, b * 256 + s * 16 + j] = dl * np.float32(wq[s * 16 + j])

@@ -1,0 +1,152 @@
+"""DeepSeek-V2 / V2-Lite / V2.5 / V3 / R1 (and Kimi-K2, which shares the architecture).
+
+Each block: pre-norm multi-head latent attention (MLA), then a dense SwiGLU FFN on the first
+`leading_dense_block_count` layers and a mixture of experts on the rest.
+
+Attention. q = W_qb·rms(W_qa·x) (or W_q·x in the "lite" models without a q LoRA), per head
+[nope | rope] dims. One projection gives the shared latent c = rms(W_kva·x)[:kv_lora] and one
+shared RoPE key k_pe; RoPE (adjacent pairs) rotates q_pe and k_pe only. Files converted since
+llama.cpp's MLA support hold per-head attn_k_b / attn_v_b: the nope part of each query head is
+absorbed into the latent space (W_kb[h]·q_nope[h]), every head attends over the cached
+[c | k_pe] rows as one shared KV head with c as the value, and W_vb[h] maps each head's
+result back. Older files hold attn_kv_b instead, which expands c into per-head k_nope and v
+for ordinary multi-head attention. Both use kq_scale = mscale²/√(nope + rope), where YaRN's
+mscale — (1 + 0.1·ln f) times (1 + 0.1·mscale_all_dim·ln f) — is moved from RoPE into it.
+
+Experts. Softmax (V2) or sigmoid (V3) scores; V3 adds a per-expert bias for choosing only,
+keeps the best `expert_group_used_count` of `expert_group_count` groups (ranked by their two
+best scores), takes the top-k, renormalises the unbiased scores if `expert_weights_norm` and
+multiplies by `expert_weights_scale`. Always-on shared experts are added to the routed sum.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from swapmoe.errors import SwapmoeError
+from swapmoe.runtime import layers
+from swapmoe.runtime.linear import linear, quantize
+from swapmoe.runtime.models.base import Transformer
+
+GATING = {1: "softmax", 2: "sigmoid"}  # llama.cpp's expert_gating_func values
+F32 = np.float32
+
+
+class DeepSeek2(Transformer):
+    def __init__(self, gguf, store, hp=None):
+        super().__init__(gguf, store, hp)
+        g, hp, w = gguf, self.hp, self.w
+        if g.arch_get("attention.temperature_scale", 0.0):
+            raise SwapmoeError(f"{g.path}: deepseek2 attention temperature scaling (Mistral-Large-3) is not supported")
+        k_mla, v_mla = g.arch_get("attention.key_length_mla", 0), g.arch_get("attention.value_length_mla", 0)
+        self.mla = bool(k_mla and v_mla)  # absorbed attn_k_b/attn_v_b, else the legacy attn_kv_b
+        self.k_head = k_mla if self.mla else hp.head_dim  # nope + rope dims of a query head
+        self.v_head = v_mla if self.mla else hp.v_head_dim
+        self.n_nope = self.k_head - hp.n_rot
+        self.kv_lora = g.arch_get("attention.kv_lora_rank")
+        self.n_dense = g.arch_get("leading_dense_block_count", 0)
+        self.gating = GATING.get(self._gating_func())
+        if self.gating is None:
+            raise SwapmoeError(f"{g.path}: unsupported expert_gating_func {self._gating_func()}")
+        self.normalize = bool(g.arch_get("expert_weights_norm", False))
+        self.weights_scale = g.arch_get("expert_weights_scale", 0.0)
+        self.n_groups = g.arch_get("expert_group_count", 0)
+        self.n_groups_used = g.arch_get("expert_group_used_count", 0)
+        self.rope, self.kq_scale = self._rope_and_kq_scale()
+        self.blocks = [self._block_weights(i) for i in range(hp.n_layer)]
+
+    def _gating_func(self) -> int:
+        """expert_gating_func, or llama.cpp's fallback for files without it (V2/V2.5: softmax;
+        GLM-4.7-Lite, recognised by its shape: sigmoid)."""
+        func = self.gguf.arch_get("expert_gating_func", 0)
+        if func:
+            return func
+        return 2 if self.hp.n_layer in (47, 48) and self.n_vocab == 154880 else 1
+
+    def _rope_and_kq_scale(self) -> tuple[layers.Rope, float]:
+        """RoPE and the attention scale with DeepSeek's YaRN rules, in f32 as llama.cpp computes them.
+
+        The file stores 0.1·mscale_all_dim as yarn_log_multiplier. With it, the context attn
+        factor is get_mscale(f, m)/get_mscale(f, m_all) = 1 before cancelling the kernel's boost,
+        so RoPE keeps magnitude rope.scaling.attn_factor and the YaRN mscale lands in kq_scale."""
+        hp = self.hp
+        log_mul = F32(self.gguf.arch_get("rope.scaling.yarn_log_multiplier", 0.0)) / F32(0.1)
+        if log_mul:
+            attn_factor = hp.context_attn_factor(mscale=float(log_mul) if log_mul != 1 else 1.0,
+                                                 mscale_all_dims=float(log_mul))
+        else:
+            attn_factor = hp.context_attn_factor()
+        ln_f = F32(math.log(F32(1.0) / F32(hp.rope_freq_scale)))
+        attn_factor_org = F32(attn_factor) * (F32(1.0) + F32(0.1) * ln_f)
+        mscale = attn_factor_org * (F32(1.0) + F32(0.1) * log_mul * ln_f)
+        kq_scale = mscale * mscale / F32(math.sqrt(self.k_head))
+        return hp.rope(neox=False, attn_factor=attn_factor), float(kq_scale)
+
+    def _block_weights(self, i: int) -> dict:
+        w, p = self.w, f"blk.{i}."
+        b = {"attn_norm": w.vector(p + "attn_norm.weight"), "ffn_norm": w.vector(p + "ffn_norm.weight"),
+             "kv_a": w.matrix(p + "attn_kv_a_mqa.weight"), "kv_a_norm": w.vector(p + "attn_kv_a_norm.weight"),
+             "wo": w.matrix(p + "attn_output.weight")}
+        if w.has(p + "attn_q_a.weight"):
+            b |= {"q_a": w.matrix(p + "attn_q_a.weight"), "q_a_norm": w.vector(p + "attn_q_a_norm.weight"),
+                  "q_b": w.matrix(p + "attn_q_b.weight")}
+        else:  # lite: no q LoRA
+            b["wq"] = w.matrix(p + "attn_q.weight")
+        if self.mla:
+            b |= {"k_b": w.matrices(p + "attn_k_b.weight"), "v_b": w.matrices(p + "attn_v_b.weight")}
+        else:
+            b["kv_b"] = w.matrix(p + "attn_kv_b.weight")
+        if i < self.n_dense:
+            b["dense"] = [w.matrix(p + f"ffn_{part}.weight") for part in ("gate", "up", "down")]
+        else:
+            b |= {"router": w.matrix(p + "ffn_gate_inp.weight"),
+                  "selection_bias": w.optional_vector(p + "exp_probs_b.bias"),
+                  "shared": [w.matrix(p + f"ffn_{part}_shexp.weight") for part in ("gate", "up", "down")]}
+        return b
+
+    def new_cache(self, n_ctx: int) -> list[layers.KVCache]:
+        """MLA caches only the [latent | k_pe] rows (the value is their latent part); the legacy
+        layout caches per-head keys and values."""
+        hp = self.hp
+        if self.mla:
+            return [layers.KVCache(n_ctx, 1, self.kv_lora + hp.n_rot, 0) for _ in range(hp.n_layer)]
+        return [layers.KVCache(n_ctx, hp.n_head, self.k_head, self.v_head) for _ in range(hp.n_layer)]
+
+    def attention(self, b: dict, x: np.ndarray, positions: np.ndarray, cache: layers.KVCache) -> np.ndarray:
+        hp, T_, eps, c = self.hp, len(x), self.hp.rms_eps, self.kv_lora
+        qx = quantize(b["kv_a"], x)
+        q_in = b["q_a"] if "q_a" in b else b["wq"]
+        q = linear(q_in, x, qx if q_in.vec_dot_type == b["kv_a"].vec_dot_type else None)
+        if "q_a" in b:
+            q = linear(b["q_b"], layers.rms_norm(q, b["q_a_norm"], eps))
+        q = q.reshape(T_, hp.n_head, self.k_head)
+        kv = linear(b["kv_a"], x, qx)
+        latent = layers.rms_norm(kv[:, :c], b["kv_a_norm"], eps)
+        cos, sin = self.rope.tables(positions)
+        k_pe = self.rope.apply(kv[:, None, c:], cos, sin)  # [T, 1, rope], shared by all heads
+        q_pe = self.rope.apply(q[..., self.n_nope:], cos, sin)
+        q_nope = q[..., :self.n_nope]
+        if self.mla:
+            q_latent = np.stack([linear(k_b, q_nope[:, h]) for h, k_b in enumerate(b["k_b"])], axis=1)
+            keys, _ = cache.append(np.concatenate([latent[:, None, :], k_pe], axis=-1), np.empty((T_, 1, 0), F32))
+            out = layers.attention(np.concatenate([q_latent, q_pe], axis=-1), keys, keys[..., :c], positions,
+                                   self.kq_scale).reshape(T_, hp.n_head, c)
+            out = np.concatenate([linear(v_b, out[:, h]) for h, v_b in enumerate(b["v_b"])], axis=-1)
+        else:
+            kv_heads = linear(b["kv_b"], latent).reshape(T_, hp.n_head, self.n_nope + self.v_head)
+            k = np.concatenate([kv_heads[..., :self.n_nope], np.broadcast_to(k_pe, (T_, hp.n_head, hp.n_rot))], -1)
+            keys, values = cache.append(k, kv_heads[..., self.n_nope:])
+            out = layers.attention(np.concatenate([q_nope, q_pe], axis=-1), keys, values, positions, self.kq_scale)
+        return linear(b["wo"], out)
+
+    def block(self, i, h, positions, cache):
+        b, eps = self.blocks[i], self.hp.rms_eps
+        h = h + self.attention(b, layers.rms_norm(h, b["attn_norm"], eps), positions, cache)
+        x = layers.rms_norm(h, b["ffn_norm"], eps)
+        if "dense" in b:
+            return h + self.dense_ffn(*b["dense"], x)
+        routed = self.moe(i, linear(b["router"], x), x, self.gating, selection_bias=b["selection_bias"],
+                          normalize=self.normalize, scale=self.weights_scale,
+                          n_groups=self.n_groups, n_groups_used=self.n_groups_used)
+        return h + (routed + self.dense_ffn(*b["shared"], x))

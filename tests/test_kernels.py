@@ -1,0 +1,312 @@
+"""Kernel tests: every ggml type against gguf's dequantizer and against a
+numpy emulation of llama.cpp's quantized dot product.
+
+The emulation is written from ggml's C semantics (ggml-cpu/quants.c generic
+vec_dot and the x86 quantize_row_q8_0/q8_1, quantize_row_q8_K_ref): the
+activation quantizers are re-implemented here in numpy, the integer parts of
+the weights come from gguf.quants.dequantize of a copy of the block whose
+float scale field is set to 1 (so it yields the integer sub-scale x quant
+products exactly), and the per-block float step is spelled out per type.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGML_QUANT_SIZES, quants
+from gguf import GGMLQuantizationType as T
+
+from swapmoe.runtime import kernels as K
+
+ROWS, COLS = 5, 512  # odd row count, two 256-value super-blocks per row
+F32 = np.float32
+TYPES = [T(t) for t in K.KERNELS]
+# byte offsets of the fp16 scale fields of each block type
+F16_FIELDS = {
+    T.Q4_0: [0], T.Q4_1: [0, 2], T.Q5_0: [0], T.Q5_1: [0, 2], T.Q8_0: [0],
+    T.Q2_K: [80, 82], T.Q3_K: [108], T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208],
+    T.IQ4_NL: [0], T.IQ4_XS: [0], T.IQ2_XXS: [0], T.IQ2_XS: [0], T.IQ2_S: [0],
+    T.IQ3_XXS: [0], T.IQ3_S: [0], T.IQ1_S: [0],
+}
+
+
+def f16_bytes(values) -> np.ndarray:
+    return np.asarray(values, np.float16).view(np.uint8).reshape(-1, 2)
+
+
+def set_iq1_m_d(blocks: np.ndarray, d: np.ndarray) -> None:
+    """IQ1_M keeps its fp16 scale in the top nibbles of four u16 scale words."""
+    bits = np.asarray(d, np.float16).view(np.uint16)
+    sc = blocks[:, 48:56].copy().view(np.uint16) & 0x0FFF
+    for k in range(4):
+        sc[:, k] |= ((bits >> (4 * k)) & 15) << 12
+    blocks[:, 48:56] = sc.view(np.uint8)
+
+
+def random_weights(tp: T, rows: int, cols: int, rng) -> np.ndarray:
+    """Random valid bytes: finite fp16 scales, sane MXFP4 exponents, plus a
+    zero block, a huge-scale and a subnormal-scale block."""
+    bs, ts = GGML_QUANT_SIZES[tp]
+    n = rows * cols // bs
+    if tp == T.F32:
+        return rng.standard_normal(n).astype(F32).view(np.uint8)
+    if tp == T.F16:
+        return rng.standard_normal(n).astype(np.float16).view(np.uint8)
+    if tp == T.BF16:
+        return (rng.standard_normal(n).astype(F32).view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
+    blocks = rng.integers(0, 256, size=(n, ts), dtype=np.uint8)
+    scales = rng.uniform(-0.05, 0.05, n)
+    scales[1], scales[2] = 60000.0, 2.0**-24  # extreme: near fp16 max, subnormal
+    for off in F16_FIELDS.get(tp, []):
+        blocks[:, off:off + 2] = f16_bytes(scales)
+    if tp == T.MXFP4:
+        blocks[:, 0] = rng.integers(118, 130, n)
+    if tp == T.IQ1_M:
+        set_iq1_m_d(blocks, scales)
+    blocks[n // 2] = 0  # an all-zero block
+    return blocks.reshape(-1)
+
+
+def random_activations(n_tok: int, cols: int, rng) -> np.ndarray:
+    X = rng.standard_normal((n_tok, cols)).astype(F32)
+    X[0, 256:288] = 0.0  # zero block: amax == 0 path
+    X[-1, :8] = [3.0, -3.0, 0.5, -0.5, 1.5, 2.5, -1.5, -2.5]  # ties in max|x| and halves
+    return X
+
+
+# ---- numpy emulation of llama.cpp's activation quantizers ------------------
+
+def np_q8_0(x):
+    blocks = x.reshape(-1, 32)
+    amax = np.abs(blocks).max(axis=1)
+    d = (amax / F32(127)).astype(np.float16).astype(F32)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax != 0, F32(127) / amax, F32(0)).astype(F32)
+    q = np.rint(blocks * inv[:, None]).astype(np.int32)
+    return q, d, amax / F32(127)
+
+
+def np_q8_1(x):
+    q, d, d_exact = np_q8_0(x)
+    s = (d_exact * q.sum(axis=1).astype(F32)).astype(np.float16).astype(F32)
+    return q, d, s
+
+
+def np_q8_k(x):
+    blocks = x.reshape(-1, 256)
+    q = np.zeros(blocks.shape, np.int32)
+    d = np.zeros(len(blocks), F32)
+    for i, b in enumerate(blocks):
+        j = int(np.argmax(np.abs(b)))  # first index of the largest |x|
+        if b[j] == 0:
+            continue
+        iscale = F32(-127.0) / b[j]
+        q[i] = np.minimum(127, np.rint(iscale * b).astype(np.int32))
+        d[i] = F32(1.0) / iscale
+    return q, d
+
+
+# ---- numpy emulation of the quantized dot products --------------------------
+
+def integer_parts(tp: T, blocks: np.ndarray, **fields) -> np.ndarray:
+    """gguf-dequantized blocks after overwriting scale fields (name -> value)."""
+    b = blocks.copy()
+    for off, value in fields.items():
+        off = int(off[1:])
+        b[:, off:off + 2] = f16_bytes(np.full(len(b), value))
+    return quants.dequantize(b, tp).reshape(len(b), -1).astype(np.float64)
+
+
+def f16_at(blocks, off):
+    return blocks[:, off:off + 2].copy().view(np.float16)[:, 0].astype(F32)
+
+
+def emulate_row(tp: T, blocks: np.ndarray, x: np.ndarray) -> F32:
+    """llama.cpp's vec_dot for one weight row (its blocks) and activation x."""
+    sumf = F32(0)
+    if tp in (T.F32, T.F16, T.BF16):
+        w = quants.dequantize(blocks.reshape(-1), tp).astype(np.float64)
+        xr = K.quantize_activation(tp, x).qs[0].astype(np.float64)
+        return F32(w @ xr)
+    if tp in (T.Q4_0, T.Q5_0, T.Q8_0, T.IQ4_NL, T.MXFP4):
+        q, dy, _ = np_q8_0(x)
+        if tp == T.MXFP4:
+            ints = quants.dequantize(np.concatenate([np.full((len(blocks), 1), 128, np.uint8), blocks[:, 1:]], 1), tp)
+            scale = quants.MXFP4.e8m0_to_fp32_half(blocks[:, :1])[:, 0]
+        else:
+            ints = integer_parts(tp, blocks, o0=1.0)
+            dw = f16_at(blocks, 0)
+        sumi = (ints.reshape(len(blocks), -1) * q).sum(axis=1).astype(F32)
+        for i in range(len(blocks)):
+            if tp == T.Q4_0:
+                sumf += sumi[i] * dw[i] * dy[i]
+            elif tp == T.Q5_0:
+                sumf += (dw[i] * dy[i]) * sumi[i]
+            elif tp == T.Q8_0:
+                sumf += sumi[i] * (dw[i] * dy[i])
+            elif tp == T.IQ4_NL:
+                sumf += (dy[i] * dw[i]) * sumi[i]
+            else:
+                sumf += (dy[i] * scale[i]) * sumi[i]
+        return sumf
+    if tp in (T.Q4_1, T.Q5_1):
+        q, dy, sy = np_q8_1(x)
+        ints = integer_parts(tp, blocks, o0=1.0, o2=0.0)
+        sumi = (ints * q).sum(axis=1).astype(F32)
+        dw, mw = f16_at(blocks, 0), f16_at(blocks, 2)
+        for i in range(len(blocks)):
+            sumf += (dw[i] * dy[i]) * sumi[i] + mw[i] * sy[i]
+        return sumf
+    q, dy = np_q8_k(x)
+    if tp in (T.Q2_K, T.Q4_K, T.Q5_K):
+        d_off, m_off = (80, 82) if tp == T.Q2_K else (0, 2)
+        isum = (integer_parts(tp, blocks, **{f"o{d_off}": 1.0, f"o{m_off}": 0.0}) * q).sum(axis=1)
+        summs = -(integer_parts(tp, blocks, **{f"o{d_off}": 0.0, f"o{m_off}": 1.0}) * q).sum(axis=1)
+        dw, dmin = f16_at(blocks, d_off), f16_at(blocks, m_off)
+        for i in range(len(blocks)):
+            sumf += (dy[i] * dw[i]) * F32(isum[i]) - (dy[i] * dmin[i]) * F32(summs[i])
+        return sumf
+    if tp in (T.Q3_K, T.Q6_K):
+        off = 108 if tp == T.Q3_K else 208
+        isum = (integer_parts(tp, blocks, **{f"o{off}": 1.0}) * q).sum(axis=1)
+        dw = f16_at(blocks, off)
+        for i in range(len(blocks)):
+            sumf += (dw[i] * dy[i]) * F32(isum[i])
+        return sumf
+    if tp == T.IQ4_XS:
+        # every 6-bit scale forced to 33 (ls - 32 = 1: high bits 0b10, low nibble 1)
+        # makes gguf return the plain table values
+        forced = blocks.copy()
+        forced[:, 2:4], forced[:, 4:8] = 0xAA, 0x11
+        ints = integer_parts(tp, forced, o0=1.0).reshape(len(blocks), 8, 32)
+        sumi = (ints * q.reshape(len(blocks), 8, 32)).sum(axis=2)
+        h = blocks[:, 2].astype(np.int32) | (blocks[:, 3].astype(np.int32) << 8)
+        dw = f16_at(blocks, 0)
+        for i in range(len(blocks)):
+            d4d8 = dw[i] * dy[i]
+            for ib in range(8):
+                ls = ((blocks[i, 4 + ib // 2] >> (4 * (ib % 2))) & 15) | (((h[i] >> (2 * ib)) & 3) << 4)
+                sumf += (d4d8 * F32(int(ls) - 32)) * F32(sumi[i, ib])
+        return sumf
+    # IQ2/IQ3/IQ1: dequantizing with d = 1 gives ls * grid * sign / factor
+    factor = {T.IQ2_XXS: 8, T.IQ2_XS: 8, T.IQ2_S: 8, T.IQ3_XXS: 4, T.IQ3_S: 1, T.IQ1_S: 1, T.IQ1_M: 1}[tp]
+    if tp == T.IQ1_M:
+        dw = np.empty(len(blocks), F32)
+        sc = blocks[:, 48:56].copy().view(np.uint16)
+        bits = (sc[:, 0] >> 12) | ((sc[:, 1] >> 8) & 0xF0) | ((sc[:, 2] >> 4) & 0xF00) | (sc[:, 3] & 0xF000)
+        dw[:] = bits.astype(np.uint16).view(np.float16).astype(F32)
+        ones = blocks.copy()
+        set_iq1_m_d(ones, np.ones(len(blocks)))
+        ints = quants.dequantize(ones, tp).reshape(len(blocks), -1).astype(np.float64)
+    else:
+        dw = f16_at(blocks, 0)
+        ints = integer_parts(tp, blocks, o0=1.0)
+    bsum = (ints * factor * q).sum(axis=1)  # for IQ1: sumi + 0.125 * sumi1, exactly
+    for i in range(len(blocks)):
+        sumf += (dw[i] * dy[i]) * F32(bsum[i])
+    return {T.IQ2_XXS: F32(0.125), T.IQ2_XS: F32(0.125), T.IQ2_S: F32(0.125), T.IQ3_XXS: F32(0.25)}.get(tp, F32(1)) * sumf
+
+
+def emulate(tp: T, W: np.ndarray, rows: int, cols: int, X: np.ndarray) -> np.ndarray:
+    bs, ts = GGML_QUANT_SIZES[tp]
+    blocks = W.reshape(rows, cols // bs, ts) if tp not in (T.F32, T.F16, T.BF16) else W.reshape(rows, -1)
+    return np.array([[emulate_row(tp, blocks[r], x) for r in range(rows)] for x in X], F32)
+
+
+def activation_error_bound(tp: T, w: np.ndarray, X: np.ndarray) -> np.ndarray:
+    """|W @ x - W @ x~| bound from quantizing x to the vec_dot_type:
+    per element |x - x~| <= amax_block * (0.5/127 + 2^-11) (Q8_0/Q8_1, fp16 d),
+    amax_block * 0.5/127 (Q8_K, f32 d), |x| * 2^-11 (F16), |x| * 2^-8 (BF16)."""
+    vdt = T(K.KERNELS[int(tp)].vec_dot_type)
+    if vdt == T.F32:
+        dx = np.zeros_like(X)
+    elif vdt == T.F16:
+        dx = np.abs(X) * 2.0**-11
+    elif vdt == T.BF16:
+        dx = np.abs(X) * 2.0**-8
+    else:
+        bs = 256 if vdt == T.Q8_K else 32
+        amax = np.abs(X.reshape(len(X), -1, bs)).max(axis=2, keepdims=True)
+        per = 0.5 / 127 + (0 if vdt == T.Q8_K else 2.0**-11)
+        dx = np.broadcast_to(amax * per, (len(X), X.shape[1] // bs, bs)).reshape(X.shape)
+    bound = np.abs(w) @ dx.T
+    if vdt == T.Q8_1:  # the fp16-rounded s = d * sum(q) multiplies the block min m
+        bound += 2.0**-11 * np.abs(w).max() * 127 * 32 * np.abs(X).max() / 127 * (X.shape[1] // 32)
+    return bound.T + 1e-5 * (np.abs(w) @ np.abs(X).T).T  # float accumulation slack
+
+
+@pytest.fixture(params=TYPES, ids=lambda t: t.name)
+def case(request):
+    tp = request.param
+    rng = np.random.default_rng(int(tp) + 1)
+    W = random_weights(tp, ROWS, COLS, rng)
+    return tp, W, rng
+
+
+def test_dequantize_rows_matches_gguf(case):
+    tp, W, _ = case
+    ref = quants.dequantize(W.reshape(ROWS, -1), tp).astype(F32)
+    np.testing.assert_array_equal(K.dequantize_rows(tp, W, ROWS, COLS), ref)
+    np.testing.assert_array_equal(K.dequantize_rows(tp, W, ROWS, COLS, [3, 0, 3]), ref[[3, 0, 3]])
+
+
+def test_matvec_matmul_against_dequantized_and_emulation(case):
+    tp, W, rng = case
+    X = random_activations(3, COLS, rng)
+    w = quants.dequantize(W.reshape(ROWS, -1), tp).astype(np.float64)
+    Y = K.matmul(tp, W, ROWS, COLS, X)
+    # reading blocks once for all tokens must not change any result
+    for t in range(len(X)):
+        np.testing.assert_array_equal(K.matvec(tp, W, ROWS, COLS, X[t]), Y[t])
+    # against the float reference, within the activation-quantization bound
+    assert np.all(np.abs(Y - X.astype(np.float64) @ w.T) <= activation_error_bound(tp, w, X))
+    # against llama.cpp's semantics: at most ~1 float32 ulp per block
+    Y_emul = emulate(tp, W, ROWS, COLS, X)
+    bs = GGML_QUANT_SIZES[tp][0]
+    magnitude = np.abs(w) @ np.abs(X.astype(np.float64)).T
+    if tp in (T.F32, T.F16, T.BF16):  # f32 sums in a different order
+        tol = 2 * COLS * 2.0**-24 * magnitude.T
+    else:
+        tol = 2 * (COLS // bs) * 2.0**-24 * (magnitude.T + np.abs(Y_emul))
+    np.testing.assert_array_less(np.abs(Y - Y_emul), tol + 1e-30)
+
+
+def test_quantize_once_reuse():
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal(COLS).astype(F32)
+    W4 = random_weights(T.Q4_K, ROWS, COLS, rng)
+    W6 = random_weights(T.Q6_K, ROWS, COLS, rng)
+    qx = K.quantize_activation(T.Q4_K, x)  # both use Q8_K activations
+    np.testing.assert_array_equal(K.matvec_q(T.Q6_K, W6, ROWS, COLS, qx), K.matvec(T.Q6_K, W6, ROWS, COLS, x))
+    np.testing.assert_array_equal(K.matvec_q(T.Q4_K, W4, ROWS, COLS, qx), K.matvec(T.Q4_K, W4, ROWS, COLS, x))
+    with pytest.raises(ValueError):
+        K.matvec_q(T.Q8_0, random_weights(T.Q8_0, ROWS, COLS, rng), ROWS, COLS, qx)
+
+
+def test_activation_quantizers_match_numpy_emulation():
+    rng = np.random.default_rng(3)
+    X = random_activations(2, COLS, rng)
+    X[1, 300] = 1e-30  # tiny values, still in range
+    for t in range(len(X)):
+        q, d, _ = np_q8_0(X[t])
+        qa = K.quantize_activation(T.Q8_0, X[t])
+        np.testing.assert_array_equal(qa.qs[0], q.reshape(-1))
+        np.testing.assert_array_equal(qa.d[0], d)
+        q, d, s = np_q8_1(X[t])
+        qa = K.quantize_activation(T.Q4_1, X[t])
+        np.testing.assert_array_equal(qa.qs[0], q.reshape(-1))
+        np.testing.assert_array_equal(qa.extra[0], s)
+        q, d = np_q8_k(X[t])
+        qa = K.quantize_activation(T.Q4_K, X[t])
+        np.testing.assert_array_equal(qa.qs[0], q.reshape(-1))
+        np.testing.assert_array_equal(qa.d[0], d)
+        np.testing.assert_array_equal(qa.extra[0], q.reshape(-1, 16).sum(axis=1))
+
+
+def test_rejects_bad_shapes():
+    W = np.zeros(ROWS * COLS // 32 * 34, np.uint8)
+    with pytest.raises(ValueError):
+        K.matvec(T.Q8_0, W, ROWS + 1, COLS, np.zeros(COLS, F32))
+    with pytest.raises(ValueError):
+        K.matvec(T.Q4_K, W, 1, 100, np.zeros(100, F32))
+    with pytest.raises(TypeError):
+        K.matvec(T.Q8_0, W.view(np.int8), ROWS, COLS, np.zeros(COLS, F32))

@@ -1,0 +1,209 @@
+"""The tokenizer gives llama.cpp's token ids: checked against llama.cpp's own results, recorded
+by tools/make_tokenizer_fixtures.py (llama.cpp is not needed here)."""
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+import zstandard
+
+import swapmoe
+from swapmoe.errors import SwapmoeError
+from swapmoe.runtime.tokenizer import Tokenizer, read_gguf_metadata
+
+DATA = Path(__file__).parent / "data" / "tokenizer"
+CORPUS: list[str] = json.loads((DATA / "corpus.json").read_text(encoding="utf-8"))
+EXPECTED: dict[str, dict] = json.loads(zstandard.ZstdDecompressor().decompress(
+    (DATA / "expected.json.zst").read_bytes()))
+
+
+@pytest.fixture(scope="session")
+def vocab_dir(tmp_path_factory) -> Path:
+    """The committed vocab-only GGUFs, decompressed."""
+    folder = tmp_path_factory.mktemp("vocab")
+    for packed in (DATA / "vocab").glob("*.gguf.zst"):
+        (folder / packed.name[:-4]).write_bytes(zstandard.ZstdDecompressor().decompress(packed.read_bytes()))
+    return folder
+
+
+@lru_cache(maxsize=2)
+def _metadata(path: Path) -> dict:
+    return read_gguf_metadata(path)
+
+
+@lru_cache(maxsize=1)
+def _tokenizer(vocab_dir: Path, config: str) -> Tokenizer:
+    """The tokenizer of a configuration: a vocabulary, maybe with another pre-tokenizer's rules."""
+    expected = EXPECTED[config]
+    path = vocab_dir / f"ggml-vocab-{expected['vocab']}.gguf"
+    metadata = dict(_metadata(path))
+    if expected["pre"]:
+        metadata["tokenizer.ggml.pre"] = expected["pre"]
+    if expected["model"]:
+        metadata["tokenizer.ggml.model"] = expected["model"]
+    return Tokenizer(metadata, config)
+
+
+def pieces_sha256(tok: Tokenizer) -> str:
+    pieces = hashlib.sha256()
+    for token in range(tok.n_vocab):
+        for special in (True, False):
+            piece = tok.token_bytes(token, special)
+            pieces.update(struct.pack("<I", len(piece)) + piece)
+    return pieces.hexdigest()
+
+
+def test_corpus_is_large_and_varied():
+    assert len(CORPUS) >= 200
+    assert any("<|im_start|>" in s for s in CORPUS) and any("🦙" in s for s in CORPUS)
+    assert any(any(ord(c) > 0x10000 for c in s) for s in CORPUS)
+
+
+# configurations sharing a vocabulary run one after the other: each file is read once
+CONFIGS = sorted(EXPECTED, key=lambda config: (EXPECTED[config]["vocab"], config))
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_matches_llama_cpp(vocab_dir, config):
+    """Ids of every corpus string (two ways), its detokenization, and for the vocabularies as
+    they are: special ids, BOS/EOS rules, end-of-generation set, attributes, every token's piece."""
+    tok = _tokenizer(vocab_dir, config)
+    expected = EXPECTED[config]
+    wrong_plain = [s for s, ids in zip(CORPUS, expected["ids_plain"])
+                   if tok.encode(s, add_special=True, parse_special=False) != ids]
+    wrong_special = [s for s, ids in zip(CORPUS, expected["ids_special"])
+                     if tok.encode(s, add_special=False, parse_special=True) != ids]
+    assert not wrong_plain, f"{len(wrong_plain)} strings differ, first {wrong_plain[0]!r}"
+    assert not wrong_special, f"{len(wrong_special)} strings differ, first {wrong_special[0]!r}"
+
+    round_trips = 0
+    for text, ids, detok in zip(CORPUS, expected["ids_special"], expected["detok_special"]):
+        assert tok.decode(ids, special=True) == (text if detok is None else detok), repr(text)
+        if detok is None:  # llama.cpp gives the text back: so do we, from our own ids
+            assert tok.decode(tok.encode(text, add_special=False)) == text
+            round_trips += 1
+    assert round_trips > len(CORPUS) // 2
+
+    if expected["pre"]:  # the vocabulary's own facts are checked with its own configuration
+        return
+    assert tok.n_vocab == expected["n_vocab"]
+    assert (tok.bos_id, tok.eos_id, tok.add_bos, tok.add_eos) == \
+        (expected["bos"], expected["eos"], expected["add_bos"], expected["add_eos"])
+    assert tok.eot_ids == expected["eog"]
+    assert {str(t): a for t, a in enumerate(tok.attrs) if a != 4} == expected["attrs"]
+    assert pieces_sha256(tok) == expected["pieces_sha256"]
+
+
+def test_add_special_and_parse_special(vocab_dir):
+    tok = _tokenizer(vocab_dir, "llama-bpe")  # adds BOS <|begin_of_text|>
+    text = "<|start_header_id|>user<|end_header_id|>"
+    with_special = tok.encode(text)
+    assert with_special[0] == tok.bos_id and with_special[1] == tok.token_ids["<|start_header_id|>"]
+    plain = tok.encode(text, add_special=False, parse_special=False)
+    assert tok.token_ids["<|start_header_id|>"] not in plain and tok.bos_id not in plain
+    assert tok.decode(plain) == text
+
+
+def test_end_of_generation_ids(vocab_dir):
+    qwen = _tokenizer(vocab_dir, "qwen2")
+    assert {qwen.token_ids["<|im_end|>"], qwen.token_ids["<|endoftext|>"]} <= set(qwen.eot_ids)
+    llama = _tokenizer(vocab_dir, "llama-bpe")
+    assert {llama.token_ids["<|eot_id|>"], llama.token_ids["<|end_of_text|>"]} <= set(llama.eot_ids)
+
+
+@pytest.mark.parametrize("config, text", [
+    ("llama-spm", "Grüße 🦙 你好!"),  # SentencePiece byte fallback: <0xF0><0x9F><0xA6><0x99>
+    ("gpt-2", "Grüße 🦙 你好!"),  # byte-level BPE: tokens holding parts of a character
+    ("qwen2", "emoji 👨‍👩‍👧‍👦 and 𝔘𝔫𝔦𝔠𝔬𝔡𝔢"),
+])
+def test_stream_decoder_yields_whole_characters(vocab_dir, config, text):
+    tok = _tokenizer(vocab_dir, config)
+    ids = tok.encode(text, add_special=False)
+    assert not all(_is_utf8(tok.token_bytes(i)) for i in ids), "the text should have tokens that split a character"
+    stream = tok.decoder()
+    pieces = [stream.push(i) for i in ids]
+    pieces.append(stream.flush())
+    # the stream keeps SentencePiece's leading space (it continues a prompt); decode() drops it
+    assert "".join(pieces) == b"".join(tok.token_bytes(i) for i in ids).decode()
+    assert tok.decode(ids).lstrip(" ") == "".join(pieces).lstrip(" ")
+    assert all("\ufffd" not in piece for piece in pieces)
+    assert "" in pieces  # held back while a character was incomplete
+
+
+def _is_utf8(piece: bytes) -> bool:
+    try:
+        piece.decode("utf-8")
+        return True
+    except UnicodeDecodeError:
+        return False
+
+
+def test_stream_decoder_flushes_an_incomplete_character(vocab_dir):
+    tok = _tokenizer(vocab_dir, "llama-spm")
+    first_byte = tok.token_ids["<0xF0>"]
+    stream = tok.decoder()
+    assert stream.push(first_byte) == ""
+    assert stream.flush() == "\ufffd"
+
+
+def test_stream_decoder_hides_control_tokens_unless_special(vocab_dir):
+    tok = _tokenizer(vocab_dir, "qwen2")
+    ids = tok.encode("<|im_start|>assistant\nHi<|im_end|>", add_special=False)
+    assert "".join(map(tok.decoder().push, ids)) == "assistant\nHi"
+    assert "".join(map(tok.decoder(special=True).push, ids)) == "<|im_start|>assistant\nHi<|im_end|>"
+
+
+def test_synthetic_model_tokenizer(tmp_path):
+    path = tmp_path / "m.gguf"
+    swapmoe.synth(path, progress=False)
+    tok = Tokenizer.from_gguf(path)
+    text = "<|im_start|>user\nThe quick brown fox, ünïcödé 🦙!<|im_end|>\n"
+    ids = tok.encode(text)
+    assert ids[0] == tok.token_ids["<|im_start|>"] and ids[-2] == tok.token_ids["<|im_end|>"]
+    assert tok.decode(ids) == text
+    assert {tok.token_ids["<|im_end|>"], tok.token_ids["<|endoftext|>"]} <= set(tok.eot_ids)
+    assert tok.eos_id == tok.token_ids["<|endoftext|>"] and not tok.add_bos
+
+
+def test_unsupported_tokenizers_name_the_file(vocab_dir):
+    metadata = dict(_metadata(vocab_dir / "ggml-vocab-qwen2.gguf"))
+    with pytest.raises(SwapmoeError, match="x.gguf: pre-tokenizer 'no-such-pre'"):
+        Tokenizer({**metadata, "tokenizer.ggml.pre": "no-such-pre"}, "x.gguf")
+    with pytest.raises(SwapmoeError, match="x.gguf: tokenizer model 'bert' is not supported"):
+        Tokenizer({**metadata, "tokenizer.ggml.model": "bert"}, "x.gguf")
+
+
+def test_not_a_gguf_file(tmp_path):
+    path = tmp_path / "notes.txt"
+    path.write_text("hello")
+    with pytest.raises(SwapmoeError, match="notes.txt: not a GGUF file"):
+        Tokenizer.from_gguf(path)
+    with pytest.raises(SwapmoeError, match="no such file"):
+        Tokenizer.from_gguf(tmp_path / "missing.gguf")
+
+
+def test_truncated_gguf(vocab_dir, tmp_path):
+    path = tmp_path / "cut.gguf"
+    path.write_bytes((vocab_dir / "ggml-vocab-gpt-2.gguf").read_bytes()[:100_000])
+    with pytest.raises(SwapmoeError, match="cut.gguf: corrupt or truncated GGUF metadata"):
+        Tokenizer.from_gguf(path)
+
+
+def test_metadata_reader_agrees_with_gguf_package(vocab_dir):
+    from swapmoe.gguf_file import open_gguf
+
+    path = vocab_dir / "ggml-vocab-llama-spm.gguf"
+    ours, theirs = _metadata(path), open_gguf(path)
+    assert set(ours) == set(theirs.keys())
+    for key in ours:
+        value, other = ours[key], theirs.get(key)
+        if hasattr(value, "tolist"):
+            value = value.tolist()
+        if isinstance(value, float):
+            assert value == pytest.approx(other)
+        else:
+            assert value == other, key

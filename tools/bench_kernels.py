@@ -1,0 +1,93 @@
+"""Benchmark the quantized kernels against this machine's memory bandwidth.
+
+    python tools/bench_kernels.py [--threads 2] [--mib 64] [--types Q4_K,Q8_0]
+
+Prints, per ggml type: numba compile time of its kernels in this process (≈ 0
+when the on-disk cache is warm), matvec throughput in weight bytes/s on
+--threads threads and its ratio to the memory read bandwidth measured first
+(a numpy sum over a 1 GiB float32 buffer, best of 3), and T=64 matmul
+throughput (weight bytes/s per pass, each block read once for all 64 tokens).
+"per CPU-s" divides the bytes by the process CPU time instead (a per-core
+rate that stays meaningful when other jobs share the cores).
+Weights are random bytes: speed does not depend on their values.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import numba
+import numpy as np
+from gguf import GGML_QUANT_SIZES
+from gguf import GGMLQuantizationType as T
+
+from swapmoe.runtime import kernels as K
+
+COLS = 4096
+
+
+def memory_bandwidth() -> float:
+    buf = np.ones(1 << 28, np.float32)  # 1 GiB, touched once before timing
+    buf.sum()
+    best = float("inf")
+    for _ in range(3):
+        t = time.perf_counter()
+        buf.sum()
+        best = min(best, time.perf_counter() - t)
+    return buf.nbytes / best
+
+
+def best_time(fn, reps: int) -> tuple[float, float]:
+    """Best wall-clock time and best process CPU time (all threads) of fn()."""
+    best_wall = best_cpu = float("inf")
+    for _ in range(reps):
+        w, c = time.perf_counter(), time.process_time()
+        fn()
+        best_wall = min(best_wall, time.perf_counter() - w)
+        best_cpu = min(best_cpu, time.process_time() - c)
+    return best_wall, best_cpu
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--mib", type=int, default=64, help="matvec weight size per type (MiB)")
+    ap.add_argument("--types", default=",".join(T(t).name for t in K.KERNELS))
+    args = ap.parse_args()
+    numba.set_num_threads(args.threads)
+    rng = np.random.default_rng(0)
+    bw = memory_bandwidth()
+    print(f"memory read bandwidth (numpy sum, 1 thread): {bw / 1e9:.1f} GB/s; kernels on {args.threads} threads")
+    print(f"{'type':8s} {'compile s':>9s} {'matvec GB/s':>11s} {'x mem bw':>8s} {'per CPU-s':>9s} {'matmul T=64 GB/s':>16s}")
+    total_compile = 0.0
+    for name in args.types.split(","):
+        tp = T[name]
+        bs, ts = GGML_QUANT_SIZES[tp]
+        row_bytes = COLS // bs * ts
+        rows = max(64, (args.mib << 20) // row_bytes)
+        W = rng.integers(0, 256, rows * row_bytes, dtype=np.uint8)
+        if tp in (T.F16, T.BF16, T.F32):  # keep floats finite
+            W = rng.standard_normal(rows * row_bytes // 4).astype(np.float32).view(np.uint8)
+            if tp != T.F32:
+                W = W.view(np.uint16)[1::2].copy().view(np.uint8) if tp == T.BF16 else W.view(np.float32)[: rows * COLS].astype(np.float16).view(np.uint8)
+                W = np.concatenate([W, W])[: rows * row_bytes]
+        X = rng.standard_normal((64, COLS)).astype(np.float32)
+
+        t = time.perf_counter()
+        K.matvec(tp, W[: 64 * row_bytes], 64, COLS, X[0])
+        K.dequantize_rows(tp, W[: 64 * row_bytes], 64, COLS, [0])
+        compile_s = time.perf_counter() - t
+        total_compile += compile_s
+
+        qx = K.quantize_activation(tp, X[0])
+        mv, mv_cpu = best_time(lambda: K.matvec_q(tp, W, rows, COLS, qx), 5)
+        mm_rows = max(64, rows // 8)
+        qX = K.quantize_activation(tp, X)
+        mm, _ = best_time(lambda: K.matmul_q(tp, W, mm_rows, COLS, qX), 2)
+        mv_bw = rows * row_bytes / mv
+        print(f"{name:8s} {compile_s:9.1f} {mv_bw / 1e9:11.2f} {mv_bw / bw:8.2f} {rows * row_bytes / mv_cpu / 1e9:9.2f} {mm_rows * row_bytes / mm / 1e9:16.3f}", flush=True)
+    print(f"total compile/load time: {total_compile:.1f} s")
+
+
+if __name__ == "__main__":
+    main()

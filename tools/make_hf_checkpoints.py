@@ -1,0 +1,178 @@
+#!/usr/bin/env python3
+"""Tiny random Hugging Face checkpoints converted by llama.cpp's own converter, and swapmoe's
+logits checked against llama.cpp on them.
+
+    python tools/make_hf_checkpoints.py [--ref ~/.cache/swapmoe-ref] [--out /tmp/swapmoe-hf] [--model NAME ...]
+
+Models: deepseek-v3 (DeepseekV3ForCausalLM: q LoRA, sigmoid routing with the correction bias,
+groups, YaRN with mscale_all_dim 1), deepseek-v2-lite (DeepseekV2ForCausalLM: no q LoRA,
+softmax routing, YaRN with mscale_all_dim 0.707; 26 layers, since llama.cpp recognises a lite
+model by its layer count), minimax-m2 (MiniMaxM2ForCausalLM) and gpt-oss (GptOssForCausalLM,
+sliding window 16 so the prompt crosses it).
+
+Per model: random weights (matrices with std 0.1 so the logits are far from uniform; norm
+weights, biases, sinks and routing biases perturbed so that they matter), a small byte-level
+BPE tokenizer, save_pretrained → convert_hf_to_gguf.py --outtype f32 → llama-quantize Q8_0
+(gpt-oss also MXFP4_MOE) → tools/llama_ref.py → swapmoe; prints mean/max KL, top-1 agreement
+and how many of the 32 greedy tokens agree.
+
+The converter names a BPE pre-tokenizer by hashing a known tokenizer's output; a tiny
+tokenizer has no known hash, so the converter runs with that lookup answering "qwen2". The
+tokenizer plays no part in the check: both sides are given token ids.
+
+Needs torch, transformers, safetensors and tokenizers in this Python; the llama.cpp source tree
+(REF/src, for the converter and its gguf-py), a build (REF/llama-build-noamx, else
+REF/llama-build) and REF/venv with the llama.cpp Python bindings.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+import transformers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from swapmoe.gguf_file import GGUFFile
+from swapmoe.repack import index
+from swapmoe.runtime.experts.io import MmapEngine
+from swapmoe.runtime.experts.store import ExpertStore
+from swapmoe.runtime.models import ARCHITECTURES
+
+TOOLS = Path(__file__).resolve().parent
+VOCAB = 384
+END = "<|endoftext|>"
+GREEDY = 32
+TEXT = '''The expert store brings each routed expert's weights into memory when the router asks for
+it, and lets it go again when memory runs short. A mixture-of-experts layer sends every token to
+a few of its experts; the rest of the layer's weights are never read for that token.
+def route(logits, k):
+    """Indices of the k largest logits, best first."""
+    return sorted(range(len(logits)), key=lambda i: -logits[i])[:k]
+'''
+DS_V3_YARN = {"rope_type": "yarn", "factor": 40.0, "original_max_position_embeddings": 256, "beta_fast": 32.0,
+              "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0, "rope_theta": 10000.0}
+MODELS = {  # name: (config class, model class, config arguments)
+    "deepseek-v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM", dict(
+        hidden_size=256, intermediate_size=512, moe_intermediate_size=128, num_hidden_layers=3, first_k_dense_replace=1,
+        num_attention_heads=4, num_key_value_heads=4, n_shared_experts=1, n_routed_experts=8, num_experts_per_tok=2,
+        n_group=4, topk_group=2, routed_scaling_factor=2.5, norm_topk_prob=True, q_lora_rank=64, kv_lora_rank=64,
+        qk_rope_head_dim=32, qk_nope_head_dim=32, v_head_dim=32, max_position_embeddings=10240,
+        rope_parameters=DS_V3_YARN, scoring_func="sigmoid", topk_method="noaux_tc")),
+    "deepseek-v2-lite": ("DeepseekV2Config", "DeepseekV2ForCausalLM", dict(
+        hidden_size=128, intermediate_size=256, moe_intermediate_size=64, num_hidden_layers=26, first_k_dense_replace=1,
+        num_attention_heads=4, num_key_value_heads=4, n_shared_experts=2, n_routed_experts=8, num_experts_per_tok=2,
+        routed_scaling_factor=1.0, norm_topk_prob=False, q_lora_rank=None, kv_lora_rank=64, qk_rope_head_dim=32,
+        qk_nope_head_dim=32, v_head_dim=32, max_position_embeddings=10240, topk_method="greedy", scoring_func="softmax",
+        rope_parameters={**DS_V3_YARN, "mscale": 0.707, "mscale_all_dim": 0.707})),
+    "minimax-m2": ("MiniMaxM2Config", "MiniMaxM2ForCausalLM", dict(
+        hidden_size=256, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=64, rotary_dim=32, num_local_experts=8, num_experts_per_tok=2, scoring_func="sigmoid",
+        use_routing_bias=True, rope_parameters={"rope_type": "default", "rope_theta": 5e6, "partial_rotary_factor": 0.5})),
+    "gpt-oss": ("GptOssConfig", "GptOssForCausalLM", dict(
+        hidden_size=256, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=64, num_local_experts=8, num_experts_per_tok=2, sliding_window=16,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"])),
+}
+QUANTS = {"gpt-oss": ("Q8_0", "MXFP4_MOE")}
+CONVERT = '''import runpy, sys
+src = sys.argv.pop(1)
+sys.path[:0] = [src + "/gguf-py", src]
+import conversion.base
+conversion.base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "qwen2"
+sys.argv[0] = src + "/convert_hf_to_gguf.py"
+runpy.run_path(sys.argv[0], run_name="__main__")
+'''
+
+
+def run(cmd, env=None):
+    proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        sys.exit(f"failed ({proc.returncode}): {' '.join(map(str, cmd))}\n{proc.stderr[-3000:]}")
+    return proc.stdout
+
+
+def tokenizer(directory: Path) -> transformers.PreTrainedTokenizerFast:
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=[END],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    bpe.train_from_iterator([TEXT] * 4, trainer)
+    tok = transformers.PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token=END, eos_token=END)
+    tok.save_pretrained(directory)
+    return tok
+
+
+def checkpoint(name: str, directory: Path) -> None:
+    """A random-weight checkpoint of `name` with its tokenizer, in `directory`."""
+    config_cls, model_cls, args = MODELS[name]
+    end = tokenizer(directory).convert_tokens_to_ids(END)
+    config = getattr(transformers, config_cls)(vocab_size=VOCAB, bos_token_id=end, eos_token_id=end,
+                                                initializer_range=0.1, **args)
+    torch.manual_seed(0)
+    model = getattr(transformers, model_cls)(config).float()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 1:  # norms (initialised to 1), biases, sinks, routing bias (0): make them matter
+                p.add_(torch.randn_like(p) * 0.1)
+    model.save_pretrained(directory)
+
+
+def open_model(path: Path):
+    g = GGUFFile(path)
+    return ARCHITECTURES[g.arch](g, ExpertStore(index.build(g), MmapEngine([s.path for s in g.shards], None)))
+
+
+def compare(path: Path, ref: dict) -> str:
+    model, tokens = open_model(path), ref["tokens"]
+    cache = model.new_cache(len(tokens) + GREEDY)
+    logits = model.forward(tokens, cache, all_logits=True)
+
+    def log_softmax(x):
+        x = x.astype(np.float64) - x.max(axis=-1, keepdims=True)
+        return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+    r, o = log_softmax(ref["logits"]), log_softmax(logits)
+    kl = (np.exp(r) * (r - o)).sum(axis=-1)
+    top1 = np.mean(logits.argmax(-1) == ref["logits"].argmax(-1))
+    ids, last = [], logits[-1]
+    for _ in range(GREEDY):
+        ids.append(int(np.argmax(last)))
+        last = model.forward(np.array([ids[-1]]), cache)[-1]
+    agree = next((i for i, (a, b) in enumerate(zip(ids, ref["greedy"].tolist())) if a != b), GREEDY)
+    return (f"KL mean {kl.mean():.2e} max {kl.max():.2e}, top-1 {top1 * 100:.1f}%, "
+            f"greedy {agree}/{GREEDY} before the first difference, llama.cpp logit std {ref['logits'].std():.2f}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ref", type=Path, default=Path.home() / ".cache/swapmoe-ref")
+    ap.add_argument("--out", type=Path, default=Path("/tmp/swapmoe-hf"))
+    ap.add_argument("--model", nargs="*", default=list(MODELS), choices=list(MODELS))
+    args = ap.parse_args()
+    build = args.ref / "llama-build-noamx"
+    bin_dir = (build if (build / "bin/llama-quantize").exists() else args.ref / "llama-build") / "bin"
+    env = dict(os.environ, LLAMA_CPP_LIB_PATH=str(bin_dir))
+    for name in args.model:
+        work = args.out / name
+        work.mkdir(parents=True, exist_ok=True)
+        checkpoint(name, work / "hf")
+        f32 = work / f"{name}-F32.gguf"
+        run([sys.executable, "-c", CONVERT, args.ref / "src", work / "hf", "--outfile", f32, "--outtype", "f32"])
+        files = [("F32", f32)]
+        for quant in QUANTS.get(name, ("Q8_0",)):
+            files.append((quant, work / f"{name}-{quant}.gguf"))
+            run([bin_dir / "llama-quantize", f32, files[-1][1], quant, "2"])
+        ref_py = [args.ref / "venv/bin/python", TOOLS / "llama_ref.py"]
+        tokens = json.loads(run([*ref_py, f32, "--tokenize", TEXT], env))
+        for quant, path in files:
+            npz = work / f"{name}-{quant}.npz"
+            run([*ref_py, path, "--tokens", ",".join(map(str, tokens)), "--greedy", GREEDY, "--out", npz], env)
+            print(f"{name} {quant} ({len(tokens)} tokens): {compare(path, np.load(npz))}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
