@@ -12,7 +12,7 @@ import zstandard
 import swapmoe
 from swapmoe.errors import SwapmoeError
 from swapmoe.runtime import chat
-from swapmoe.runtime.chat import ChatTemplateError, apply_chat_template, render_template
+from swapmoe.runtime.chat import ChatTemplate, ChatTemplateError, apply_chat_template, render_template
 from swapmoe.runtime.tokenizer import Tokenizer, read_gguf_metadata
 
 DATA = Path(__file__).parent / "data" / "tokenizer"
@@ -28,11 +28,21 @@ def synthetic(tmp_path_factory) -> Tokenizer:
     return Tokenizer.from_gguf(path)
 
 
-def _vocab_tokenizer(tmp_path: Path, name: str) -> Tokenizer:
-    path = tmp_path / f"{name}.gguf"
-    path.write_bytes(zstandard.ZstdDecompressor().decompress(
-        (DATA / "vocab" / f"ggml-vocab-{name}.gguf.zst").read_bytes()))
-    return Tokenizer(read_gguf_metadata(path), str(path))
+@pytest.fixture(scope="module")
+def vocab(tmp_path_factory):
+    """name -> tokenizer of a committed vocab-only GGUF, built on first use."""
+    folder = tmp_path_factory.mktemp("vocab")
+    built: dict[str, Tokenizer] = {}
+
+    def tokenizer(name: str) -> Tokenizer:
+        if name not in built:
+            path = folder / f"{name}.gguf"
+            path.write_bytes(zstandard.ZstdDecompressor().decompress(
+                (DATA / "vocab" / f"ggml-vocab-{name}.gguf.zst").read_bytes()))
+            built[name] = Tokenizer(read_gguf_metadata(path), str(path))
+        return built[name]
+
+    return tokenizer
 
 
 def test_chatml_of_the_synthetic_model(synthetic):
@@ -69,27 +79,21 @@ def test_llama_cpp_prompts_cover_the_moe_families():
         assert any(family in name for name in names), family
 
 
-def test_templates_of_the_vocab_files(tmp_path):
-    qwen = _vocab_tokenizer(tmp_path, "qwen2")
+def test_templates_of_the_vocab_files(vocab):
+    qwen = vocab("qwen2")
     assert apply_chat_template(qwen, [{"role": "user", "content": "Hi"}]) == (
         "<|im_start|>system\nYou are a helpful assistant<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
         "<|im_start|>assistant\n")
-    gemma = _vocab_tokenizer(tmp_path, "gemma-4")
+    gemma = vocab("gemma-4")
     prompt = apply_chat_template(gemma, MESSAGES)
     assert "You are helpful." in prompt and "2+2?" in prompt
-    assert not prompt.startswith("<bos>")  # the tokenizer adds BOS itself: not twice
+    assert render_template(gemma.chat_template, MESSAGES, bos_token="<bos>").startswith("<bos>")
+    assert not prompt.startswith("<bos>")  # the template writes BOS, the tokenizer adds it: once only
     ids = gemma.encode(prompt)
     assert ids.count(gemma.bos_id) == 1 and ids[0] == gemma.bos_id
-    for name in ("phi-3", "command-r"):
-        tok = _vocab_tokenizer(tmp_path, name)
-        assert "2+2?" in apply_chat_template(tok, MESSAGES)
-
-
-def test_bos_written_by_the_template_is_not_doubled(tmp_path):
-    llama = _vocab_tokenizer(tmp_path, "llama-bpe")  # adds <|begin_of_text|> itself
-    source = PROMPTS["templates"]["meta-llama-Llama-3.1-8B-Instruct.jinja"]["source"]
-    ids = llama.encode(apply_chat_template(llama, MESSAGES, template=source))
-    assert ids.count(llama.bos_id) == 1 and ids[0] == llama.bos_id
+    whole = ChatTemplate(gemma).render(MESSAGES)  # BOS text put back once, for add_special=False
+    assert whole == "<bos>" + prompt and gemma.encode(whole, add_special=False) == ids
+    assert "2+2?" in apply_chat_template(vocab("phi-3"), MESSAGES)
 
 
 def test_system_message_merged_for_templates_without_one(synthetic):
@@ -100,12 +104,29 @@ def test_system_message_merged_for_templates_without_one(synthetic):
     assert "You are helpful.\nHi!" in prompt
 
 
-def test_model_without_template(tmp_path):
-    tok = _vocab_tokenizer(tmp_path, "gpt-2")
+def test_llama_cpp_template_patches(synthetic):
+    source = PROMPTS["templates"]["openai-gpt-oss-120b.jinja"]["source"]
+    messages = [{"role": "user", "content": "Hi"},
+                {"role": "assistant", "content": "<|channel|>final<|message|>Hello"},
+                {"role": "user", "content": "More"}]
+    with pytest.raises(ChatTemplateError):
+        render_template(source, messages)
+    assert "More" in apply_chat_template(synthetic, messages, template=source)
+
+
+def test_chat_template_from_gguf(tmp_path):
+    path = tmp_path / "m.gguf"
+    swapmoe.synth(path, progress=False)
+    template = ChatTemplate.from_gguf(path)
+    assert template.render(MESSAGES[1:2]) == "<|im_start|>user\nHi!<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_model_without_template(vocab):
+    tok = vocab("gpt-2")
     assert tok.chat_template is None
     with pytest.raises(SwapmoeError, match="gpt-2.gguf: the model has no chat template"):
         apply_chat_template(tok, MESSAGES)
-    assert apply_chat_template(tok, MESSAGES[:2], template="{{ messages[-1]['content'] }}") == "Hi!"
+    assert apply_chat_template(tok, MESSAGES[1:2], template="{{ messages[-1]['content'] }}") == "Hi!"
 
 
 def test_hugging_face_helpers():

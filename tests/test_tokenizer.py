@@ -35,7 +35,7 @@ def _metadata(path: Path) -> dict:
     return read_gguf_metadata(path)
 
 
-@lru_cache(maxsize=1)
+@lru_cache(maxsize=3)
 def _tokenizer(vocab_dir: Path, config: str) -> Tokenizer:
     """The tokenizer of a configuration: a vocabulary, maybe with another pre-tokenizer's rules."""
     expected = EXPECTED[config]
@@ -63,8 +63,21 @@ def test_corpus_is_large_and_varied():
     assert any(any(ord(c) > 0x10000 for c in s) for s in CORPUS)
 
 
+# The tokenizers of the MoE families swapmoe runs are checked on every test run, the others
+# (and pre-tokenizers sharing rules with a checked one) with -m slow: building a tokenizer for a
+# big vocabulary takes half a second. tools/make_tokenizer_fixtures.py --check runs them all.
+EVERY_RUN = {
+    "llama-spm", "llama-bpe", "qwen2", "qwen35", "deepseek-llm", "deepseek-coder", "gpt-2", "gemma-4",
+    "deepseek-v3@qwen2", "gpt-4o@qwen2", "glm4@qwen2", "bailingmoe@qwen2", "afmoe@qwen2", "laguna@qwen2",
+    "exaone-moe@qwen2", "kimi-k2@qwen2", "tiny_aya@qwen2",
+}
 # configurations sharing a vocabulary run one after the other: each file is read once
-CONFIGS = sorted(EXPECTED, key=lambda config: (EXPECTED[config]["vocab"], config))
+CONFIGS = [pytest.param(config, marks=() if config in EVERY_RUN else pytest.mark.slow)
+           for config in sorted(EXPECTED, key=lambda config: (EXPECTED[config]["vocab"], config))]
+
+
+def test_every_run_configurations_exist():
+    assert EVERY_RUN <= set(EXPECTED)
 
 
 @pytest.mark.parametrize("config", CONFIGS)
@@ -193,11 +206,12 @@ def test_truncated_gguf(vocab_dir, tmp_path):
         Tokenizer.from_gguf(path)
 
 
-def test_metadata_reader_agrees_with_gguf_package(vocab_dir):
+def test_metadata_reader_agrees_with_gguf_package(tmp_path):
     from swapmoe.gguf_file import open_gguf
 
-    path = vocab_dir / "ggml-vocab-llama-spm.gguf"
-    ours, theirs = _metadata(path), open_gguf(path)
+    path = tmp_path / "m.gguf"
+    swapmoe.synth(path, progress=False)
+    ours, theirs = read_gguf_metadata(path), open_gguf(path)
     assert set(ours) == set(theirs.keys())
     for key in ours:
         value, other = ours[key], theirs.get(key)

@@ -10,7 +10,8 @@ softmax routing, YaRN with mscale_all_dim 0.707; 26 layers, since llama.cpp reco
 model by its layer count), minimax-m2 (MiniMaxM2ForCausalLM) and gpt-oss (GptOssForCausalLM,
 sliding window 16 so the prompt crosses it).
 
-Per model: random weights (matrices with std 0.1 so the logits are far from uniform; norm
+Per model: random weights (matrices with std 0.1, 0.07 for the 26-layer one, so the logits
+are far from uniform; norm
 weights, biases, sinks and routing biases perturbed so that they matter), a small byte-level
 BPE tokenizer, save_pretrained → convert_hf_to_gguf.py --outtype f32 → llama-quantize Q8_0
 (gpt-oss also MXFP4_MOE) → tools/llama_ref.py → swapmoe; prints mean/max KL, top-1 agreement
@@ -67,6 +68,7 @@ MODELS = {  # name: (config class, model class, config arguments)
         num_attention_heads=4, num_key_value_heads=4, n_shared_experts=2, n_routed_experts=8, num_experts_per_tok=2,
         routed_scaling_factor=1.0, norm_topk_prob=False, q_lora_rank=None, kv_lora_rank=64, qk_rope_head_dim=32,
         qk_nope_head_dim=32, v_head_dim=32, max_position_embeddings=10240, topk_method="greedy", scoring_func="softmax",
+        initializer_range=0.07,  # 26 random layers at 0.1 are chaotic: llama.cpp disagrees with itself across batch sizes
         rope_parameters={**DS_V3_YARN, "mscale": 0.707, "mscale_all_dim": 0.707})),
     "minimax-m2": ("MiniMaxM2Config", "MiniMaxM2ForCausalLM", dict(
         hidden_size=256, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
@@ -111,8 +113,8 @@ def checkpoint(name: str, directory: Path) -> None:
     """A random-weight checkpoint of `name` with its tokenizer, in `directory`."""
     config_cls, model_cls, args = MODELS[name]
     end = tokenizer(directory).convert_tokens_to_ids(END)
-    config = getattr(transformers, config_cls)(vocab_size=VOCAB, bos_token_id=end, eos_token_id=end,
-                                                initializer_range=0.1, **args)
+    config = getattr(transformers, config_cls)(**({"vocab_size": VOCAB, "bos_token_id": end, "eos_token_id": end,
+                                                   "initializer_range": 0.1} | args))
     torch.manual_seed(0)
     model = getattr(transformers, model_cls)(config).float()
     with torch.no_grad():

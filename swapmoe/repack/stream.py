@@ -144,11 +144,12 @@ def run(pieces: list[Piece], sources: list[Path], dests: list[Path] = (), mode: 
                 if stop.is_set():
                     return True
                 n = min(CHUNK, piece.length - offset)
-                if kernel_copy[0] and kernel_chunk(piece, h, offset, n):
-                    continue
-                if offset:  # the kernel refused part-way: start this piece again through the buffer
-                    return one_piece(piece, None, buffer, other)
-                kernel_copy[0] = False
+                if kernel_copy[0]:
+                    if kernel_chunk(piece, h, offset, n):
+                        continue
+                    kernel_copy[0] = False
+                    if offset:  # refused part-way: hash this piece again from its start, through the buffer
+                        return one_piece(piece, None, buffer, other)
                 chunk = buffer[:n]
                 _read_exact(src_fds[piece.src], chunk, piece.src_offset + offset, sources[piece.src])
                 same = buffered_chunk(piece, chunk, h, offset, other) and same

@@ -1,19 +1,23 @@
 """Chat prompts from the model's own Jinja chat template (`tokenizer.chat_template`).
 
+    template = ChatTemplate.from_gguf(path)        # or ChatTemplate(tokenizer)
+    text = template.render(messages)               # the whole prompt: encode(text, add_special=False)
+    text = apply_chat_template(tokenizer, messages)  # llama.cpp's text: encode(text) adds BOS itself
+
 Rendered as Hugging Face's `apply_chat_template` does: jinja2's ImmutableSandboxedEnvironment
 with trim_blocks and lstrip_blocks, the loop-controls extension, `{% generation %}` blocks,
 `raise_exception` and `strftime_now` functions and a `tojson` filter that keeps non-ASCII
-text; variables
-`messages`, `add_generation_prompt`, `bos_token`, `eos_token` plus any extra ones (`tools`,
-`enable_thinking`, ...).
+text; variables `messages`, `add_generation_prompt`, `bos_token`, `eos_token` plus any extra
+ones (`tools`, `enable_thinking`, ...).
 
-`apply_chat_template` also does what llama.cpp's chat layer (common/chat.cpp) does around the
-template, so that its prompts are llama.cpp's: bos_token / eos_token are those tokens' text; a
-BOS (EOS) text the template writes at the start (end) is dropped when the tokenizer adds that
-token itself, so `tokenizer.encode(prompt)` has it exactly once; `enable_thinking` (true),
+Both also do what llama.cpp's chat layer (common/chat.cpp) does around the template, so that
+the prompt tokens are llama.cpp's: bos_token / eos_token are those tokens' text; a BOS (EOS)
+text the template writes at the start (end) is dropped when the tokenizer adds that token
+itself (render() then puts it back once), so the prompt has it exactly once; `enable_thinking` (true),
 `date_string` and `datetime` have llama.cpp's defaults; a "developer" message becomes "system"
-(except for gpt-oss templates); and a system message is merged into the next message for
-templates that do not use it (e.g. Mixtral's, Gemma's).
+(except for gpt-oss templates); a system message is merged into the next message for
+templates that do not use it (e.g. Mixtral's, Gemma's); and the checks llama.cpp patches out
+of the gpt-oss and Mistral templates are patched out here too.
 """
 from __future__ import annotations
 
@@ -81,10 +85,36 @@ def render_template(source: str, messages: Iterable[dict[str, Any]], add_generat
         raise ChatTemplateError(f"cannot render the chat template: {e}") from None
 
 
+class ChatTemplate:
+    """A model's chat template with its tokenizer's BOS/EOS rules."""
+
+    def __init__(self, tokenizer, template: str | None = None):
+        """template: Jinja source to use instead of the model's own (e.g. for a GGUF without one)."""
+        self.tokenizer, self.template = tokenizer, template
+
+    @classmethod
+    def from_gguf(cls, path, template: str | None = None) -> "ChatTemplate":
+        from swapmoe.runtime.tokenizer import Tokenizer
+
+        return cls(Tokenizer.from_gguf(path), template)
+
+    def render(self, messages: Iterable[dict[str, Any]], add_generation_prompt: bool = True,
+               **variables: Any) -> str:
+        """The whole prompt text, BOS (EOS) text included once where the tokenizer adds it: the
+        same token ids as llama.cpp with `tokenizer.encode(text, add_special=False)`."""
+        tok = self.tokenizer
+        prompt = apply_chat_template(tok, messages, add_generation_prompt, self.template, **variables)
+        if tok.add_bos:
+            prompt = _special_text(tok, tok.bos_id) + prompt
+        if tok.add_eos:
+            prompt += _special_text(tok, tok.eos_id)
+        return prompt
+
+
 def apply_chat_template(tokenizer, messages: Iterable[dict[str, Any]], add_generation_prompt: bool = True,
                         template: str | None = None, **variables: Any) -> str:
-    """The prompt text for `messages` in the model's chat format, ready for
-    `tokenizer.encode(prompt)` (with its default add_special=True).
+    """The prompt text for `messages` in the model's chat format as llama.cpp makes it, for
+    `tokenizer.encode(prompt)` (add_special=True: the tokenizer adds BOS/EOS where it does).
 
     template: Jinja source to use instead of the model's own (e.g. for a GGUF without one).
     """
@@ -92,6 +122,9 @@ def apply_chat_template(tokenizer, messages: Iterable[dict[str, Any]], add_gener
     if not source:
         raise SwapmoeError(f"{tokenizer.source}: the model has no chat template (tokenizer.chat_template); "
                            "pass one with template=..., or give the prompt as plain text")
+    for marker, check in _LLAMA_CPP_TEMPLATE_PATCHES:
+        if marker in source:
+            source = source.replace(check, "{%- if false %}")
     bos = _special_text(tokenizer, tokenizer.bos_id)
     eos = _special_text(tokenizer, tokenizer.eos_id)
     now = datetime.now()
@@ -104,6 +137,17 @@ def apply_chat_template(tokenizer, messages: Iterable[dict[str, Any]], add_gener
     if tokenizer.add_eos and eos and prompt.endswith(eos):
         prompt = prompt[:-len(eos)]
     return prompt
+
+
+# Checks that raise on messages llama.cpp passes (reasoning in gpt-oss content, empty Mistral
+# tool-call content): llama.cpp replaces them by `if false` (common_chat_templates_init).
+_LLAMA_CPP_TEMPLATE_PATCHES = [
+    ("<|channel|>", '{%- if "<|channel|>analysis<|message|>" in message.content or '
+                    '"<|channel|>final<|message|>" in message.content %}'),
+    ("[TOOL_CALLS]", "{%- if (message['content'] is none or message['content'] == '' or "
+                     "message['content']|length == 0) and (message['tool_calls'] is not defined or "
+                     "message['tool_calls'] is none or message['tool_calls']|length == 0) %}"),
+]
 
 
 def _special_text(tokenizer, token_id: int | None) -> str:

@@ -7,43 +7,53 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numba
 import numpy as np
+
+from swapmoe.runtime.kernels import ggml_math
 
 F32 = np.float32
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray | None, eps: float) -> np.ndarray:
     """x / sqrt(mean(x^2) + eps) * weight over the last axis; the sum of squares in double, as ggml does."""
-    sum_sq = np.sum((x * x).astype(np.float64), axis=-1, keepdims=True)
+    sum_sq = ggml_math.sum_squares(x)
     mean = (sum_sq / x.shape[-1]).astype(F32)
     y = x * (F32(1.0) / np.sqrt(mean + F32(eps)))
     return y if weight is None else y * weight
 
 
 def softmax(x: np.ndarray) -> np.ndarray:
-    """Softmax over the last axis (f32 exponentials, double sum, f32 scale: ggml's soft_max)."""
-    e = np.exp(x - x.max(axis=-1, keepdims=True))
-    total = e.astype(np.float64).sum(axis=-1, keepdims=True)
-    return e * (1.0 / total).astype(F32)
+    """Softmax over the last axis, with ggml's exponential (kernels/ggml_math.py)."""
+    return ggml_math.softmax(x)
 
 
 def silu(x: np.ndarray) -> np.ndarray:
-    return x / (F32(1.0) + np.exp(-x))
+    return ggml_math.silu(x)
 
 
 def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
-    return silu(gate) * up
+    """silu(gate) * up, with ggml's exponential."""
+    return ggml_math.swiglu(gate, up).reshape(gate.shape)
+
+
+@numba.vectorize(["float32(float32)"], cache=True)
+def expf(x):
+    """The C library's expf, which ggml's scalar ops (sigmoid, swiglu_oai) call. numpy's float32
+    exp differs from it by an ulp on about 40% of inputs: enough to flip the rounding of an
+    activation that a quantized matmul quantizes next."""
+    return math.exp(x)
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:
-    return F32(1.0) / (F32(1.0) + np.exp(-x))
+    return F32(1.0) / (F32(1.0) + expf(-x))
 
 
 def swiglu_oai(gate: np.ndarray, up: np.ndarray, alpha: float = 1.702, limit: float = 7.0) -> np.ndarray:
     """gpt-oss's clamped SwiGLU: g·σ(alpha·g)·(u + 1) with g = min(gate, limit), u = clamp(up, ±limit)."""
     g = np.minimum(gate, F32(limit))
     u = np.clip(up, F32(-limit), F32(limit))
-    return g / (F32(1.0) + np.exp(F32(alpha) * -g)) * (u + F32(1.0))
+    return g / (F32(1.0) + expf(F32(alpha) * -g)) * (u + F32(1.0))
 
 
 # --- rotary position embedding ------------------------------------------------------------
@@ -150,14 +160,8 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_pos: np.ndarray, sc
         qg = q[:, g * group:(g + 1) * group, :].transpose(1, 0, 2)  # [G, T, d]
         scores = (qg @ k[:, g, :].T) * F32(scale)  # [G, T, S]
         scores[:, masked] = -np.inf
-        top = scores.max(axis=-1, keepdims=True)
-        if sinks is not None:
-            top = np.maximum(top, sinks[g * group:(g + 1) * group, None, None])
-        e = np.exp(scores - top)
-        total = e.astype(np.float64).sum(axis=-1, keepdims=True)
-        if sinks is not None:
-            total += np.exp(sinks[g * group:(g + 1) * group, None, None] - top)
-        p = e * (1.0 / total).astype(F32)
+        head_sinks = None if sinks is None else np.repeat(sinks[g * group:(g + 1) * group], T)
+        p = ggml_math.softmax(scores, head_sinks, padded=True)  # llama.cpp pads the KV rows to 256
         out[:, g * group:(g + 1) * group, :] = (p @ v[:, g, :]).transpose(1, 0, 2)
     return out.reshape(T, H * dv)
 

@@ -29,6 +29,7 @@ import re
 import struct
 import unicodedata
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -807,7 +808,8 @@ class _BpeModel:
             cut = merge.find(" ", 1)  # as llama.cpp: the first space after the first character
             if cut != -1:
                 pairs.append((merge[:cut], merge[cut + 1:]))
-        pairs = list(dict.fromkeys(pairs))  # a repeated merge keeps its first rank, as in llama.cpp
+        if len(set(merges)) < len(merges):  # a repeated merge keeps its first rank, as in llama.cpp
+            pairs = list(dict.fromkeys(pairs))
         try:
             self.hf = HfTokenizer(BPE(vocab, pairs, ignore_merges=ignore_merges, byte_fallback=not byte_level))
         except Exception as e:  # tokenizers reports merges of unknown tokens, invalid text, ...
@@ -981,6 +983,8 @@ class Tokenizer:
         if not tokens:
             raise SwapmoeError(f"{source}: no tokenizer.ggml.tokens in the metadata")
         self.is_spm = model == "llama"
+        if "" in tokens:  # llama.cpp names empty tokens so that they stay distinct
+            tokens = [text or f"[EMPTY_{token_id}]" for token_id, text in enumerate(tokens)]
         self.tokens: list[str] = tokens
         self.n_vocab = len(tokens)
         self.token_ids = {text: token_id for token_id, text in enumerate(tokens)}
@@ -1035,9 +1039,15 @@ class Tokenizer:
             self._spm = _SpmModel(self.token_ids, scores, source)
         else:
             self._split_words = _WordSplitter(_RULES[self.pre.rules])
-            self._bpe = _BpeModel(self.token_ids, metadata.get("tokenizer.ggml.merges") or [], self.pre.ignore_merges,
-                                  not self.pre.sentencepiece_style, self.pre.gemma4, source)
+            self._merges = metadata.get("tokenizer.ggml.merges") or []
         self._pieces: dict[tuple[int, bool], bytes] = {}
+
+    @cached_property
+    def _bpe(self) -> _BpeModel:
+        # built on first use: it is most of the loading time, and not needed to decode or to
+        # read the chat template and special tokens
+        return _BpeModel(self.token_ids, self._merges, self.pre.ignore_merges, not self.pre.sentencepiece_style,
+                         self.pre.gemma4, self.source)
 
     @classmethod
     def from_gguf(cls, path: str | os.PathLike) -> "Tokenizer":

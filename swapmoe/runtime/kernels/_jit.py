@@ -56,6 +56,15 @@ def f16_to_f32(lo, hi):
 
 
 @njit(**INLINE)
+def dot16(a, ao, x, xo):
+    """Exact int32 dot of int8 a[ao:ao+16] with int8 x[xo:xo+16]."""
+    s = np.int32(0)
+    for j in range(16):
+        s = np.int32(s + np.int32(a[ao + j]) * np.int32(x[xo + j]))
+    return s
+
+
+@njit(**INLINE)
 def dot32(a, ao, x, xo):
     """Exact int32 dot of int8 a[ao:ao+32] with int8 x[xo:xo+32]."""
     s = np.int32(0)
@@ -72,13 +81,3 @@ def dot256(ws, wo, x, xo):
     for j in range(256):
         s = np.int32(s + np.int32(ws[wo + j]) * np.int32(x[xo + j]))
     return s
-
-
-@njit(**INLINE)
-def scale_into(ws, wo, wq, scales, group):
-    """ws[wo + k] = wq[k] * scales[k // group] for a 256-value super-block, so a
-    token needs one dot per super-block instead of one per sub-block."""
-    for s in range(256 // group):
-        f = np.int16(scales[s])
-        for i in range(group):
-            ws[wo + s * group + i] = np.int16(wq[s * group + i]) * f

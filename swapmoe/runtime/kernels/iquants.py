@@ -7,7 +7,9 @@ a block decodes into int8 values with one table load per 4 or 8 weights; then ea
 sub-block and applies ggml's integer scale math; the float step follows ggml's
 generic vec_dot (ggml-cpu/quants.c), including the final per-row factor
 (0.125 for IQ2_*, 0.25 for IQ3_XXS).  IQ4_NL uses Q8_0 activations, the rest
-Q8_K.  Kernel signatures as in legacy.py.
+Q8_K.  A weight row is decoded once into int8 values (one signed-grid table load per
+4 or 8 weights) plus integer sub-block scales; each token then sums
+scale * int_dot(sub-block).  Kernel signatures as in legacy.py.
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import numpy as np
 from gguf import quants as gq
 from numba import njit, prange
 
-from ._jit import INLINE, PARALLEL, SERIAL, dot16, dot32, f16_to_f32
+from ._jit import INLINE, PARALLEL, ROWS_PER_TASK, SERIAL, dot16, dot32, dot256, f16_to_f32
 
 
 def _grid(cls) -> np.ndarray:
@@ -79,20 +81,23 @@ def _decode_iq4(blk, o, wq, wo):
 def matmul_iq4_nl(W, rows, cols, qs, d, extra, out):
     nb = cols // 32
     rb = nb * 18
-    n_tok = qs.shape[0]
-    for r in prange(rows):
-        row = W[r * rb:(r + 1) * rb]
-        wq = np.empty(32, np.int8)
-        acc = np.zeros(n_tok, np.float32)
-        for b in range(nb):
-            o = b * 18
-            dw = f16_to_f32(row[o], row[o + 1])
-            _decode_iq4(row, o + 2, wq, 0)
-            for t in range(n_tok):
-                sumi = dot32(wq, 0, qs, t, b * 32)
-                acc[t] += (d[t, b] * dw) * np.float32(sumi)
-        for t in range(n_tok):
-            out[t, r] = acc[t]
+    for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+        wq = np.empty(cols, np.int8)
+        dw = np.empty(nb, np.float32)
+        for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
+            row = W[r * rb:(r + 1) * rb]
+            for b in range(nb):
+                o = b * 18
+                dw[b] = f16_to_f32(row[o], row[o + 1])
+                _decode_iq4(row, o + 2, wq, b * 32)
+            for t in range(qs.shape[0]):
+                x = qs[t]
+                dx = d[t]
+                acc = np.float32(0.0)
+                for b in range(nb):
+                    sumi = dot32(wq, b * 32, x, b * 32)
+                    acc += (dx[b] * dw[b]) * np.float32(sumi)
+                out[t, r] = acc
 
 
 @njit(**SERIAL)
@@ -113,35 +118,38 @@ def dequantize_iq4_nl(W, cols, row_ids, out):
 # ---- IQ4_XS: d, scales_h u16, scales_l[4], qs[128]; 6-bit scales - 32 --------
 
 @njit(**INLINE)
-def _scales_iq4_xs(blk, o, sc):
+def _scales_iq4_xs(blk, o, sc, so):
     h = np.int32(blk[o + 2]) | (np.int32(blk[o + 3]) << 8)
     for ib in range(8):
-        sc[ib] = (((blk[o + 4 + ib // 2] >> (4 * (ib % 2))) & 15) | (((h >> (2 * ib)) & 3) << 4)) - 32
+        sc[so + ib] = (((blk[o + 4 + ib // 2] >> (4 * (ib % 2))) & 15) | (((h >> (2 * ib)) & 3) << 4)) - 32
 
 
 @njit(**PARALLEL)
 def matmul_iq4_xs(W, rows, cols, qs, d, extra, out):
     nb = cols // 256
     rb = nb * 136
-    n_tok = qs.shape[0]
-    for r in prange(rows):
-        row = W[r * rb:(r + 1) * rb]
-        wq = np.empty(256, np.int8)
-        sc = np.empty(8, np.int32)
-        acc = np.zeros(n_tok, np.float32)
-        for b in range(nb):
-            o = b * 136
-            dw = f16_to_f32(row[o], row[o + 1])
-            _scales_iq4_xs(row, o, sc)
-            for ib in range(8):
-                _decode_iq4(row, o + 8 + ib * 16, wq, ib * 32)
-            for t in range(n_tok):
-                d4d8 = dw * d[t, b]
+    for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+        wq = np.empty(cols, np.int8)
+        dw = np.empty(nb, np.float32)
+        ls = np.empty(nb * 8, np.int32)
+        for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
+            row = W[r * rb:(r + 1) * rb]
+            for b in range(nb):
+                o = b * 136
+                dw[b] = f16_to_f32(row[o], row[o + 1])
+                _scales_iq4_xs(row, o, ls, b * 8)
                 for ib in range(8):
-                    sumi = dot32(wq, ib * 32, qs, t, b * 256 + ib * 32)
-                    acc[t] += (d4d8 * np.float32(sc[ib])) * np.float32(sumi)
-        for t in range(n_tok):
-            out[t, r] = acc[t]
+                    _decode_iq4(row, o + 8 + ib * 16, wq, b * 256 + ib * 32)
+            for t in range(qs.shape[0]):
+                x = qs[t]
+                dx = d[t]
+                acc = np.float32(0.0)
+                for b in range(nb):
+                    d4d8 = dw[b] * dx[b]
+                    for ib in range(8):
+                        sumi = dot32(wq, b * 256 + ib * 32, x, b * 256 + ib * 32)
+                        acc += (d4d8 * np.float32(ls[b * 8 + ib])) * np.float32(sumi)
+                out[t, r] = acc
 
 
 @njit(**SERIAL)
@@ -155,7 +163,7 @@ def dequantize_iq4_xs(W, cols, row_ids, out):
         for b in range(nb):
             o = b * 136
             dw = f16_to_f32(row[o], row[o + 1])
-            _scales_iq4_xs(row, o, sc)
+            _scales_iq4_xs(row, o, sc, 0)
             for ib in range(8):
                 _decode_iq4(row, o + 8 + ib * 16, wq, ib * 32)
                 dl = dw * np.float32(sc[ib])
@@ -166,37 +174,40 @@ def dequantize_iq4_xs(W, cols, row_ids, out):
 # ---- IQ2_XXS: d, 8 x (4 grid bytes, u32 of 4x7 sign bits + 4-bit scale) -----
 
 @njit(**INLINE)
-def _decode_iq2_xxs(blk, o, w64, ls):
+def _decode_iq2_xxs(blk, o, w64, wo, ls, lo):
     for ib in range(8):
         p = 2 + ib * 8
         aux = _u32(blk, o + p + 4)
-        ls[ib] = 2 * np.int32(aux >> 28) + 1
+        ls[lo + ib] = 2 * np.int32(aux >> 28) + 1
         for l in range(4):
-            w64[ib * 4 + l] = _SIGNED_IQ2_XXS[np.int64(blk[o + p + l]) * 128 + ((aux >> (7 * l)) & 127)]
+            w64[wo + ib * 4 + l] = _SIGNED_IQ2_XXS[np.int64(blk[o + p + l]) * 128 + ((aux >> (7 * l)) & 127)]
 
 
 @njit(**PARALLEL)
 def matmul_iq2_xxs(W, rows, cols, qs, d, extra, out):
     nb = cols // 256
     rb = nb * 66
-    n_tok = qs.shape[0]
-    for r in prange(rows):
-        row = W[r * rb:(r + 1) * rb]
-        wq = np.empty(256, np.int8)
-        w64 = wq.view(np.uint64)  # wide stores of decoded groups
-        ls = np.empty(8, np.int32)
-        acc = np.zeros(n_tok, np.float32)
-        for b in range(nb):
-            o = b * 66
-            dw = f16_to_f32(row[o], row[o + 1])
-            _decode_iq2_xxs(row, o, w64, ls)
-            for t in range(n_tok):
-                bsum = 0
-                for ib in range(8):
-                    bsum += ls[ib] * dot32(wq, ib * 32, qs, t, b * 256 + ib * 32)
-                acc[t] += (dw * d[t, b]) * np.float32(bsum)
-        for t in range(n_tok):
-            out[t, r] = np.float32(0.125) * acc[t]
+    for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+        wq = np.empty(cols, np.int8)
+        w64 = wq.view(np.uint64)  # one table store per 8 weights
+        ls = np.empty(nb * 8, np.int32)
+        dw = np.empty(nb, np.float32)
+        for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
+            row = W[r * rb:(r + 1) * rb]
+            for b in range(nb):
+                o = b * 66
+                dw[b] = f16_to_f32(row[o], row[o + 1])
+                _decode_iq2_xxs(row, o, w64, b * 32, ls, b * 8)
+            for t in range(qs.shape[0]):
+                x = qs[t]
+                dx = d[t]
+                acc = np.float32(0.0)
+                for b in range(nb):
+                    bsum = 0
+                    for s in range(8):
+                        bsum += ls[b * 8 + s] * dot32(wq, b * 256 + s * 32, x, b * 256 + s * 32)
+                    acc += (dw[b] * dx[b]) * np.float32(bsum)
+                out[t, r] = np.float32(0.125) * acc
 
 
 @njit(**SERIAL)
@@ -211,7 +222,7 @@ def dequantize_iq2_xxs(W, cols, row_ids, out):
         for b in range(nb):
             o = b * 66
             dw = f16_to_f32(row[o], row[o + 1])
-            _decode_iq2_xxs(row, o, w64, ls)
+            _decode_iq2_xxs(row, o, w64, 0, ls, 0)
             for ib in range(8):
                 db = dw * (np.float32(0.5) + np.float32(ls[ib] // 2)) * np.float32(0.25)
                 for j in range(32):
@@ -221,37 +232,40 @@ def dequantize_iq2_xxs(W, cols, row_ids, out):
 # ---- IQ2_XS: d, 32 x u16 (9-bit grid index, 7-bit sign index), scales[8] ---
 
 @njit(**INLINE)
-def _decode_iq2_xs(blk, o, w64, ls):
+def _decode_iq2_xs(blk, o, w64, wo, ls, lo):
     for k in range(32):
         q = np.int32(blk[o + 2 + 2 * k]) | (np.int32(blk[o + 3 + 2 * k]) << 8)
-        w64[k] = _SIGNED_IQ2_XS[(q & 511) * 128 + (q >> 9)]
+        w64[wo + k] = _SIGNED_IQ2_XS[(q & 511) * 128 + (q >> 9)]
     for ib in range(8):
-        ls[2 * ib] = 2 * (blk[o + 66 + ib] & 15) + 1
-        ls[2 * ib + 1] = 2 * (blk[o + 66 + ib] >> 4) + 1
+        ls[lo + 2 * ib] = 2 * (blk[o + 66 + ib] & 15) + 1
+        ls[lo + 2 * ib + 1] = 2 * (blk[o + 66 + ib] >> 4) + 1
 
 
 @njit(**PARALLEL)
 def matmul_iq2_xs(W, rows, cols, qs, d, extra, out):
     nb = cols // 256
     rb = nb * 74
-    n_tok = qs.shape[0]
-    for r in prange(rows):
-        row = W[r * rb:(r + 1) * rb]
-        wq = np.empty(256, np.int8)
-        w64 = wq.view(np.uint64)  # wide stores of decoded groups
-        ls = np.empty(16, np.int32)
-        acc = np.zeros(n_tok, np.float32)
-        for b in range(nb):
-            o = b * 74
-            dw = f16_to_f32(row[o], row[o + 1])
-            _decode_iq2_xs(row, o, w64, ls)
-            for t in range(n_tok):
-                bsum = 0
-                for s in range(16):
-                    bsum += ls[s] * dot16(wq, s * 16, qs, t, b * 256 + s * 16)
-                acc[t] += (dw * d[t, b]) * np.float32(bsum)
-        for t in range(n_tok):
-            out[t, r] = np.float32(0.125) * acc[t]
+    for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+        wq = np.empty(cols, np.int8)
+        w64 = wq.view(np.uint64)  # one table store per 8 weights
+        ls = np.empty(nb * 16, np.int32)
+        dw = np.empty(nb, np.float32)
+        for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
+            row = W[r * rb:(r + 1) * rb]
+            for b in range(nb):
+                o = b * 74
+                dw[b] = f16_to_f32(row[o], row[o + 1])
+                _decode_iq2_xs(row, o, w64, b * 32, ls, b * 16)
+            for t in range(qs.shape[0]):
+                x = qs[t]
+                dx = d[t]
+                acc = np.float32(0.0)
+                for b in range(nb):
+                    bsum = 0
+                    for s in range(16):
+                        bsum += ls[b * 16 + s] * dot16(wq, b * 256 + s * 16, x, b * 256 + s * 16)
+                    acc += (dw[b] * dx[b]) * np.float32(bsum)
+                out[t, r] = np.float32(0.125) * acc
 
 
 @njit(**SERIAL)
@@ -266,7 +280,7 @@ def dequantize_iq2_xs(W, cols, row_ids, out):
         for b in range(nb):
             o = b * 74
             dw = f16_to_f32(row[o], row[o + 1])
-            _decode_iq2_xs(row, o, w64, ls)
+            _decode_iq2_xs(row, o, w64, 0, ls, 0)
             for s in range(16):
                 db = dw * (np.float32(0.5) + np.float32(ls[s] // 2)) * np.float32(0.25)
                 for j in range(16):
@@ -276,40 +290,43 @@ def dequantize_iq2_xs(W, cols, row_ids, out):
 # ---- IQ2_S: d, qs[32] grid low bits, signs[32], qh[8], scales[8] ------------
 
 @njit(**INLINE)
-def _decode_iq2_s(blk, o, w32, ls):
+def _decode_iq2_s(blk, o, w32, wo, ls, lo):
     for ib in range(8):
         qh = np.int32(blk[o + 66 + ib])
         for l in range(4):
             gi = np.int32(blk[o + 2 + ib * 4 + l]) | ((qh << (8 - 2 * l)) & 0x300)
             sb = blk[o + 34 + ib * 4 + l]
-            w32[(ib * 4 + l) * 2] = _SIGNED_IQ2_S[gi * 32 + (sb & 15)]
-            w32[(ib * 4 + l) * 2 + 1] = _SIGNED_IQ2_S[gi * 32 + 16 + (sb >> 4)]
-        ls[2 * ib] = 2 * (blk[o + 74 + ib] & 15) + 1
-        ls[2 * ib + 1] = 2 * (blk[o + 74 + ib] >> 4) + 1
+            w32[wo + (ib * 4 + l) * 2] = _SIGNED_IQ2_S[gi * 32 + (sb & 15)]
+            w32[wo + (ib * 4 + l) * 2 + 1] = _SIGNED_IQ2_S[gi * 32 + 16 + (sb >> 4)]
+        ls[lo + 2 * ib] = 2 * (blk[o + 74 + ib] & 15) + 1
+        ls[lo + 2 * ib + 1] = 2 * (blk[o + 74 + ib] >> 4) + 1
 
 
 @njit(**PARALLEL)
 def matmul_iq2_s(W, rows, cols, qs, d, extra, out):
     nb = cols // 256
     rb = nb * 82
-    n_tok = qs.shape[0]
-    for r in prange(rows):
-        row = W[r * rb:(r + 1) * rb]
-        wq = np.empty(256, np.int8)
-        w32 = wq.view(np.uint32)  # wide stores of decoded groups
-        ls = np.empty(16, np.int32)
-        acc = np.zeros(n_tok, np.float32)
-        for b in range(nb):
-            o = b * 82
-            dw = f16_to_f32(row[o], row[o + 1])
-            _decode_iq2_s(row, o, w32, ls)
-            for t in range(n_tok):
-                bsum = 0
-                for s in range(16):
-                    bsum += ls[s] * dot16(wq, s * 16, qs, t, b * 256 + s * 16)
-                acc[t] += (dw * d[t, b]) * np.float32(bsum)
-        for t in range(n_tok):
-            out[t, r] = np.float32(0.125) * acc[t]
+    for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+        wq = np.empty(cols, np.int8)
+        w32 = wq.view(np.uint32)  # one table store per 4 weights
+        ls = np.empty(nb * 16, np.int32)
+        dw = np.empty(nb, np.float32)
+        for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
+            row = W[r * rb:(r + 1) * rb]
+            for b in range(nb):
+                o = b * 82
+                dw[b] = f16_to_f32(row[o], row[o + 1])
+                _decode_iq2_s(row, o, w32, b * 64, ls, b * 16)
+            for t in range(qs.shape[0]):
+                x = qs[t]
+                dx = d[t]
+                acc = np.float32(0.0)
+                for b in range(nb):
+                    bsum = 0
+                    for s in range(16):
+                        bsum += ls[b * 16 + s] * dot16(wq, b * 256 + s * 16, x, b * 256 + s * 16)
+                    acc += (dw[b] * dx[b]) * np.float32(bsum)
+                out[t, r] = np.float32(0.125) * acc
 
 
 @njit(**SERIAL)
@@ -324,7 +341,7 @@ def dequantize_iq2_s(W, cols, row_ids, out):
         for b in range(nb):
             o = b * 82
             dw = f16_to_f32(row[o], row[o + 1])
-            _decode_iq2_s(row, o, w32, ls)
+            _decode_iq2_s(row, o, w32, 0, ls, 0)
             for s in range(16):
                 db = dw * (np.float32(0.5) + np.float32(ls[s] // 2)) * np.float32(0.25)
                 for j in range(16):
@@ -334,39 +351,42 @@ def dequantize_iq2_s(W, cols, row_ids, out):
 # ---- IQ3_XXS: d, qs[64] grid indices (4 values each), 8 x u32 signs+scale ---
 
 @njit(**INLINE)
-def _decode_iq3_xxs(blk, o, w32, ls):
+def _decode_iq3_xxs(blk, o, w32, wo, ls, lo):
     for ib in range(8):
         aux = _u32(blk, o + 66 + ib * 4)
-        ls[ib] = 2 * np.int32(aux >> 28) + 1
+        ls[lo + ib] = 2 * np.int32(aux >> 28) + 1
         for l in range(4):
             p = 2 + ib * 8 + 2 * l
             sb = _KSIGNS[(aux >> (7 * l)) & 127]
-            w32[(ib * 4 + l) * 2] = _SIGNED_IQ3_XXS[np.int64(blk[o + p]) * 16 + (sb & 15)]
-            w32[(ib * 4 + l) * 2 + 1] = _SIGNED_IQ3_XXS[np.int64(blk[o + p + 1]) * 16 + (sb >> 4)]
+            w32[wo + (ib * 4 + l) * 2] = _SIGNED_IQ3_XXS[np.int64(blk[o + p]) * 16 + (sb & 15)]
+            w32[wo + (ib * 4 + l) * 2 + 1] = _SIGNED_IQ3_XXS[np.int64(blk[o + p + 1]) * 16 + (sb >> 4)]
 
 
 @njit(**PARALLEL)
 def matmul_iq3_xxs(W, rows, cols, qs, d, extra, out):
     nb = cols // 256
     rb = nb * 98
-    n_tok = qs.shape[0]
-    for r in prange(rows):
-        row = W[r * rb:(r + 1) * rb]
-        wq = np.empty(256, np.int8)
-        w32 = wq.view(np.uint32)  # wide stores of decoded groups
-        ls = np.empty(8, np.int32)
-        acc = np.zeros(n_tok, np.float32)
-        for b in range(nb):
-            o = b * 98
-            dw = f16_to_f32(row[o], row[o + 1])
-            _decode_iq3_xxs(row, o, w32, ls)
-            for t in range(n_tok):
-                bsum = 0
-                for ib in range(8):
-                    bsum += ls[ib] * dot32(wq, ib * 32, qs, t, b * 256 + ib * 32)
-                acc[t] += (dw * d[t, b]) * np.float32(bsum)
-        for t in range(n_tok):
-            out[t, r] = np.float32(0.25) * acc[t]
+    for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+        wq = np.empty(cols, np.int8)
+        w32 = wq.view(np.uint32)  # one table store per 4 weights
+        ls = np.empty(nb * 8, np.int32)
+        dw = np.empty(nb, np.float32)
+        for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
+            row = W[r * rb:(r + 1) * rb]
+            for b in range(nb):
+                o = b * 98
+                dw[b] = f16_to_f32(row[o], row[o + 1])
+                _decode_iq3_xxs(row, o, w32, b * 64, ls, b * 8)
+            for t in range(qs.shape[0]):
+                x = qs[t]
+                dx = d[t]
+                acc = np.float32(0.0)
+                for b in range(nb):
+                    bsum = 0
+                    for s in range(8):
+                        bsum += ls[b * 8 + s] * dot32(wq, b * 256 + s * 32, x, b * 256 + s * 32)
+                    acc += (dw[b] * dx[b]) * np.float32(bsum)
+                out[t, r] = np.float32(0.25) * acc
 
 
 @njit(**SERIAL)
@@ -381,7 +401,7 @@ def dequantize_iq3_xxs(W, cols, row_ids, out):
         for b in range(nb):
             o = b * 98
             dw = f16_to_f32(row[o], row[o + 1])
-            _decode_iq3_xxs(row, o, w32, ls)
+            _decode_iq3_xxs(row, o, w32, 0, ls, 0)
             for ib in range(8):
                 db = dw * (np.float32(0.5) + np.float32(ls[ib] // 2)) * np.float32(0.5)
                 for j in range(32):
@@ -391,7 +411,7 @@ def dequantize_iq3_xxs(W, cols, row_ids, out):
 # ---- IQ3_S: d, qs[64], qh[8] (9th index bits), signs[32], scales[4] ---------
 
 @njit(**INLINE)
-def _decode_iq3_s(blk, o, w32, ls):
+def _decode_iq3_s(blk, o, w32, wo, ls, lo):
     for ib in range(8):
         qh = np.int32(blk[o + 66 + ib])
         for l in range(4):
@@ -399,33 +419,36 @@ def _decode_iq3_s(blk, o, w32, ls):
             g1 = np.int32(blk[o + p]) | ((qh << (8 - 2 * l)) & 256)
             g2 = np.int32(blk[o + p + 1]) | ((qh << (7 - 2 * l)) & 256)
             sb = blk[o + 74 + ib * 4 + l]
-            w32[(ib * 4 + l) * 2] = _SIGNED_IQ3_S[g1 * 16 + (sb & 15)]
-            w32[(ib * 4 + l) * 2 + 1] = _SIGNED_IQ3_S[g2 * 16 + (sb >> 4)]
-        ls[ib] = 2 * ((blk[o + 106 + ib // 2] >> (4 * (ib % 2))) & 15) + 1
+            w32[wo + (ib * 4 + l) * 2] = _SIGNED_IQ3_S[g1 * 16 + (sb & 15)]
+            w32[wo + (ib * 4 + l) * 2 + 1] = _SIGNED_IQ3_S[g2 * 16 + (sb >> 4)]
+        ls[lo + ib] = 2 * ((blk[o + 106 + ib // 2] >> (4 * (ib % 2))) & 15) + 1
 
 
 @njit(**PARALLEL)
 def matmul_iq3_s(W, rows, cols, qs, d, extra, out):
     nb = cols // 256
     rb = nb * 110
-    n_tok = qs.shape[0]
-    for r in prange(rows):
-        row = W[r * rb:(r + 1) * rb]
-        wq = np.empty(256, np.int8)
-        w32 = wq.view(np.uint32)  # wide stores of decoded groups
-        ls = np.empty(8, np.int32)
-        acc = np.zeros(n_tok, np.float32)
-        for b in range(nb):
-            o = b * 110
-            dw = f16_to_f32(row[o], row[o + 1])
-            _decode_iq3_s(row, o, w32, ls)
-            for t in range(n_tok):
-                bsum = 0
-                for ib in range(8):
-                    bsum += ls[ib] * dot32(wq, ib * 32, qs, t, b * 256 + ib * 32)
-                acc[t] += (dw * d[t, b]) * np.float32(bsum)
-        for t in range(n_tok):
-            out[t, r] = acc[t]
+    for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+        wq = np.empty(cols, np.int8)
+        w32 = wq.view(np.uint32)  # one table store per 4 weights
+        ls = np.empty(nb * 8, np.int32)
+        dw = np.empty(nb, np.float32)
+        for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
+            row = W[r * rb:(r + 1) * rb]
+            for b in range(nb):
+                o = b * 110
+                dw[b] = f16_to_f32(row[o], row[o + 1])
+                _decode_iq3_s(row, o, w32, b * 64, ls, b * 8)
+            for t in range(qs.shape[0]):
+                x = qs[t]
+                dx = d[t]
+                acc = np.float32(0.0)
+                for b in range(nb):
+                    bsum = 0
+                    for s in range(8):
+                        bsum += ls[b * 8 + s] * dot32(wq, b * 256 + s * 32, x, b * 256 + s * 32)
+                    acc += (dw[b] * dx[b]) * np.float32(bsum)
+                out[t, r] = acc
 
 
 @njit(**SERIAL)
@@ -440,7 +463,7 @@ def dequantize_iq3_s(W, cols, row_ids, out):
         for b in range(nb):
             o = b * 110
             dw = f16_to_f32(row[o], row[o + 1])
-            _decode_iq3_s(row, o, w32, ls)
+            _decode_iq3_s(row, o, w32, 0, ls, 0)
             for ib in range(8):
                 db = dw * np.float32(ls[ib])
                 for j in range(32):
@@ -450,41 +473,49 @@ def dequantize_iq3_s(W, cols, row_ids, out):
 # ---- IQ1_S: d, qs[32] grid low bits, qh u16[8] (3x3 index bits, scale, delta sign)
 
 @njit(**INLINE)
-def _decode_iq1_s(blk, o, w64, ls, delta):
+def _decode_iq1_s(blk, o, w64, wo, ls, lo, delta):
     for ib in range(8):
         qh = np.int32(blk[o + 34 + 2 * ib]) | (np.int32(blk[o + 35 + 2 * ib]) << 8)
-        ls[ib] = 2 * ((qh >> 12) & 7) + 1
+        ls[lo + ib] = 2 * ((qh >> 12) & 7) + 1
         delta[ib] = -1 if qh & 0x8000 else 1
         for l in range(4):
             gi = np.int32(blk[o + 2 + ib * 4 + l]) | (((qh >> (3 * l)) & 7) << 8)
-            w64[ib * 4 + l] = _GRID8_IQ1_S[gi]
+            w64[wo + ib * 4 + l] = _GRID8_IQ1_S[gi]
 
 
 @njit(**PARALLEL)
 def matmul_iq1_s(W, rows, cols, qs, d, extra, out):
     nb = cols // 256
     rb = nb * 50
-    n_tok = qs.shape[0]
-    for r in prange(rows):
-        row = W[r * rb:(r + 1) * rb]
-        wq = np.empty(256, np.int8)
-        w64 = wq.view(np.uint64)  # wide stores of decoded groups
-        ls = np.empty(8, np.int32)
+    for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+        wq = np.empty(cols, np.int8)
+        w64 = wq.view(np.uint64)  # one table store per 8 weights
+        ls = np.empty(nb * 8, np.int32)
+        dw = np.empty(nb, np.float32)
         delta = np.empty(8, np.int32)
-        acc = np.zeros(n_tok, np.float32)
-        for b in range(nb):
-            o = b * 50
-            dw = f16_to_f32(row[o], row[o + 1])
-            _decode_iq1_s(row, o, w64, ls, delta)
-            for t in range(n_tok):
-                sumi = 0
-                sumi1 = 0
+        shift = np.empty(nb * 8, np.int32)
+        for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
+            row = W[r * rb:(r + 1) * rb]
+            for b in range(nb):
+                o = b * 50
+                dw[b] = f16_to_f32(row[o], row[o + 1])
+                _decode_iq1_s(row, o, w64, b * 32, ls, b * 8, delta)
                 for ib in range(8):
-                    sumi += ls[ib] * dot32(wq, ib * 32, qs, t, b * 256 + ib * 32)
-                    sumi1 += ls[ib] * delta[ib] * (extra[t, b * 16 + 2 * ib] + extra[t, b * 16 + 2 * ib + 1])
-                acc[t] += (dw * d[t, b]) * (np.float32(sumi) + _IQ1_DELTA * np.float32(sumi1))
-        for t in range(n_tok):
-            out[t, r] = acc[t]
+                    shift[b * 8 + ib] = ls[b * 8 + ib] * delta[ib]
+            for t in range(qs.shape[0]):
+                x = qs[t]
+                dx = d[t]
+                bsums = extra[t]
+                acc = np.float32(0.0)
+                for b in range(nb):
+                    bsum = 0
+                    for s in range(8):
+                        bsum += ls[b * 8 + s] * dot32(wq, b * 256 + s * 32, x, b * 256 + s * 32)
+                    sumi1 = 0
+                    for ib in range(8):
+                        sumi1 += shift[b * 8 + ib] * (bsums[b * 16 + 2 * ib] + bsums[b * 16 + 2 * ib + 1])
+                    acc += (dw[b] * dx[b]) * (np.float32(bsum) + _IQ1_DELTA * np.float32(sumi1))
+                out[t, r] = acc
 
 
 @njit(**SERIAL)
@@ -500,7 +531,7 @@ def dequantize_iq1_s(W, cols, row_ids, out):
         for b in range(nb):
             o = b * 50
             dw = f16_to_f32(row[o], row[o + 1])
-            _decode_iq1_s(row, o, w64, ls, delta)
+            _decode_iq1_s(row, o, w64, 0, ls, 0, delta)
             for ib in range(8):
                 dl = dw * np.float32(ls[ib])
                 shift = _IQ1_DELTA * np.float32(delta[ib])
@@ -512,16 +543,16 @@ def dequantize_iq1_s(W, cols, row_ids, out):
 # (3-bit scales per 16 values; the f16 d lives in the scales' top nibbles) ---
 
 @njit(**INLINE)
-def _decode_iq1_m(blk, o, w64, ls, delta):
+def _decode_iq1_m(blk, o, w64, wo, ls, lo, delta):
     for ib in range(8):
         sc = np.int32(blk[o + 48 + 2 * (ib // 2)]) | (np.int32(blk[o + 49 + 2 * (ib // 2)]) << 8)
-        ls[2 * ib] = 2 * ((sc >> (6 * (ib % 2))) & 7) + 1
-        ls[2 * ib + 1] = 2 * ((sc >> (6 * (ib % 2) + 3)) & 7) + 1
+        ls[lo + 2 * ib] = 2 * ((sc >> (6 * (ib % 2))) & 7) + 1
+        ls[lo + 2 * ib + 1] = 2 * ((sc >> (6 * (ib % 2) + 3)) & 7) + 1
         for l in range(4):
             qh = np.int32(blk[o + 32 + ib * 2 + l // 2])
             gi = np.int32(blk[o + ib * 4 + l]) | ((qh << (8 - 4 * (l % 2))) & 0x700)
             delta[ib * 4 + l] = -1 if qh & (0x08 << (4 * (l % 2))) else 1
-            w64[ib * 4 + l] = _GRID8_IQ1_S[gi]
+            w64[wo + ib * 4 + l] = _GRID8_IQ1_S[gi]
 
 
 @njit(**INLINE)
@@ -543,28 +574,34 @@ def _sum8(x, t, xo):
 def matmul_iq1_m(W, rows, cols, qs, d, extra, out):
     nb = cols // 256
     rb = nb * 56
-    n_tok = qs.shape[0]
-    for r in prange(rows):
-        row = W[r * rb:(r + 1) * rb]
-        wq = np.empty(256, np.int8)
-        w64 = wq.view(np.uint64)  # wide stores of decoded groups
-        ls = np.empty(16, np.int32)
+    for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+        wq = np.empty(cols, np.int8)
+        w64 = wq.view(np.uint64)  # one table store per 8 weights
+        ls = np.empty(nb * 16, np.int32)
+        dw = np.empty(nb, np.float32)
         delta = np.empty(32, np.int32)
-        acc = np.zeros(n_tok, np.float32)
-        for b in range(nb):
-            o = b * 56
-            dw = _d_iq1_m(row, o)
-            _decode_iq1_m(row, o, w64, ls, delta)
-            for t in range(n_tok):
-                sumi1 = 0
-                sumi2 = 0
-                for s in range(16):
-                    sumi1 += ls[s] * dot16(wq, s * 16, qs, t, b * 256 + s * 16)
-                    shifts = delta[2 * s] * _sum8(qs, t, b * 256 + s * 16) + delta[2 * s + 1] * _sum8(qs, t, b * 256 + s * 16 + 8)
-                    sumi2 += ls[s] * shifts
-                acc[t] += (dw * d[t, b]) * (np.float32(sumi1) + _IQ1_DELTA * np.float32(sumi2))
-        for t in range(n_tok):
-            out[t, r] = acc[t]
+        shifts = np.empty(cols, np.int16)
+        for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
+            row = W[r * rb:(r + 1) * rb]
+            for b in range(nb):
+                o = b * 56
+                dw[b] = _d_iq1_m(row, o)
+                _decode_iq1_m(row, o, w64, b * 32, ls, b * 16, delta)
+                # delta * scale of each 8-value group, per value, so its sum is one more dot
+                for g in range(32):
+                    for j in range(8):
+                        shifts[b * 256 + g * 8 + j] = ls[b * 16 + g // 2] * delta[g]
+            for t in range(qs.shape[0]):
+                x = qs[t]
+                dx = d[t]
+                acc = np.float32(0.0)
+                for b in range(nb):
+                    bsum = 0
+                    for s in range(16):
+                        bsum += ls[b * 16 + s] * dot16(wq, b * 256 + s * 16, x, b * 256 + s * 16)
+                    sumi2 = dot256(shifts, b * 256, x, b * 256)
+                    acc += (dw[b] * dx[b]) * (np.float32(bsum) + _IQ1_DELTA * np.float32(sumi2))
+                out[t, r] = acc
 
 
 @njit(**SERIAL)
@@ -580,7 +617,7 @@ def dequantize_iq1_m(W, cols, row_ids, out):
         for b in range(nb):
             o = b * 56
             dw = _d_iq1_m(row, o)
-            _decode_iq1_m(row, o, w64, ls, delta)
+            _decode_iq1_m(row, o, w64, 0, ls, 0, delta)
             for g in range(32):
                 dl = dw * np.float32(ls[g // 2])
                 shift = _IQ1_DELTA * np.float32(delta[g])

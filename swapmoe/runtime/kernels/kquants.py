@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ._jit import INLINE, PARALLEL, ROWS_PER_TASK, SERIAL, dot256, f16_to_f32, scale_into
+from ._jit import INLINE, PARALLEL, ROWS_PER_TASK, SERIAL, dot256, f16_to_f32
 
 
 @njit(**INLINE)
@@ -51,6 +51,98 @@ def _decode_crumbs_k(blk, o, wq):
 
 
 @njit(**INLINE)
+def _column(blk, q_o, shift, mask, s_a, s_b, ws, wo):
+    """32 values (blk[q_o+i] >> shift) & mask times scale s_a (first 16) or s_b
+    (last 16) into ws[wo:wo+32].  One 32-step loop of int16 arithmetic per call
+    is what LLVM vectorizes well here (byte shifts by a loop variable are not)."""
+    for i in range(32):
+        ws[wo + i] = ((np.int16(blk[q_o + i]) >> shift) & mask) * (s_a if i < 16 else s_b)
+
+
+@njit(**INLINE)
+def _column_hbit(blk, q_o, shift, mask, h_o, h_shift, h_bit, offset, s_a, s_b, ws, wo):
+    """As _column with a high bit from blk[h_o+i] (bit h_shift, placed at h_bit),
+    minus offset."""
+    for i in range(32):
+        q = (np.int16(blk[q_o + i]) >> shift) & mask
+        h = ((np.int16(blk[h_o + i]) >> h_shift) & 1) << h_bit
+        ws[wo + i] = ((q | h) - offset) * (s_a if i < 16 else s_b)
+
+
+@njit(**INLINE)
+def _scaled_nibbles(blk, o, sc, ws, wo):
+    """Q4_K quants (128 bytes at blk[o]) times their sub-block scale -> ws[wo:wo+256].
+    Decoding and scaling in one narrow, explicitly typed pass keeps it SIMD."""
+    for g in range(4):
+        s_lo = np.int16(sc[2 * g])
+        s_hi = np.int16(sc[2 * g + 1])
+        for i in range(32):
+            v = blk[o + g * 32 + i]
+            ws[wo + g * 64 + i] = np.int16(v & np.uint8(15)) * s_lo
+            ws[wo + g * 64 + 32 + i] = np.int16(v >> np.uint8(4)) * s_hi
+
+
+@njit(**INLINE)
+def _scaled_q5_k(blk, o, sc, ws, wo):
+    """As _scaled_nibbles plus Q5_K's fifth bits (qh at blk[o+16], quants at blk[o+48])."""
+    for g in range(4):
+        s_lo = np.int16(sc[2 * g])
+        s_hi = np.int16(sc[2 * g + 1])
+        for i in range(32):
+            v = blk[o + 48 + g * 32 + i]
+            h = np.int16(blk[o + 16 + i]) >> (2 * g)
+            ws[wo + g * 64 + i] = (np.int16(v & np.uint8(15)) | ((h & 1) << 4)) * s_lo
+            ws[wo + g * 64 + 32 + i] = (np.int16(v >> np.uint8(4)) | ((h & 2) << 3)) * s_hi
+
+
+@njit(**INLINE)
+def _scaled_q2_k(blk, o, ws, wo):
+    """Q2_K quants times their 4-bit scales (low nibbles of blk[o:o+16])."""
+    for h in range(2):
+        q = o + 16 + h * 32
+        sc = o + h * 8
+        for c in range(4):
+            s_a = np.int16(blk[sc + 2 * c] & np.uint8(15))
+            s_b = np.int16(blk[sc + 2 * c + 1] & np.uint8(15))
+            _column(blk, q, 2 * c, 3, s_a, s_b, ws, wo + h * 128 + c * 32)
+
+
+@njit(**INLINE)
+def _q6_column(blk, lo_o, lo_shift, hi_o, hi_shift, s_a, s_b, ws, wo):
+    """32 Q6_K values (q6 - 32) of one column times their two int8 scales."""
+    for i in range(32):
+        lo = (np.int16(blk[lo_o + i]) >> lo_shift) & 15
+        hi = (np.int16(blk[hi_o + i]) >> hi_shift) & 3
+        ws[wo + i] = ((lo | (hi << 4)) - 32) * (s_a if i < 16 else s_b)
+
+
+@njit(**INLINE)
+def _scaled_q6_k(blk, o, ws, wo):
+    """Q6_K quants (q6 - 32) times their int8 scales (blk[o+192:o+208])."""
+    for h in range(2):
+        sc = o + 192 + h * 8
+        ql = o + h * 64
+        qh = o + 128 + h * 32
+        out = wo + h * 128
+        _q6_column(blk, ql, 0, qh, 0, np.int16(np.int8(blk[sc])), np.int16(np.int8(blk[sc + 1])), ws, out)
+        _q6_column(blk, ql + 32, 0, qh, 2, np.int16(np.int8(blk[sc + 2])), np.int16(np.int8(blk[sc + 3])), ws, out + 32)
+        _q6_column(blk, ql, 4, qh, 4, np.int16(np.int8(blk[sc + 4])), np.int16(np.int8(blk[sc + 5])), ws, out + 64)
+        _q6_column(blk, ql + 32, 4, qh, 6, np.int16(np.int8(blk[sc + 6])), np.int16(np.int8(blk[sc + 7])), ws, out + 96)
+
+
+@njit(**INLINE)
+def _scaled_q3_k(blk, o, sc, ws, wo):
+    """Q3_K quants (2 low bits at blk[o+32], high bit in the hmask at blk[o];
+    value = q + 4*hbit - 4) times their 6-bit scales sc[0:16]."""
+    for h in range(2):
+        q = o + 32 + h * 32
+        for c in range(4):
+            s_a = np.int16(sc[h * 8 + 2 * c])
+            s_b = np.int16(sc[h * 8 + 2 * c + 1])
+            _column_hbit(blk, q, 2 * c, 3, o, 4 * h + c, 2, 4, s_a, s_b, ws, wo + h * 128 + c * 32)
+
+
+@njit(**INLINE)
 def _sum_mins(bsums, bo, mins, mo, per_min):
     """Sum of a super-block's 16 Q8_K bsums times the min of their sub-block."""
     total = 0
@@ -66,9 +158,6 @@ def matmul_q2_k(W, rows, cols, qs, d, extra, out):
     nb = cols // 256
     rb = nb * 84
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        wq = np.empty(256, np.int8)
-        sc = np.empty(16, np.int32)
-        mn = np.empty(8, np.int32)
         ws = np.empty(cols, np.int16)
         dw = np.empty(nb, np.float32)
         dmin = np.empty(nb, np.float32)
@@ -80,10 +169,8 @@ def matmul_q2_k(W, rows, cols, qs, d, extra, out):
                 dw[b] = f16_to_f32(row[o + 80], row[o + 81])
                 dmin[b] = f16_to_f32(row[o + 82], row[o + 83])
                 for j in range(16):
-                    sc[j] = row[o + j] & 15
                     mins[b * 16 + j] = row[o + j] >> 4
-                _decode_crumbs_k(row, o + 16, wq)
-                scale_into(ws, b * 256, wq, sc, 16)
+                _scaled_q2_k(row, o, ws, b * 256)
             for t in range(qs.shape[0]):
                 x = qs[t]
                 dx = d[t]
@@ -147,9 +234,7 @@ def matmul_q3_k(W, rows, cols, qs, d, extra, out):
     nb = cols // 256
     rb = nb * 110
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        wq = np.empty(256, np.int8)
         sc = np.empty(16, np.int32)
-        mn = np.empty(8, np.int32)
         ws = np.empty(cols, np.int16)
         dw = np.empty(nb, np.float32)
         for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
@@ -158,8 +243,7 @@ def matmul_q3_k(W, rows, cols, qs, d, extra, out):
                 o = b * 110
                 dw[b] = f16_to_f32(row[o + 108], row[o + 109])
                 _scales_q3_k(row, o, sc)
-                _decode_q3_k(row, o, wq)
-                scale_into(ws, b * 256, wq, sc, 16)
+                _scaled_q3_k(row, o, sc, ws, b * 256)
             for t in range(qs.shape[0]):
                 x = qs[t]
                 dx = d[t]
@@ -196,7 +280,6 @@ def matmul_q4_k(W, rows, cols, qs, d, extra, out):
     nb = cols // 256
     rb = nb * 144
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        wq = np.empty(256, np.int8)
         sc = np.empty(16, np.int32)
         mn = np.empty(8, np.int32)
         ws = np.empty(cols, np.int16)
@@ -212,8 +295,7 @@ def matmul_q4_k(W, rows, cols, qs, d, extra, out):
                 _scales_mins_k4(row, o + 4, sc, mn)
                 for j in range(8):
                     mins[b * 8 + j] = mn[j]
-                _decode_nibbles_k(row, o + 16, wq)
-                scale_into(ws, b * 256, wq, sc, 32)
+                _scaled_nibbles(row, o + 16, sc, ws, b * 256)
             for t in range(qs.shape[0]):
                 x = qs[t]
                 dx = d[t]
@@ -270,7 +352,6 @@ def matmul_q5_k(W, rows, cols, qs, d, extra, out):
     nb = cols // 256
     rb = nb * 176
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        wq = np.empty(256, np.int8)
         sc = np.empty(16, np.int32)
         mn = np.empty(8, np.int32)
         ws = np.empty(cols, np.int16)
@@ -286,8 +367,7 @@ def matmul_q5_k(W, rows, cols, qs, d, extra, out):
                 _scales_mins_k4(row, o + 4, sc, mn)
                 for j in range(8):
                     mins[b * 8 + j] = mn[j]
-                _decode_q5_k(row, o, wq)
-                scale_into(ws, b * 256, wq, sc, 32)
+                _scaled_q5_k(row, o, sc, ws, b * 256)
             for t in range(qs.shape[0]):
                 x = qs[t]
                 dx = d[t]
@@ -342,9 +422,6 @@ def matmul_q6_k(W, rows, cols, qs, d, extra, out):
     nb = cols // 256
     rb = nb * 210
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        wq = np.empty(256, np.int8)
-        sc = np.empty(16, np.int32)
-        mn = np.empty(8, np.int32)
         ws = np.empty(cols, np.int16)
         dw = np.empty(nb, np.float32)
         for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
@@ -352,10 +429,7 @@ def matmul_q6_k(W, rows, cols, qs, d, extra, out):
             for b in range(nb):
                 o = b * 210
                 dw[b] = f16_to_f32(row[o + 208], row[o + 209])
-                for j in range(16):
-                    sc[j] = np.int8(row[o + 192 + j])
-                _decode_q6_k(row, o, wq)
-                scale_into(ws, b * 256, wq, sc, 16)
+                _scaled_q6_k(row, o, ws, b * 256)
             for t in range(qs.shape[0]):
                 x = qs[t]
                 dx = d[t]

@@ -1,8 +1,8 @@
 """Legacy 32-value block types: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0.
 
-Matmul kernels decode each block's quants on the fly inside the exact int32
-dot with every token's Q8_0/Q8_1 activation block (the block stays in L1, so
-it is read from memory once for all tokens); dequantizers decode to int8.  The float combination
+Matmul kernels decode a weight row once into int8 quants and float block
+scales, then every token takes exact int32 block dots against its Q8_0/Q8_1
+activation (the row is read from memory once for all tokens).  The float combination
 per block follows ggml's generic vec_dot (ggml-cpu/quants.c) operation by
 operation, accumulated sequentially in float32 per row.
 
@@ -16,49 +16,27 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ._jit import INLINE, PARALLEL, SERIAL, dot32, dot32_bytes, f16_to_f32
+from ._jit import INLINE, PARALLEL, ROWS_PER_TASK, SERIAL, dot32, f16_to_f32
 
 
 @njit(**INLINE)
-def _decode_q4(blk, o, offset, wq):
+def _decode_q4(blk, o, offset, wq, wo):
+    # narrow, explicitly typed arithmetic keeps this loop in SIMD lanes
+    off = np.int8(offset)
     for j in range(16):
-        wq[j] = (blk[o + j] & 15) - offset
-        wq[j + 16] = (blk[o + j] >> 4) - offset
+        v = blk[o + j]
+        wq[wo + j] = np.int8(v & np.uint8(15)) - off
+        wq[wo + j + 16] = np.int8(v >> np.uint8(4)) - off
 
 
 @njit(**INLINE)
-def _decode_q5(blk, o, offset, wq):
+def _decode_q5(blk, o, offset, wq, wo):
     qh = np.uint32(blk[o]) | (np.uint32(blk[o + 1]) << 8) | (np.uint32(blk[o + 2]) << 16) | (np.uint32(blk[o + 3]) << 24)
+    off = np.int8(offset)
     for j in range(16):
-        wq[j] = ((blk[o + 4 + j] & 15) | (((qh >> j) & 1) << 4)) - offset
-        wq[j + 16] = ((blk[o + 4 + j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) - offset
-
-
-@njit(**INLINE)
-def _dot_q4(row, ro, offset, qs, t, xo):
-    """Dot of a block's 16 nibble bytes (low nibbles = values 0..15, high =
-    16..31, minus offset) with activation row t; decoded on the fly, int8-typed
-    so LLVM keeps it in narrow SIMD lanes."""
-    s = np.int32(0)
-    for j in range(16):
-        v = row[ro + j]
-        lo = np.int8(v & np.uint8(15)) - np.int8(offset)
-        hi = np.int8(v >> np.uint8(4)) - np.int8(offset)
-        s = np.int32(s + np.int32(np.int16(lo) * np.int16(qs[t, xo + j])) + np.int32(np.int16(hi) * np.int16(qs[t, xo + 16 + j])))
-    return s
-
-
-@njit(**INLINE)
-def _dot_q5(row, ro, offset, qs, t, xo):
-    """As _dot_q4 with the fifth bits from the u32 at row[ro:ro+4]."""
-    qh = np.uint32(row[ro]) | (np.uint32(row[ro + 1]) << 8) | (np.uint32(row[ro + 2]) << 16) | (np.uint32(row[ro + 3]) << 24)
-    s = np.int32(0)
-    for j in range(16):
-        v = row[ro + 4 + j]
-        lo = np.int8((v & np.uint8(15)) | np.uint8(((qh >> j) & 1) << 4)) - np.int8(offset)
-        hi = np.int8((v >> np.uint8(4)) | np.uint8(((qh >> (j + 16)) & 1) << 4)) - np.int8(offset)
-        s = np.int32(s + np.int32(np.int16(lo) * np.int16(qs[t, xo + j])) + np.int32(np.int16(hi) * np.int16(qs[t, xo + 16 + j])))
-    return s
+        v = blk[o + 4 + j]
+        wq[wo + j] = np.int8((v & np.uint8(15)) | np.uint8(((qh >> j) & 1) << 4)) - off
+        wq[wo + j + 16] = np.int8((v >> np.uint8(4)) | np.uint8(((qh >> (j + 16)) & 1) << 4)) - off
 
 
 # ---- Q4_0: d f16, 16 bytes of nibbles; value = nibble - 8 ------------------
@@ -67,18 +45,23 @@ def _dot_q5(row, ro, offset, qs, t, xo):
 def matmul_q4_0(W, rows, cols, qs, d, extra, out):
     nb = cols // 32
     rb = nb * 18
-    n_tok = qs.shape[0]
-    for r in prange(rows):
-        row = W[r * rb:(r + 1) * rb]
-        acc = np.zeros(n_tok, np.float32)
-        for b in range(nb):
-            o = b * 18
-            dw = f16_to_f32(row[o], row[o + 1])
-            for t in range(n_tok):
-                sumi = _dot_q4(row, o + 2, 8, qs, t, b * 32)
-                acc[t] += np.float32(sumi) * dw * d[t, b]
-        for t in range(n_tok):
-            out[t, r] = acc[t]
+    for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+        wq = np.empty(cols, np.int8)
+        dw = np.empty(nb, np.float32)
+        for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
+            row = W[r * rb:(r + 1) * rb]
+            for b in range(nb):
+                o = b * 18
+                dw[b] = f16_to_f32(row[o], row[o + 1])
+                _decode_q4(row, o + 2, 8, wq, b * 32)
+            for t in range(qs.shape[0]):
+                x = qs[t]
+                dx = d[t]
+                acc = np.float32(0.0)
+                for b in range(nb):
+                    sumi = dot32(wq, b * 32, x, b * 32)
+                    acc += np.float32(sumi) * dw[b] * dx[b]
+                out[t, r] = acc
 
 
 @njit(**SERIAL)
@@ -91,7 +74,7 @@ def dequantize_q4_0(W, cols, row_ids, out):
         for b in range(nb):
             o = b * 18
             dw = f16_to_f32(row[o], row[o + 1])
-            _decode_q4(row, o + 2, 8, wq)
+            _decode_q4(row, o + 2, 8, wq, 0)
             for j in range(32):
                 out[i, b * 32 + j] = dw * np.float32(wq[j])
 
@@ -102,19 +85,26 @@ def dequantize_q4_0(W, cols, row_ids, out):
 def matmul_q4_1(W, rows, cols, qs, d, extra, out):
     nb = cols // 32
     rb = nb * 20
-    n_tok = qs.shape[0]
-    for r in prange(rows):
-        row = W[r * rb:(r + 1) * rb]
-        acc = np.zeros(n_tok, np.float32)
-        for b in range(nb):
-            o = b * 20
-            dw = f16_to_f32(row[o], row[o + 1])
-            mw = f16_to_f32(row[o + 2], row[o + 3])
-            for t in range(n_tok):
-                sumi = _dot_q4(row, o + 4, 0, qs, t, b * 32)
-                acc[t] += (dw * d[t, b]) * np.float32(sumi) + mw * extra[t, b]
-        for t in range(n_tok):
-            out[t, r] = acc[t]
+    for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+        wq = np.empty(cols, np.int8)
+        dw = np.empty(nb, np.float32)
+        mw = np.empty(nb, np.float32)
+        for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
+            row = W[r * rb:(r + 1) * rb]
+            for b in range(nb):
+                o = b * 20
+                dw[b] = f16_to_f32(row[o], row[o + 1])
+                mw[b] = f16_to_f32(row[o + 2], row[o + 3])
+                _decode_q4(row, o + 4, 0, wq, b * 32)
+            for t in range(qs.shape[0]):
+                x = qs[t]
+                dx = d[t]
+                sx = extra[t]
+                acc = np.float32(0.0)
+                for b in range(nb):
+                    sumi = dot32(wq, b * 32, x, b * 32)
+                    acc += (dw[b] * dx[b]) * np.float32(sumi) + mw[b] * sx[b]
+                out[t, r] = acc
 
 
 @njit(**SERIAL)
@@ -128,7 +118,7 @@ def dequantize_q4_1(W, cols, row_ids, out):
             o = b * 20
             dw = f16_to_f32(row[o], row[o + 1])
             mw = f16_to_f32(row[o + 2], row[o + 3])
-            _decode_q4(row, o + 4, 0, wq)
+            _decode_q4(row, o + 4, 0, wq, 0)
             for j in range(32):
                 out[i, b * 32 + j] = dw * np.float32(wq[j]) + mw
 
@@ -139,18 +129,23 @@ def dequantize_q4_1(W, cols, row_ids, out):
 def matmul_q5_0(W, rows, cols, qs, d, extra, out):
     nb = cols // 32
     rb = nb * 22
-    n_tok = qs.shape[0]
-    for r in prange(rows):
-        row = W[r * rb:(r + 1) * rb]
-        acc = np.zeros(n_tok, np.float32)
-        for b in range(nb):
-            o = b * 22
-            dw = f16_to_f32(row[o], row[o + 1])
-            for t in range(n_tok):
-                sumi = _dot_q5(row, o + 2, 16, qs, t, b * 32)
-                acc[t] += (dw * d[t, b]) * np.float32(sumi)
-        for t in range(n_tok):
-            out[t, r] = acc[t]
+    for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+        wq = np.empty(cols, np.int8)
+        dw = np.empty(nb, np.float32)
+        for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
+            row = W[r * rb:(r + 1) * rb]
+            for b in range(nb):
+                o = b * 22
+                dw[b] = f16_to_f32(row[o], row[o + 1])
+                _decode_q5(row, o + 2, 16, wq, b * 32)
+            for t in range(qs.shape[0]):
+                x = qs[t]
+                dx = d[t]
+                acc = np.float32(0.0)
+                for b in range(nb):
+                    sumi = dot32(wq, b * 32, x, b * 32)
+                    acc += (dw[b] * dx[b]) * np.float32(sumi)
+                out[t, r] = acc
 
 
 @njit(**SERIAL)
@@ -163,7 +158,7 @@ def dequantize_q5_0(W, cols, row_ids, out):
         for b in range(nb):
             o = b * 22
             dw = f16_to_f32(row[o], row[o + 1])
-            _decode_q5(row, o + 2, 16, wq)
+            _decode_q5(row, o + 2, 16, wq, 0)
             for j in range(32):
                 out[i, b * 32 + j] = dw * np.float32(wq[j])
 
@@ -174,19 +169,26 @@ def dequantize_q5_0(W, cols, row_ids, out):
 def matmul_q5_1(W, rows, cols, qs, d, extra, out):
     nb = cols // 32
     rb = nb * 24
-    n_tok = qs.shape[0]
-    for r in prange(rows):
-        row = W[r * rb:(r + 1) * rb]
-        acc = np.zeros(n_tok, np.float32)
-        for b in range(nb):
-            o = b * 24
-            dw = f16_to_f32(row[o], row[o + 1])
-            mw = f16_to_f32(row[o + 2], row[o + 3])
-            for t in range(n_tok):
-                sumi = _dot_q5(row, o + 4, 0, qs, t, b * 32)
-                acc[t] += (dw * d[t, b]) * np.float32(sumi) + mw * extra[t, b]
-        for t in range(n_tok):
-            out[t, r] = acc[t]
+    for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+        wq = np.empty(cols, np.int8)
+        dw = np.empty(nb, np.float32)
+        mw = np.empty(nb, np.float32)
+        for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
+            row = W[r * rb:(r + 1) * rb]
+            for b in range(nb):
+                o = b * 24
+                dw[b] = f16_to_f32(row[o], row[o + 1])
+                mw[b] = f16_to_f32(row[o + 2], row[o + 3])
+                _decode_q5(row, o + 4, 0, wq, b * 32)
+            for t in range(qs.shape[0]):
+                x = qs[t]
+                dx = d[t]
+                sx = extra[t]
+                acc = np.float32(0.0)
+                for b in range(nb):
+                    sumi = dot32(wq, b * 32, x, b * 32)
+                    acc += (dw[b] * dx[b]) * np.float32(sumi) + mw[b] * sx[b]
+                out[t, r] = acc
 
 
 @njit(**SERIAL)
@@ -200,7 +202,7 @@ def dequantize_q5_1(W, cols, row_ids, out):
             o = b * 24
             dw = f16_to_f32(row[o], row[o + 1])
             mw = f16_to_f32(row[o + 2], row[o + 3])
-            _decode_q5(row, o + 4, 0, wq)
+            _decode_q5(row, o + 4, 0, wq, 0)
             for j in range(32):
                 out[i, b * 32 + j] = dw * np.float32(wq[j]) + mw
 
@@ -211,18 +213,22 @@ def dequantize_q5_1(W, cols, row_ids, out):
 def matmul_q8_0(W, rows, cols, qs, d, extra, out):
     nb = cols // 32
     rb = nb * 34
-    n_tok = qs.shape[0]
-    for r in prange(rows):
-        row = W[r * rb:(r + 1) * rb]
-        acc = np.zeros(n_tok, np.float32)
-        for b in range(nb):
-            o = b * 34
-            dw = f16_to_f32(row[o], row[o + 1])
-            for t in range(n_tok):
-                sumi = dot32_bytes(row, o + 2, qs, t, b * 32)
-                acc[t] += np.float32(sumi) * (dw * d[t, b])
-        for t in range(n_tok):
-            out[t, r] = acc[t]
+    for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+        dw = np.empty(nb, np.float32)
+        for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
+            row = W[r * rb:(r + 1) * rb]
+            quants = row.view(np.int8)  # Q8_0 quants are dotted in place
+            for b in range(nb):
+                o = b * 34
+                dw[b] = f16_to_f32(row[o], row[o + 1])
+            for t in range(qs.shape[0]):
+                x = qs[t]
+                dx = d[t]
+                acc = np.float32(0.0)
+                for b in range(nb):
+                    sumi = dot32(quants, b * 34 + 2, x, b * 32)
+                    acc += np.float32(sumi) * (dw[b] * dx[b])
+                out[t, r] = acc
 
 
 @njit(**SERIAL)

@@ -1,0 +1,149 @@
+"""ggml's vectorised exp, the SiLU / SwiGLU / softmax exponentials built on it, and the
+RMS-norm sum: element-wise math that must round exactly as llama.cpp's CPU backend does.
+
+llama.cpp's CPU backend does not call libm's expf for SiLU, SwiGLU and softmax: it uses a
+polynomial (ggml_v_expf, max error ~1.5 ulp) on blocks of 16 floats (AVX-512) and libm only
+for the tail of a row. A one-ulp difference is harmless by itself, but the result is then
+rounded to 8-bit activations for the next quantized matmul, and one value on the other side
+of a rounding boundary changes a logit by ~1e-2. Computing the same polynomial removes that.
+
+FMA is emulated exactly in double (a product of two floats is exact in double; the sum is
+then rounded once to double and once to float, which differs from a true fused multiply-add
+only in the rare double-rounding case).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+F32 = np.float32
+LANES = 16  # AVX-512 floats per vector: the tail of a row past a multiple of 16 uses libm's expf
+
+_SHIFT = F32(float.fromhex("0x1.8p23"))
+_LOG2E = F32(float.fromhex("0x1.715476p+0"))
+_LN2_HI = F32(float.fromhex("0x1.62e4p-1"))
+_LN2_LO = F32(float.fromhex("0x1.7f7d1cp-20"))
+_C1 = F32(float.fromhex("0x1.ffffecp-1"))
+_C2 = F32(float.fromhex("0x1.fffdb6p-2"))
+_C3 = F32(float.fromhex("0x1.555e66p-3"))
+_C4 = F32(float.fromhex("0x1.573e2ep-5"))
+_C5 = F32(float.fromhex("0x1.0e4020p-7"))
+
+
+@njit(inline="always", cache=True)
+def _fma(a, b, c):
+    return np.float32(np.float64(a) * np.float64(b) + np.float64(c))
+
+
+@njit(inline="always", cache=True)
+def _fnma(a, b, c):  # c - a*b, fused
+    return np.float32(np.float64(c) - np.float64(a) * np.float64(b))
+
+
+@njit(cache=True)
+def ggml_expf(x):
+    """exp(x) for one float32, bit for bit as ggml_v_expf (AVX-512) computes it."""
+    z = _fma(x, _LOG2E, _SHIFT)
+    n = np.float32(z - _SHIFT)
+    b = _fnma(n, _LN2_LO, _fnma(n, _LN2_HI, x))
+    if abs(n) > 192:
+        return np.float32(np.inf) if n > 0 else np.float32(0.0)
+    u = np.float32(b * b)
+    j = _fma(_fma(_fma(_C5, b, _C4), u, _fma(_C3, b, _C2)), u, _fma(_C1, b, np.float32(1.0)))
+    return np.float32(math.ldexp(j, int(n)))
+
+
+@njit(cache=True)
+def _row_exp(x, out):
+    n = x.shape[0]
+    vec = n - n % LANES
+    for i in range(vec):
+        out[i] = ggml_expf(x[i])
+    for i in range(vec, n):
+        out[i] = np.float32(math.exp(x[i]))
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def _swiglu(gate, up, out):
+    rows, n = gate.shape
+    vec = n - n % LANES
+    for r in prange(rows):
+        for i in range(n):
+            g = gate[r, i]
+            e = ggml_expf(-g) if i < vec else np.float32(math.exp(-g))
+            out[r, i] = np.float32(g / np.float32(np.float32(1.0) + e)) * up[r, i]
+
+
+@njit(cache=True, nogil=True)
+def _softmax(x, sinks, vec, out):
+    rows, n = x.shape
+    for r in range(rows):
+        top = x[r, 0]
+        for i in range(1, n):
+            top = max(top, x[r, i])
+        has_sink = sinks.shape[0] > 0
+        if has_sink:
+            top = max(top, sinks[r])
+        total = 0.0
+        for i in range(n):
+            d = np.float32(x[r, i] - top)
+            e = ggml_expf(d) if i < vec else np.float32(math.exp(d))
+            out[r, i] = e
+            total += e
+        if has_sink:
+            total += np.float32(math.exp(np.float32(sinks[r] - top)))
+        scale = np.float32(1.0 / total)
+        for i in range(n):
+            out[r, i] = out[r, i] * scale
+
+
+@njit(cache=True, nogil=True)
+def _sum_squares(x, out):
+    rows, n = x.shape
+    for r in range(rows):
+        total = 0.0
+        for i in range(n):  # in order: numpy's pairwise sum rounds differently
+            total += np.float64(np.float32(x[r, i] * x[r, i]))
+        out[r] = total
+
+
+def sum_squares(x: np.ndarray) -> np.ndarray:
+    """Σ x² over the last axis, each square in float, summed in double from left to right:
+    ggml's rms_norm, whose 1-ulp differences would otherwise move activations across the
+    rounding boundaries of the next quantized matmul."""
+    flat = np.ascontiguousarray(x, F32).reshape(-1, x.shape[-1])
+    out = np.empty(flat.shape[0], np.float64)
+    _sum_squares(flat, out)
+    return out.reshape(x.shape[:-1] + (1,))
+
+
+def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """silu(gate) * up over rows of [T, n], as ggml_vec_swiglu_f32."""
+    gate = np.ascontiguousarray(gate, F32).reshape(-1, gate.shape[-1])
+    out = np.empty_like(gate)
+    _swiglu(gate, np.ascontiguousarray(up, F32).reshape(gate.shape), out)
+    return out
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    """x / (1 + exp(-x)), as ggml_vec_silu_f32."""
+    return swiglu(x, np.ones_like(x, dtype=F32)).reshape(x.shape)
+
+
+def softmax(x: np.ndarray, sinks: np.ndarray | None = None, padded: bool = False) -> np.ndarray:
+    """Softmax over the last axis as ggml's soft_max: exponentials as above, summed in double,
+    scaled by the float reciprocal of the sum. (ggml adds each block of 16 in float before the
+    double sum; that order is not reproduced, a difference of an ulp in the scale at most.)
+
+    sinks: one extra logit per row that joins the maximum and the sum but gets no output
+    (attention sinks; its exponential is libm's, as in ggml). padded: the row stands for a
+    row ggml pads to a multiple of 16 with -inf (the KV cache), so every element takes the
+    vector path."""
+    flat = np.ascontiguousarray(x, F32).reshape(-1, x.shape[-1])
+    out = np.empty_like(flat)
+    n = flat.shape[1]
+    sink_row = np.zeros(0, F32) if sinks is None else np.ascontiguousarray(sinks, F32).reshape(-1)
+    _softmax(flat, sink_row, n if padded else n - n % LANES, out)
+    return out.reshape(x.shape)
