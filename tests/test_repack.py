@@ -362,28 +362,11 @@ def test_no_routed_experts(tmp_path):
     assert not (tmp_path / "out.gguf").exists()
 
 
-def no_kernel_copy(monkeypatch):
-    """Make os.copy_file_range refuse, as across file systems on old kernels: the buffered path runs."""
-    def refuse(*args):
-        raise OSError(errno.EXDEV, os.strerror(errno.EXDEV))
-
-    monkeypatch.setattr(stream.os, "copy_file_range", refuse)
-
-
-def test_buffered_fallback_round_trip(models, tmp_path, monkeypatch):
-    no_kernel_copy(monkeypatch)
-    check_round_trip(models("gpt-oss"), tmp_path / "out.gguf", "bundled")
-
-
-@pytest.mark.parametrize("kernel", [True, False], ids=["copy_file_range", "buffered"])
-def test_disk_full_leaves_nothing(models, tmp_path, monkeypatch, kernel):
+def test_disk_full_leaves_nothing(models, tmp_path, monkeypatch):
     src = models("qwen3moe")
     before = sha256(src)
     calls = []
-    name = "copy_file_range" if kernel else "pwrite"
-    real = getattr(os, name)
-    if not kernel:
-        no_kernel_copy(monkeypatch)
+    real = os.pwrite
 
     def full(*args):
         calls.append(args)
@@ -391,7 +374,7 @@ def test_disk_full_leaves_nothing(models, tmp_path, monkeypatch, kernel):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         return real(*args)
 
-    monkeypatch.setattr(stream.os, name, full)
+    monkeypatch.setattr(stream.os, "pwrite", full)
     result = run_cli("repack", src, tmp_path / "out.gguf")
     assert result.exit_code == 1 and "disk full" in result.output, result.output
     assert len(calls) > 3 and list(tmp_path.iterdir()) == [] and sha256(src) == before
@@ -402,7 +385,7 @@ def test_interrupt_leaves_nothing(models, tmp_path, monkeypatch):
 
     src = models("qwen3moe")
     before = sha256(src)
-    real, calls = stream._copy_in_kernel, []
+    real, calls = stream._write_all, []
 
     def interrupting(*args):
         calls.append(args)
@@ -410,7 +393,7 @@ def test_interrupt_leaves_nothing(models, tmp_path, monkeypatch):
             _thread.interrupt_main()  # what Ctrl-C does: KeyboardInterrupt in the main thread
         return real(*args)
 
-    monkeypatch.setattr(stream, "_copy_in_kernel", interrupting)
+    monkeypatch.setattr(stream, "_write_all", interrupting)
     result = run_cli("repack", src, tmp_path / "out.gguf")
     assert result.exit_code == 130 and "interrupted" in result.output
     assert len(calls) >= 5 and list(tmp_path.iterdir()) == [] and sha256(src) == before

@@ -49,6 +49,7 @@ def _tokenizer(vocab_dir: Path, config: str) -> Tokenizer:
 
 
 def pieces_sha256(tok: Tokenizer) -> str:
+    """Every token's piece, with and without special, hashed as the fixture tool hashes llama.cpp's."""
     pieces = hashlib.sha256()
     for token in range(tok.n_vocab):
         for special in (True, False):

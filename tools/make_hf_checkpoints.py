@@ -10,12 +10,12 @@ softmax routing, YaRN with mscale_all_dim 0.707; 26 layers, since llama.cpp reco
 model by its layer count), minimax-m2 (MiniMaxM2ForCausalLM) and gpt-oss (GptOssForCausalLM,
 sliding window 16 so the prompt crosses it).
 
-Per model: random weights (matrices with std 0.1, 0.07 for the 26-layer one, so the logits
-are far from uniform; norm
-weights, biases, sinks and routing biases perturbed so that they matter), a small byte-level
-BPE tokenizer, save_pretrained → convert_hf_to_gguf.py --outtype f32 → llama-quantize Q8_0
+Per model: random weights (matrices with std 0.1 so the logits are far from uniform, 0.07 for
+the 26-layer model, which turns chaotic at 0.1; norm weights, biases, sinks and routing biases
+perturbed so that they matter), a small byte-level BPE tokenizer, save_pretrained → convert_hf_to_gguf.py --outtype f32 → llama-quantize Q8_0
 (gpt-oss also MXFP4_MOE) → tools/llama_ref.py → swapmoe; prints mean/max KL, top-1 agreement
-and how many of the 32 greedy tokens agree.
+and how many of the 32 greedy tokens agree, next to how far llama.cpp itself moves when fed the
+prompt one token per decode call instead of in one batch (its kernels differ by batch size).
 
 The converter names a BPE pre-tokenizer by hashing a known tokenizer's output; a tiny
 tokenizer has no known hash, so the converter runs with that lookup answering "qwen2". The
@@ -68,7 +68,7 @@ MODELS = {  # name: (config class, model class, config arguments)
         num_attention_heads=4, num_key_value_heads=4, n_shared_experts=2, n_routed_experts=8, num_experts_per_tok=2,
         routed_scaling_factor=1.0, norm_topk_prob=False, q_lora_rank=None, kv_lora_rank=64, qk_rope_head_dim=32,
         qk_nope_head_dim=32, v_head_dim=32, max_position_embeddings=10240, topk_method="greedy", scoring_func="softmax",
-        initializer_range=0.07,  # 26 random layers at 0.1 are chaotic: llama.cpp disagrees with itself across batch sizes
+        initializer_range=0.07,
         rope_parameters={**DS_V3_YARN, "mscale": 0.707, "mscale_all_dim": 0.707})),
     "minimax-m2": ("MiniMaxM2Config", "MiniMaxM2ForCausalLM", dict(
         hidden_size=256, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
@@ -88,6 +88,24 @@ conversion.base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "qwen2"
 sys.argv[0] = src + "/convert_hf_to_gguf.py"
 runpy.run_path(sys.argv[0], run_name="__main__")
 '''
+LLAMA_SELF = '''import sys, numpy as np
+sys.path.insert(0, sys.argv[1])
+import llama_ref as R
+L = R.L
+model, tokens = R.load(sys.argv[2]), [int(t) for t in sys.argv[3].split(",")]
+n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
+cp = L.llama_context_default_params()
+cp.n_ctx, cp.n_threads, cp.n_threads_batch, cp.type_k, cp.type_v = 512, 2, 2, 0, 0
+cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_DISABLED
+ctx, batch = L.llama_init_from_model(model, cp), L.llama_batch_init(1, 0, 1)
+logits = np.empty((len(tokens), n_vocab), np.float32)
+for j, t in enumerate(tokens):
+    batch.token[0], batch.pos[0], batch.n_seq_id[0], batch.seq_id[0][0], batch.logits[0] = t, j, 1, 0, 1
+    batch.n_tokens = 1
+    assert L.llama_decode(ctx, batch) == 0
+    logits[j] = np.ctypeslib.as_array(L.llama_get_logits_ith(ctx, 0), shape=(n_vocab,))
+np.save(sys.argv[4], logits)
+'''  # llama.cpp fed one token per decode call: how much it disagrees with its own one-batch prompt
 
 
 def run(cmd, env=None):
@@ -129,24 +147,28 @@ def open_model(path: Path):
     return ARCHITECTURES[g.arch](g, ExpertStore(index.build(g), MmapEngine([s.path for s in g.shards], None)))
 
 
-def compare(path: Path, ref: dict) -> str:
-    model, tokens = open_model(path), ref["tokens"]
-    cache = model.new_cache(len(tokens) + GREEDY)
-    logits = model.forward(tokens, cache, all_logits=True)
-
+def agreement(ref_logits: np.ndarray, logits: np.ndarray) -> str:
     def log_softmax(x):
         x = x.astype(np.float64) - x.max(axis=-1, keepdims=True)
         return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
-    r, o = log_softmax(ref["logits"]), log_softmax(logits)
+    r, o = log_softmax(ref_logits), log_softmax(logits)
     kl = (np.exp(r) * (r - o)).sum(axis=-1)
-    top1 = np.mean(logits.argmax(-1) == ref["logits"].argmax(-1))
+    top1 = np.mean(logits.argmax(-1) == ref_logits.argmax(-1))
+    return f"KL mean {kl.mean():.2e} max {kl.max():.2e}, top-1 {top1 * 100:.1f}%"
+
+
+def compare(path: Path, ref: dict, llama_one_by_one: np.ndarray) -> str:
+    model, tokens = open_model(path), ref["tokens"]
+    cache = model.new_cache(len(tokens) + GREEDY)
+    logits = model.forward(tokens, cache, all_logits=True)
     ids, last = [], logits[-1]
     for _ in range(GREEDY):
         ids.append(int(np.argmax(last)))
         last = model.forward(np.array([ids[-1]]), cache)[-1]
     agree = next((i for i, (a, b) in enumerate(zip(ids, ref["greedy"].tolist())) if a != b), GREEDY)
-    return (f"KL mean {kl.mean():.2e} max {kl.max():.2e}, top-1 {top1 * 100:.1f}%, "
-            f"greedy {agree}/{GREEDY} before the first difference, llama.cpp logit std {ref['logits'].std():.2f}")
+    return (f"{agreement(ref['logits'], logits)}, greedy {agree}/{GREEDY} before the first difference "
+            f"(llama.cpp one token per call vs its own batch: {agreement(ref['logits'], llama_one_by_one)}; "
+            f"logit std {ref['logits'].std():.2f})")
 
 
 def main():
@@ -173,7 +195,10 @@ def main():
         for quant, path in files:
             npz = work / f"{name}-{quant}.npz"
             run([*ref_py, path, "--tokens", ",".join(map(str, tokens)), "--greedy", GREEDY, "--out", npz], env)
-            print(f"{name} {quant} ({len(tokens)} tokens): {compare(path, np.load(npz))}", flush=True)
+            one_by_one = work / f"{name}-{quant}-one-by-one.npy"
+            run([args.ref / "venv/bin/python", "-c", LLAMA_SELF, TOOLS, path, ",".join(map(str, tokens)), one_by_one], env)
+            print(f"{name} {quant} ({len(tokens)} tokens): {compare(path, np.load(npz), np.load(one_by_one))}",
+                  flush=True)
 
 
 if __name__ == "__main__":

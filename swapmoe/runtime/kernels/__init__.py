@@ -70,6 +70,17 @@ def _kernel(ggml_type: int) -> Kernel:
         raise NotImplementedError(f"no kernel for ggml type {T(int(ggml_type)).name}") from None
 
 
+def _readonly(W: np.ndarray) -> np.ndarray:
+    """A read-only view of W (no copy): numba compiles one specialization for
+    writable and one for read-only arrays (e.g. np.memmap mode "r"); always
+    passing read-only halves the compile time."""
+    if not W.flags.writeable:
+        return W
+    view = W.view()
+    view.flags.writeable = False
+    return view
+
+
 def _check_weights(ggml_type: int, W: np.ndarray, rows: int, cols: int) -> None:
     block_size, type_size = GGML_QUANT_SIZES[T(int(ggml_type))]
     if W.dtype != np.uint8 or W.ndim != 1:
@@ -93,7 +104,7 @@ def matmul_q(ggml_type: int, W: np.ndarray, rows: int, cols: int, qx: QuantizedA
     if qx.vec_dot_type != kernel.vec_dot_type or qx.qs.shape[1] != cols:
         raise ValueError("activation was quantized for another vec_dot_type or length")
     out = np.empty((qx.qs.shape[0], rows), np.float32)
-    kernel.matmul(W, rows, cols, qx.qs, qx.d, qx.extra, out)
+    kernel.matmul(_readonly(W), rows, cols, qx.qs, qx.d, qx.extra, out)
     return out
 
 
@@ -118,7 +129,7 @@ def dequantize_rows(ggml_type: int, W: np.ndarray, rows: int, cols: int, row_ids
     if ids.size and (ids.min() < 0 or ids.max() >= rows):
         raise IndexError("row id out of range")
     out = np.empty((ids.size, cols), np.float32)
-    kernel.dequantize(W, cols, ids, out)
+    kernel.dequantize(_readonly(W), cols, ids, out)
     return out
 
 
