@@ -110,9 +110,10 @@ def inspect(model, as_json, page_size):
 @click.option("--expert-fixation", type=int, metavar="N",
               help="While decoding, reuse each layer's experts for N tokens (faster from disk, slightly "
                    "different output). Env SWAPMOE_EXPERT_FIXATION.")
-@click.option("--expert-prefetch", type=click.Choice(["off", "previous", "lookahead", "both"]),
+@click.option("--expert-prefetch", type=click.Choice(["off", "previous", "lookahead", "both"]), is_flag=False,
+              flag_value="both",
               help="Start reading experts before they are needed: the previous token's, and/or the next layer's "
-                   "predicted by its router. Env SWAPMOE_EXPERT_PREFETCH.")
+                   "predicted by its router (alone: both). Env SWAPMOE_EXPERT_PREFETCH.")
 @click.option("--io", type=click.Choice(["auto", "mmap", "pread"]),
               help="How experts are read: mapped file or explicit reads into owned buffers. Env SWAPMOE_IO.")
 @click.option("--stats", "show_stats", is_flag=True, help="Print what the expert store chose and why, and its counters.")

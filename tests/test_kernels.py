@@ -310,3 +310,25 @@ def test_rejects_bad_shapes():
         K.matvec(T.Q4_K, W, 1, 100, np.zeros(100, F32))
     with pytest.raises(TypeError):
         K.matvec(T.Q8_0, W.view(np.int8), ROWS, COLS, np.zeros(COLS, F32))
+
+
+def test_concurrent_calls_from_threads():
+    """Kernels release the GIL; calls from several Python threads must not interfere."""
+    import threading
+
+    rng = np.random.default_rng(11)
+    W = random_weights(T.Q4_K, 64, COLS, rng)
+    x = rng.standard_normal(COLS).astype(F32)
+    expected = K.matvec(T.Q4_K, W, 64, COLS, x)
+    results = []
+
+    def work():
+        for _ in range(5):
+            results.append(np.array_equal(K.matvec(T.Q4_K, W, 64, COLS, x), expected))
+
+    threads = [threading.Thread(target=work) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(results) == 15 and all(results)

@@ -1,6 +1,7 @@
 """Benchmark the quantized kernels against this machine's memory bandwidth.
 
     python tools/bench_kernels.py [--threads 2] [--mib 64] [--types Q4_K,Q8_0]
+    python tools/bench_kernels.py --threads 1 --mib 1 --inner 10   # compute ceiling, L2-resident
 
 Prints, per ggml type: numba compile time of its kernels in this process (≈ 0
 when the on-disk cache is warm), matvec throughput in weight bytes/s on
@@ -37,14 +38,16 @@ def memory_bandwidth() -> float:
     return buf.nbytes / best
 
 
-def best_time(fn, reps: int) -> tuple[float, float]:
-    """Best wall-clock time and best process CPU time (all threads) of fn()."""
+def best_time(fn, reps: int, inner: int = 1) -> tuple[float, float]:
+    """Best wall-clock time and best process CPU time (all threads) of one fn()
+    call, each measured over `inner` back-to-back calls."""
     best_wall = best_cpu = float("inf")
     for _ in range(reps):
         w, c = time.perf_counter(), time.process_time()
-        fn()
-        best_wall = min(best_wall, time.perf_counter() - w)
-        best_cpu = min(best_cpu, time.process_time() - c)
+        for _ in range(inner):
+            fn()
+        best_wall = min(best_wall, (time.perf_counter() - w) / inner)
+        best_cpu = min(best_cpu, (time.process_time() - c) / inner)
     return best_wall, best_cpu
 
 
@@ -52,6 +55,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--mib", type=int, default=64, help="matvec weight size per type (MiB)")
+    ap.add_argument("--inner", type=int, default=1, help="calls per timing (use >1 for small --mib)")
     ap.add_argument("--types", default=",".join(T(t).name for t in K.KERNELS))
     args = ap.parse_args()
     numba.set_num_threads(args.threads)
@@ -64,24 +68,26 @@ def main() -> None:
         tp = T[name]
         bs, ts = GGML_QUANT_SIZES[tp]
         row_bytes = COLS // bs * ts
-        rows = max(64, (args.mib << 20) // row_bytes)
-        W = rng.integers(0, 256, rows * row_bytes, dtype=np.uint8)
-        if tp in (T.F16, T.BF16, T.F32):  # keep floats finite
-            W = rng.standard_normal(rows * row_bytes // 4).astype(np.float32).view(np.uint8)
-            if tp != T.F32:
-                W = W.view(np.uint16)[1::2].copy().view(np.uint8) if tp == T.BF16 else W.view(np.float32)[: rows * COLS].astype(np.float16).view(np.uint8)
-                W = np.concatenate([W, W])[: rows * row_bytes]
+        rows = max(8, (args.mib << 20) // row_bytes)
+        if tp == T.F32:
+            W = rng.standard_normal(rows * COLS, dtype=np.float32).view(np.uint8)
+        elif tp == T.F16:
+            W = rng.standard_normal(rows * COLS).astype(np.float16).view(np.uint8)
+        elif tp == T.BF16:
+            W = (rng.standard_normal(rows * COLS, dtype=np.float32).view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
+        else:
+            W = rng.integers(0, 256, rows * row_bytes, dtype=np.uint8)
         X = rng.standard_normal((64, COLS)).astype(np.float32)
 
         t = time.perf_counter()
-        K.matvec(tp, W[: 64 * row_bytes], 64, COLS, X[0])
-        K.dequantize_rows(tp, W[: 64 * row_bytes], 64, COLS, [0])
+        K.matvec(tp, W[: 8 * row_bytes], 8, COLS, X[0])
+        K.dequantize_rows(tp, W[: 8 * row_bytes], 8, COLS, [0])
         compile_s = time.perf_counter() - t
         total_compile += compile_s
 
         qx = K.quantize_activation(tp, X[0])
-        mv, mv_cpu = best_time(lambda: K.matvec_q(tp, W, rows, COLS, qx), 5)
-        mm_rows = max(64, rows // 8)
+        mv, mv_cpu = best_time(lambda: K.matvec_q(tp, W, rows, COLS, qx), 5, args.inner)
+        mm_rows = max(8, rows // 8)
         qX = K.quantize_activation(tp, X)
         mm, _ = best_time(lambda: K.matmul_q(tp, W, mm_rows, COLS, qX), 2)
         mv_bw = rows * row_bytes / mv

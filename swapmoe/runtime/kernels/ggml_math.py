@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 F32 = np.float32
 LANES = 16  # AVX-512 floats per vector: the tail of a row past a multiple of 16 uses libm's expf
@@ -65,11 +65,11 @@ def _row_exp(x, out):
         out[i] = np.float32(math.exp(x[i]))
 
 
-@njit(parallel=True, cache=True, nogil=True)
+@njit(cache=True, nogil=True)  # serial: a few thousand values; waking threads would cost more
 def _swiglu(gate, up, out):
     rows, n = gate.shape
     vec = n - n % LANES
-    for r in prange(rows):
+    for r in range(rows):
         for i in range(n):
             g = gate[r, i]
             e = ggml_expf(-g) if i < vec else np.float32(math.exp(-g))

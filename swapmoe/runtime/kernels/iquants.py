@@ -2,14 +2,13 @@
 
 Lookup grids come from the gguf package's tables (gguf.quants.<TYPE>.grid,
 decoded from grid_hex at import) and are expanded at import into "signed grid"
-tables (every grid entry times every sign pattern, as packed uint32/uint64), so
-a block decodes into int8 values with one table load per 4 or 8 weights; then each token takes exact int32 dots per 32-value
-sub-block and applies ggml's integer scale math; the float step follows ggml's
-generic vec_dot (ggml-cpu/quants.c), including the final per-row factor
+tables (every grid entry times every sign pattern, packed as uint32/uint64), so
+decoding is one table load and store per 4 or 8 weights.  A weight row is
+decoded once into int8 values plus integer sub-block scales; each token then
+sums scale * int_dot(sub-block) exactly in int32 and applies ggml's float
+step (generic vec_dot, ggml-cpu/quants.c), including the final per-row factor
 (0.125 for IQ2_*, 0.25 for IQ3_XXS).  IQ4_NL uses Q8_0 activations, the rest
-Q8_K.  A weight row is decoded once into int8 values (one signed-grid table load per
-4 or 8 weights) plus integer sub-block scales; each token then sums
-scale * int_dot(sub-block).  Kernel signatures as in legacy.py.
+Q8_K.  Kernel signatures as in legacy.py.
 """
 from __future__ import annotations
 
@@ -560,14 +559,6 @@ def _d_iq1_m(blk, o):
     lo = (blk[o + 49] >> 4) | (blk[o + 51] & 0xF0)
     hi = (blk[o + 53] >> 4) | (blk[o + 55] & 0xF0)
     return f16_to_f32(lo, hi)
-
-
-@njit(**INLINE)
-def _sum8(x, t, xo):
-    s = np.int32(0)
-    for j in range(8):
-        s = np.int32(s + np.int32(x[t, xo + j]))
-    return s
 
 
 @njit(**PARALLEL)
