@@ -1,17 +1,23 @@
 """Read-only access to a GGUF model and its split shards, without reading tensor data.
 
-Parsing is done by the `gguf` package; this module adds what swapmoe needs on top:
-split shards (`name-00001-of-00003.gguf`), absolute byte ranges for every tensor,
-the byte spans of each shard's header sections (so the repacker can copy metadata
-verbatim), clear errors for damaged files, and the tensor classification table.
+The headers (metadata and tensor table) are parsed here, straight from a read-only map of
+each file with struct and numpy: the gguf package's GGUFReader builds a Python object per
+array element, which takes seconds for a real 150k-token vocabulary; this takes a fraction
+of a second. The gguf package still provides the constants (value types, ggml types and
+their block sizes). On top of parsing, this module gives split shards
+(`name-00001-of-00003.gguf`), absolute byte ranges for every tensor, the byte spans of each
+shard's header sections (so the repacker can copy metadata verbatim), clear errors for
+damaged files, and the tensor classification table.
 
 Tensor data is only ever reached through read-only memory maps.
 """
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import re
+import struct
 from dataclasses import dataclass
 from enum import Enum
 from functools import cached_property
@@ -19,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
+from gguf import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGMLQuantizationType, GGUFValueType
 
 from swapmoe.errors import SwapmoeError
 
@@ -132,7 +138,37 @@ def shard_paths(path: str | os.PathLike) -> list[Path]:
     return paths
 
 
-def _open_reader(path: Path) -> GGUFReader:
+# --------------------------------------------------------------------------------------
+# Header parsing
+# --------------------------------------------------------------------------------------
+_HEADER = struct.Struct("<4sIQQ")  # magic, version, tensor count, key/value count
+_SUPPORTED_VERSIONS = (2, 3)
+_U32, _U64 = struct.Struct("<I"), struct.Struct("<Q")
+_ARRAY_HEADER = struct.Struct("<IQ")  # item type, item count
+_TENSOR_TYPE_AND_OFFSET = struct.Struct("<IQ")  # ggml type, offset in the data section
+_MAX_DIMS = 4  # GGML_MAX_DIMS
+# The fixed-size value types: struct formats that are also numpy dtypes, for arrays of them.
+_SCALAR_FORMATS = {GGUFValueType.UINT8: "<B", GGUFValueType.INT8: "<b", GGUFValueType.UINT16: "<H",
+                   GGUFValueType.INT16: "<h", GGUFValueType.UINT32: "<I", GGUFValueType.INT32: "<i",
+                   GGUFValueType.FLOAT32: "<f", GGUFValueType.BOOL: "<?", GGUFValueType.UINT64: "<Q",
+                   GGUFValueType.INT64: "<q", GGUFValueType.FLOAT64: "<d"}
+_SCALARS = {value_type: struct.Struct(fmt) for value_type, fmt in _SCALAR_FORMATS.items()}
+_ARRAY_DTYPES = {value_type: np.dtype(fmt) for value_type, fmt in _SCALAR_FORMATS.items()}
+
+
+@dataclass
+class _ShardHeader:
+    """One shard's parsed header, and the read-only map of the whole file."""
+    shard: Shard
+    map: mmap.mmap
+    data: np.ndarray  # uint8 view of the map
+    metadata: dict[str, Any]  # key -> value; numeric arrays as numpy arrays
+    kv_spans: list[tuple[str, int, int]]
+    tensors: list[TensorInfo]
+
+
+def _open_shard(path: Path, index: int) -> _ShardHeader:
+    """Map shard number `index` of a model and parse its header; damage is a SwapmoeError."""
     try:
         size = path.stat().st_size
     except FileNotFoundError:
@@ -141,57 +177,137 @@ def _open_reader(path: Path) -> GGUFReader:
         raise SwapmoeError(f"{path}: cannot open ({e.strerror})") from None
     if path.is_dir():
         raise SwapmoeError(f"{path}: is a directory, not a GGUF file")
-    if size < 24:
+    if size < _HEADER.size:
         raise SwapmoeError(f"{path}: not a GGUF file (only {size} bytes)")
-    with open(path, "rb") as f:
-        if f.read(4) != b"GGUF":
-            raise SwapmoeError(f"{path}: not a GGUF file (no GGUF magic at the start)")
     try:
-        return _TableReader(path)
-    except SwapmoeError:
-        raise
-    except PermissionError as e:
+        with open(path, "rb") as f:
+            data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    except OSError as e:
         raise SwapmoeError(f"{path}: cannot open ({e.strerror})") from None
-    except Exception as e:  # the gguf parser signals damage with many exception types
+    magic, version, n_tensors, n_kv = _HEADER.unpack_from(data)
+    if magic != b"GGUF":
+        raise SwapmoeError(f"{path}: not a GGUF file (no GGUF magic at the start)")
+    if version and not version & 0xFFFF:  # a small version number written in the other byte order
+        raise SwapmoeError(f"{path}: big-endian GGUF files are not supported")
+    if version not in _SUPPORTED_VERSIONS:
+        raise SwapmoeError(f"{path}: GGUF version {version} is not supported (only versions 2 and 3 are)")
+    try:
+        return _parse_header(path, index, data, version, n_tensors, n_kv)
+    except (struct.error, ValueError, OverflowError) as e:  # reads past the end, bad UTF-8, bad value types
         raise SwapmoeError(f"{path}: corrupt or truncated GGUF header ({type(e).__name__}: {e})") from None
 
 
-class _TableReader(GGUFReader):
-    """GGUFReader that records the tensor table instead of building a numpy view per tensor,
-    and refuses tensors that lie outside the file (a truncated download)."""
+def _parse_header(path: Path, index: int, data: mmap.mmap, version: int, n_tensors: int,
+                  n_kv: int) -> _ShardHeader:
+    # The counts come from the file: the loops below trust them because every field moves `pos`
+    # on by at least 12 bytes, so a damaged count soon reads past the end and raises.
+    metadata: dict[str, Any] = {}
+    kv_spans = []
+    pos = _HEADER.size
+    for _ in range(n_kv):
+        start = pos
+        key, pos = _read_string(data, pos)
+        key = key.decode("utf-8")
+        if key in metadata:
+            raise SwapmoeError(f"{path}: metadata key {key} appears twice")
+        (value_type,) = _U32.unpack_from(data, pos)
+        if key == "general.alignment" and value_type != GGUFValueType.UINT32:
+            raise SwapmoeError(f"{path}: general.alignment must be a uint32, not value type {value_type}")
+        metadata[key], pos = _read_value(data, pos + 4, value_type)
+        kv_spans.append((key, start, pos))
+    kv_end = pos
 
-    def _build_tensors(self, start_offs: int, fields) -> None:
-        self.tensor_table = []
-        self.tensor_info_end = 0
-        names = set()
-        size = len(self.data)
-        for field in fields:
-            _, name_data, _, dims, raw_type, rel_offset = field.parts
-            name = bytes(name_data).decode("utf-8")
-            if name in names:
-                raise SwapmoeError(f"{self.path}: tensor {name} appears twice")
-            names.add(name)
-            try:
-                ggml_type = GGMLQuantizationType(int(raw_type[0]))
-            except ValueError:
-                raise SwapmoeError(f"{self.path}: tensor {name} has unknown ggml type {int(raw_type[0])}") from None
-            ne = tuple(int(d) for d in dims)
-            block, type_size = GGML_QUANT_SIZES[ggml_type]
-            n_elements = int(np.prod(ne, dtype=np.int64))
-            if ne and ne[0] % block:
-                raise SwapmoeError(f"{self.path}: tensor {name}: row of {ne[0]} is not a whole number of "
-                                   f"{ggml_type.name} blocks of {block}")
-            nbytes = n_elements // block * type_size
-            offset = int(start_offs) + int(rel_offset[0])
-            if offset + nbytes > size:
-                raise SwapmoeError(f"{self.path}: truncated: tensor {name} needs bytes up to {offset + nbytes:,} "
-                                   f"but the file has {size:,} bytes")
-            self.tensor_table.append((name, ggml_type, ne, offset, nbytes))
-            self.tensor_info_end = max(self.tensor_info_end, field.offset + sum(p.nbytes for p in field.parts))
+    alignment = metadata.get("general.alignment", GGUF_DEFAULT_ALIGNMENT)
+    if alignment == 0 or alignment & (alignment - 1):
+        raise SwapmoeError(f"{path}: bad general.alignment {alignment}: it must be a non-zero power of two")
 
-    def __init__(self, path: Path):
-        self.path = path
-        super().__init__(path, "r")
+    # The tensor offsets count from the data section, which starts after the last tensor info.
+    infos = []
+    for _ in range(n_tensors):
+        name, pos = _read_string(data, pos)
+        (n_dims,) = _U32.unpack_from(data, pos)
+        if n_dims > _MAX_DIMS:
+            raise ValueError(f"tensor at byte {pos:,} has {n_dims} dimensions (at most {_MAX_DIMS})")
+        ne = struct.unpack_from(f"<{n_dims}Q", data, pos + 4)
+        raw_type, relative_offset = _TENSOR_TYPE_AND_OFFSET.unpack_from(data, pos + 4 + 8 * n_dims)
+        pos += 4 + 8 * n_dims + _TENSOR_TYPE_AND_OFFSET.size
+        infos.append((name.decode("utf-8"), ne, raw_type, relative_offset))
+    tensor_info_end = pos
+    data_offset = -(-tensor_info_end // alignment) * alignment
+
+    tensors, names = [], set()
+    for name, ne, raw_type, relative_offset in infos:
+        if name in names:
+            raise SwapmoeError(f"{path}: tensor {name} appears twice")
+        names.add(name)
+        try:
+            ggml_type = GGMLQuantizationType(raw_type)
+        except ValueError:
+            raise SwapmoeError(f"{path}: tensor {name} has unknown ggml type {raw_type}") from None
+        block, type_size = GGML_QUANT_SIZES[ggml_type]
+        if ne and ne[0] % block:
+            raise SwapmoeError(f"{path}: tensor {name}: row of {ne[0]} is not a whole number of "
+                               f"{ggml_type.name} blocks of {block}")
+        nbytes = math.prod(ne) // block * type_size
+        offset = data_offset + relative_offset
+        if offset + nbytes > len(data):
+            raise SwapmoeError(f"{path}: truncated: tensor {name} needs bytes up to {offset + nbytes:,} "
+                               f"but the file has {len(data):,} bytes")
+        tensors.append(TensorInfo(name, ggml_type, ne, index, offset, nbytes, classify(name)))
+
+    shard = Shard(path, len(data), version, alignment, (_HEADER.size, kv_end), (kv_end, tensor_info_end),
+                  data_offset, len(kv_spans))
+    return _ShardHeader(shard, data, np.frombuffer(data, np.uint8), metadata, kv_spans, tensors)
+
+
+def _read_string(data: mmap.mmap, pos: int) -> tuple[bytes, int]:
+    """The bytes of the length-prefixed string at `pos`, and the position after it."""
+    (size,) = _U64.unpack_from(data, pos)
+    end = pos + 8 + size
+    if end > len(data):
+        raise ValueError(f"string at byte {pos:,} runs past the end of the file")
+    return data[pos + 8:end], end
+
+
+def _read_value(data: mmap.mmap, pos: int, value_type: int) -> tuple[Any, int]:
+    """The metadata value at `pos`, and the position after it. Strings are decoded as UTF-8 with
+    bytes that are not UTF-8 kept as surrogate escapes (token texts are raw bytes that the
+    tokenizer needs exactly); numeric arrays are numpy views of the map."""
+    if value_type == GGUFValueType.STRING:
+        text, pos = _read_string(data, pos)
+        return text.decode("utf-8", "surrogateescape"), pos
+    scalar = _SCALARS.get(value_type)
+    if scalar is not None:
+        return scalar.unpack_from(data, pos)[0], pos + scalar.size
+    if value_type != GGUFValueType.ARRAY:
+        raise ValueError(f"unknown value type {value_type} at byte {pos:,}")
+    item_type, count = _ARRAY_HEADER.unpack_from(data, pos)
+    pos += _ARRAY_HEADER.size
+    if item_type == GGUFValueType.STRING:
+        return _read_strings(data, pos, count)
+    dtype = _ARRAY_DTYPES.get(item_type)
+    if dtype is None:  # including arrays of arrays, which llama.cpp refuses too
+        raise ValueError(f"array at byte {pos:,} has unsupported item type {item_type}")
+    end = pos + count * dtype.itemsize
+    if end > len(data):
+        raise ValueError(f"array at byte {pos:,} runs past the end of the file")
+    return np.frombuffer(data, dtype, count, pos), end
+
+
+def _read_strings(data: mmap.mmap, pos: int, count: int) -> tuple[list[str], int]:
+    """A string array's items (at `pos`, after the array header), and the position after them."""
+    if count > (len(data) - pos) // 8:  # each string has an 8-byte length; this also bounds the loop
+        raise ValueError(f"string array at byte {pos:,} runs past the end of the file")
+    strings: list[str] = []
+    append, unpack_size = strings.append, _U64.unpack_from
+    for _ in range(count):  # the hot loop (150k tokens and as many merges): kept minimal
+        (size,) = unpack_size(data, pos)
+        pos += 8
+        append(data[pos:pos + size].decode("utf-8", "surrogateescape"))
+        pos += size
+    if pos > len(data):
+        raise ValueError("string array runs past the end of the file")
+    return strings, pos
 
 
 class GGUFFile:
@@ -199,26 +315,15 @@ class GGUFFile:
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
-        self._readers = [_open_reader(p) for p in shard_paths(self.path)]
-        self.shards: list[Shard] = []
+        self._headers = [_open_shard(p, index) for index, p in enumerate(shard_paths(self.path))]
+        self.shards: list[Shard] = [header.shard for header in self._headers]
         self.tensors: dict[str, TensorInfo] = {}
-        for index, reader in enumerate(self._readers):
-            self.shards.append(self._shard(reader))
-            for name, ggml_type, ne, offset, nbytes in reader.tensor_table:
-                if name in self.tensors:
-                    raise SwapmoeError(f"{reader.path}: tensor {name} is also in an earlier shard")
-                self.tensors[name] = TensorInfo(name, ggml_type, ne, index, offset, nbytes, classify(name))
+        for header in self._headers:
+            for t in header.tensors:
+                if t.name in self.tensors:
+                    raise SwapmoeError(f"{header.shard.path}: tensor {t.name} is also in an earlier shard")
+                self.tensors[t.name] = t
         self._check_split_keys()
-
-    @staticmethod
-    def _shard(reader: _TableReader) -> Shard:
-        kv_fields = [f for key, f in reader.fields.items() if not key.startswith("GGUF.")]
-        kv_start = 24  # magic, version, tensor count, kv count
-        kv_end = kv_start + sum(sum(p.nbytes for p in f.parts) for f in kv_fields)
-        tensor_info_end = int(max(reader.tensor_info_end, kv_end))
-        return Shard(Path(reader.path), len(reader.data), int(reader.fields["GGUF.version"].parts[0][0]),
-                     int(reader.alignment), (kv_start, kv_end), (kv_end, tensor_info_end),
-                     int(reader.data_offset), len(kv_fields))
 
     def _check_split_keys(self) -> None:
         count = self.get("split.count")
@@ -228,17 +333,26 @@ class GGUFFile:
 
     # --- metadata -------------------------------------------------------------------
     def get(self, key: str, default: Any = None) -> Any:
-        """Value of a metadata key of the first shard (str, int, float, bool or list)."""
-        field = self._readers[0].fields.get(key)
-        return default if field is None else field.contents()
+        """Value of a metadata key of the first shard: str, int, float, bool, or for an array a
+        list (a new one on every call, so callers may change it)."""
+        metadata = self._headers[0].metadata
+        if key not in metadata:
+            return default
+        value = metadata[key]
+        if isinstance(value, np.ndarray):
+            return value.tolist()
+        return list(value) if isinstance(value, list) else value
 
     def keys(self) -> list[str]:
-        return [k for k in self._readers[0].fields if not k.startswith("GGUF.")]
+        return list(self._headers[0].metadata)
+
+    def metadata(self) -> dict[str, Any]:
+        """All metadata of the first shard, key -> value as get() gives it."""
+        return {key: self.get(key) for key in self.keys()}
 
     def kv_spans(self, shard: int = 0) -> list[tuple[str, int, int]]:
         """(key, start, end) byte span of every key/value field of a shard, in file order."""
-        return [(key, int(f.offset), int(f.offset) + sum(int(p.nbytes) for p in f.parts))
-                for key, f in self._readers[shard].fields.items() if not key.startswith("GGUF.")]
+        return list(self._headers[shard].kv_spans)
 
     @cached_property
     def arch(self) -> str:
@@ -264,15 +378,15 @@ class GGUFFile:
     def advise(self, advice: int, shard: int, offset: int = 0, length: int | None = None) -> None:
         """madvise() this object's own map of a shard, page-aligned outwards (e.g. MADV_RANDOM so that
         reading a tensor does not drag neighbouring bytes in with readahead)."""
-        data = self._readers[shard].data
+        data = self._headers[shard].map
         end = len(data) if length is None else min(len(data), offset + length)
         start = offset // mmap.PAGESIZE * mmap.PAGESIZE
-        data._mmap.madvise(advice, start, end - start)
+        data.madvise(advice, start, end - start)
 
     def raw(self, name: str) -> np.ndarray:
         """The tensor's bytes as a read-only uint8 view of the mapped file (no copy)."""
         t = self.tensor(name)
-        return self._readers[t.shard].data[t.offset:t.offset + t.nbytes]
+        return self._headers[t.shard].data[t.offset:t.offset + t.nbytes]
 
     def array(self, name: str) -> np.ndarray:
         """Float/int tensors as typed numpy arrays in numpy shape; quantized ones as uint8 rows."""

@@ -27,7 +27,8 @@ from swapmoe.runtime.models.gpt_oss import sliding_window_layers
 GOLDEN = Path(__file__).parent / "data" / "golden"
 ARCHS = ("deepseek2", "minimax-m2", "gpt-oss")
 MANIFEST = json.loads((GOLDEN / "manifest.json").read_text()) if (GOLDEN / "manifest.json").exists() else None
-GOLDEN_CASES = [c for c in (MANIFEST or {"cases": []})["cases"] if c["arch"] in ARCHS and c["type"] in ("F32", "MXFP4_MOE")]
+GOLDEN_CASES = [c for c in (MANIFEST or {"cases": []})["cases"]
+                if c["arch"] in ARCHS and c["type"] in ("F32", "MXFP4_MOE")]
 N_GREEDY = 8  # enough to run the cache through decoding; test_parity checks all 32
 VARIANTS = json.loads((GOLDEN / "variants.json").read_text())["cases"] if (GOLDEN / "variants.json").exists() else []
 
@@ -81,7 +82,8 @@ def test_golden_case_matches_llama_cpp(case, tmp_path):
         path = tmp_path / f"{case['arch']}-{case['type']}.gguf"
         path.write_bytes(zstandard.ZstdDecompressor().decompress((GOLDEN / case["gguf"]).read_bytes()))
     limit = 1e-3 if case["type"] == "F32" else 5e-3
-    check_against(open_model(path), np.load(GOLDEN / case["reference"]), limit, N_GREEDY if case["type"] == "F32" else 0)
+    n_greedy = N_GREEDY if case["type"] == "F32" else 0
+    check_against(open_model(path), np.load(GOLDEN / case["reference"]), limit, n_greedy)
 
 
 # --- the pieces, on hand-made inputs ---------------------------------------------------------

@@ -13,7 +13,7 @@ import swapmoe
 from swapmoe.errors import SwapmoeError
 from swapmoe.runtime import chat
 from swapmoe.runtime.chat import ChatTemplate, ChatTemplateError, apply_chat_template, render_template
-from swapmoe.runtime.tokenizer import Tokenizer, read_gguf_metadata
+from swapmoe.runtime.tokenizer import Tokenizer
 
 DATA = Path(__file__).parent / "data" / "tokenizer"
 PROMPTS = json.loads(zstandard.ZstdDecompressor().decompress((DATA / "templates.json.zst").read_bytes()))
@@ -39,7 +39,7 @@ def vocab(tmp_path_factory):
             path = folder / f"{name}.gguf"
             path.write_bytes(zstandard.ZstdDecompressor().decompress(
                 (DATA / "vocab" / f"ggml-vocab-{name}.gguf.zst").read_bytes()))
-            built[name] = Tokenizer(read_gguf_metadata(path), str(path))
+            built[name] = Tokenizer.from_gguf(path)
         return built[name]
 
     return tokenizer

@@ -1,6 +1,8 @@
+import struct
+
 import numpy as np
 import pytest
-from gguf import GGUFReader
+from gguf import GGMLQuantizationType as T, GGUFReader, GGUFValueType as V
 
 import swapmoe
 from swapmoe.errors import SwapmoeError
@@ -44,6 +46,73 @@ def test_tensor_table_matches_gguf_reader(tmp_path):
     experts = g.tensors_of_kind(TensorKind.ROUTED_EXPERT)
     assert {t.cls.projection for t in experts} == {"gate", "up", "down"}
     assert all(t.n_experts == 8 and t.expert_nbytes * 8 == t.nbytes for t in experts)
+
+
+def test_metadata_matches_gguf_reader(tmp_path):
+    path = swapmoe.synth(tmp_path / "m.gguf", arch="gpt-oss", progress=False)
+    g = open_gguf(path)
+    fields = {key: f for key, f in GGUFReader(path).fields.items() if not key.startswith("GGUF.")}
+    assert g.keys() == list(fields) and g.metadata() == {key: f.contents() for key, f in fields.items()}
+    for key, f in fields.items():
+        assert type(g.get(key)) is type(f.contents()), key
+    assert g.kv_spans() == [(key, f.offset, f.offset + sum(p.nbytes for p in f.parts)) for key, f in fields.items()]
+    tokens = g.get("tokenizer.ggml.tokens")
+    tokens.append("changed")  # get() hands out a new list each time
+    assert g.get("tokenizer.ggml.tokens") == tokens[:-1]
+
+
+def _string(data: bytes) -> bytes:
+    return struct.pack("<Q", len(data)) + data
+
+
+def _gguf(kvs=(), tensors=(), data_size=0, version=3) -> bytes:
+    """A GGUF built by hand: kvs are (key, value type, value bytes); tensors (name, ne, ggml type, offset)."""
+    out = b"GGUF" + struct.pack("<IQQ", version, len(tensors), len(kvs))
+    out += b"".join(_string(key.encode()) + struct.pack("<I", value_type) + value for key, value_type, value in kvs)
+    for name, ne, ggml_type, offset in tensors:
+        out += _string(name.encode()) + struct.pack(f"<I{len(ne)}QIQ", len(ne), *ne, ggml_type, offset)
+    return out.ljust(-(-len(out) // 32) * 32, b"\0") + bytes(data_size)
+
+
+def test_metadata_values(tmp_path):
+    tokens = [b"a", "\u2581b".encode(), b"\xff\xfe"]  # the last is not UTF-8: kept byte for byte
+    path = tmp_path / "m.gguf"
+    path.write_bytes(_gguf([
+        ("tokenizer.ggml.tokens", V.ARRAY, struct.pack("<IQ", V.STRING, 3) + b"".join(map(_string, tokens))),
+        ("tokenizer.ggml.scores", V.ARRAY, struct.pack("<IQ3f", V.FLOAT32, 3, 0.5, -1.0, 0.1)),
+        ("general.name", V.STRING, _string(b"x")),
+        ("big", V.INT64, struct.pack("<q", -2**40)),
+        ("flag", V.BOOL, b"\x01"),
+    ], [("t", (4, 2), T.F32, 0)], data_size=32))
+    g = open_gguf(path)
+    assert [t.encode("utf-8", "surrogateescape") for t in g.get("tokenizer.ggml.tokens")] == tokens
+    assert g.get("tokenizer.ggml.scores") == [0.5, -1.0, float(np.float32(0.1))]
+    assert (g.get("general.name"), g.get("big"), g.get("flag"), g.get("absent", 7)) == ("x", -2**40, True, 7)
+    assert g.array("t").shape == (2, 4) and not g.raw("t").flags.writeable
+
+
+@pytest.mark.parametrize("kvs, tensors, data_size, version, message", [
+    ([], [], 0, 1, "GGUF version 1 is not supported"),
+    ([], [], 0, 3 << 24, "big-endian GGUF files are not supported"),
+    ([("general.alignment", V.UINT32, struct.pack("<I", 48))], [], 0, 3, "non-zero power of two"),
+    ([("general.alignment", V.UINT32, struct.pack("<I", 0))], [], 0, 3, "non-zero power of two"),
+    ([("general.alignment", V.UINT64, struct.pack("<Q", 64))], [], 0, 3, "general.alignment must be a uint32"),
+    ([("a", V.UINT8, b"\1"), ("a", V.UINT8, b"\2")], [], 0, 3, "metadata key a appears twice"),
+    ([("split.count", V.UINT16, struct.pack("<H", 2))], [], 0, 3, "metadata says 2 shards but 1 were found"),
+    ([("a", V.ARRAY, struct.pack("<IQ", V.STRING, 10**12))], [], 0, 3, "corrupt or truncated GGUF header"),
+    ([("a", V.ARRAY, struct.pack("<IQ", V.ARRAY, 0))], [], 0, 3, "corrupt or truncated GGUF header"),
+    ([("a", 13, b"")], [], 0, 3, "corrupt or truncated GGUF header"),
+    ([], [("t", (4,), T.F32, 0), ("t", (4,), T.F32, 16)], 32, 3, "tensor t appears twice"),
+    ([], [("t", (4,), 99, 0)], 32, 3, "tensor t has unknown ggml type 99"),
+    ([], [("t", (16, 2), T.Q4_0, 0)], 32, 3, "row of 16 is not a whole number of Q4_0 blocks of 32"),
+    ([], [("t", (4, 4), T.F32, 0)], 32, 3, r"truncated: tensor t needs bytes up to 160 but the file has 128 bytes"),
+    ([], [("t", (1, 1, 1, 1, 1), T.F32, 0)], 32, 3, "corrupt or truncated GGUF header"),
+])
+def test_damaged_headers_are_refused(tmp_path, kvs, tensors, data_size, version, message):
+    path = tmp_path / "m.gguf"
+    path.write_bytes(_gguf(kvs, tensors, data_size, version))
+    with pytest.raises(SwapmoeError, match=r"m\.gguf: .*" + message):
+        open_gguf(path)
 
 
 def test_split_shards_are_one_model(tmp_path):

@@ -9,10 +9,11 @@ gpt-oss also MXFP4_MOE, its published form: experts MXFP4, the rest Q8_0).
 
 Needs the llama.cpp reference build (REF/llama-build-noamx/bin if present, else
 REF/llama-build/bin; the AMX build crashes on some quantized types on machines without AMX)
-and its Python bindings (REF/venv), pointed at that build's libraries. For each architecture: a synthetic F32 model is written with swapmoe.synth
-(the tests regenerate it and check its sha256), quantized with llama-quantize (an importance
-matrix from llama-imatrix for IQ2_XXS), and run through tools/llama_ref.py with an F32 KV
-cache, flash attention off, 2 threads. Quantized files are stored zstd-compressed. The
+and its Python bindings (REF/venv), pointed at that build's libraries. For each
+architecture: a synthetic F32 model is written with swapmoe.synth (the tests regenerate it
+and check its sha256), quantized with llama-quantize (an importance matrix from
+llama-imatrix for IQ2_XXS), and run through tools/llama_ref.py with an F32 KV cache, flash
+attention off, 2 threads. Quantized files are stored zstd-compressed. The
 embedded tiny model is run as shipped. manifest.json lists every case; --arch redoes only
 those architectures and keeps the other cases.
 
@@ -88,7 +89,8 @@ ENV = dict(os.environ)
 
 
 def tokenize(ref: Path, model: Path) -> list[int]:
-    return json.loads(run([ref / "venv/bin/python", Path(__file__).with_name("llama_ref.py"), model, "--tokenize", PROMPT]))
+    return json.loads(run([ref / "venv/bin/python", Path(__file__).with_name("llama_ref.py"), model,
+                           "--tokenize", PROMPT]))
 
 
 def write_variants(ref: Path, out: Path, tmp: Path) -> None:

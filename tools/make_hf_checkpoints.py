@@ -12,8 +12,9 @@ sliding window 16 so the prompt crosses it).
 
 Per model: random weights (matrices with std 0.1 so the logits are far from uniform, 0.07 for
 the 26-layer model, which turns chaotic at 0.1; norm weights, biases, sinks and routing biases
-perturbed so that they matter), a small byte-level BPE tokenizer, save_pretrained → convert_hf_to_gguf.py --outtype f32 → llama-quantize Q8_0
-(gpt-oss also MXFP4_MOE) → tools/llama_ref.py → swapmoe; prints mean/max KL, top-1 agreement
+perturbed so that they matter), a small byte-level BPE tokenizer, save_pretrained →
+convert_hf_to_gguf.py --outtype f32 → llama-quantize Q8_0 (gpt-oss also MXFP4_MOE) →
+tools/llama_ref.py → swapmoe; prints mean/max KL, top-1 agreement
 and how many of the 32 greedy tokens agree, next to how far llama.cpp itself moves when fed the
 prompt one token per decode call instead of in one batch (its kernels differ by batch size).
 
@@ -73,7 +74,8 @@ MODELS = {  # name: (config class, model class, config arguments)
     "minimax-m2": ("MiniMaxM2Config", "MiniMaxM2ForCausalLM", dict(
         hidden_size=256, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
         head_dim=64, rotary_dim=32, num_local_experts=8, num_experts_per_tok=2, scoring_func="sigmoid",
-        use_routing_bias=True, rope_parameters={"rope_type": "default", "rope_theta": 5e6, "partial_rotary_factor": 0.5})),
+        use_routing_bias=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 5e6, "partial_rotary_factor": 0.5})),
     "gpt-oss": ("GptOssConfig", "GptOssForCausalLM", dict(
         hidden_size=256, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
         head_dim=64, num_local_experts=8, num_experts_per_tok=2, sliding_window=16,
@@ -196,7 +198,8 @@ def main():
             npz = work / f"{name}-{quant}.npz"
             run([*ref_py, path, "--tokens", ",".join(map(str, tokens)), "--greedy", GREEDY, "--out", npz], env)
             one_by_one = work / f"{name}-{quant}-one-by-one.npy"
-            run([args.ref / "venv/bin/python", "-c", LLAMA_SELF, TOOLS, path, ",".join(map(str, tokens)), one_by_one], env)
+            run([args.ref / "venv/bin/python", "-c", LLAMA_SELF, TOOLS, path, ",".join(map(str, tokens)),
+                 one_by_one], env)
             print(f"{name} {quant} ({len(tokens)} tokens): {compare(path, np.load(npz), np.load(one_by_one))}",
                   flush=True)
 

@@ -461,7 +461,8 @@ def main() -> None:
     if a.worker:
         return worker()
 
-    from swapmoe.runtime.tokenizer import Tokenizer, read_gguf_metadata
+    from swapmoe.gguf_file import open_gguf
+    from swapmoe.runtime.tokenizer import Tokenizer
 
     texts = corpus(a.models)
     if a.check and a.random:
@@ -478,8 +479,7 @@ def main() -> None:
                 with_pre(vocab, pre, patched, MODEL_OVERRIDES.get(name))
                 vocab = patched
             expected = llama.run(vocab, texts)
-            metadata = read_gguf_metadata(vocab)
-            counts = compare(Tokenizer(metadata, name), texts, expected)
+            counts = compare(Tokenizer(open_gguf(vocab).metadata(), name), texts, expected)
             totals[name] = counts
             print(f"{name:22s} {counts}", flush=True)
             expected_all[name] = {"vocab": stem, "pre": pre, "model": MODEL_OVERRIDES.get(name), **expected}

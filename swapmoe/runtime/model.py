@@ -51,7 +51,7 @@ class Model:
                                    lookahead=self.plan.prefetch in ("lookahead", "both"))
         if not self.plan.streaming:
             self.store.preload()
-        self.tokenizer = Tokenizer.from_gguf(self.path)
+        self.tokenizer = Tokenizer.from_gguf(self.gguf)
         self.stats: dict = {}
 
     def _plan(self) -> streaming_options.StreamingPlan:

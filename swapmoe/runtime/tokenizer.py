@@ -23,101 +23,17 @@ from __future__ import annotations
 
 import codecs
 import heapq
-import mmap
 import os
 import re
-import struct
 import unicodedata
 from dataclasses import dataclass
 from functools import cached_property
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from swapmoe.errors import SwapmoeError
-
-# --------------------------------------------------------------------------------------
-# GGUF metadata
-# --------------------------------------------------------------------------------------
-_GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
-                 10: "<Q", 11: "<q", 12: "<d"}
-_GGUF_ARRAY_DTYPES = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?",
-                      10: "<u8", 11: "<i8", 12: "<f8"}
-_GGUF_STRING, _GGUF_ARRAY = 8, 9
-
-
-def read_gguf_metadata(path: str | os.PathLike) -> dict[str, Any]:
-    """All key/value metadata of a GGUF file (of its first shard, where the vocabulary is).
-
-    Parsed here rather than with the gguf package, which takes seconds to build its field
-    objects for a 150k-token vocabulary; this takes a fraction of a second. Strings come back
-    as str (bytes that are not UTF-8 as surrogate escapes), string arrays as lists of str,
-    numeric arrays as numpy arrays.
-    """
-    path = Path(path)
-    try:
-        with open(path, "rb") as f:
-            data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    except FileNotFoundError:
-        raise SwapmoeError(f"{path}: no such file") from None
-    except (OSError, ValueError) as e:  # ValueError: mmap of an empty file
-        raise SwapmoeError(f"{path}: cannot read ({e})") from None
-    try:
-        if data[:4] != b"GGUF":
-            raise SwapmoeError(f"{path}: not a GGUF file (no GGUF magic at the start)")
-        version, _n_tensors, n_kv = struct.unpack_from("<IQQ", data, 4)
-        if version < 2:
-            raise SwapmoeError(f"{path}: GGUF version {version} is too old (need 2 or later)")
-        metadata: dict[str, Any] = {}
-        pos = 24
-        for _ in range(n_kv):
-            key, pos = _read_gguf_string(data, pos)
-            (value_type,) = struct.unpack_from("<I", data, pos)
-            metadata[key], pos = _read_gguf_value(data, pos + 4, value_type)
-        return metadata
-    except (struct.error, KeyError, IndexError, ValueError) as e:
-        raise SwapmoeError(f"{path}: corrupt or truncated GGUF metadata ({type(e).__name__}: {e})") from None
-    finally:
-        data.close()
-
-
-def _read_gguf_string(data, pos: int) -> tuple[str, int]:
-    (size,) = struct.unpack_from("<Q", data, pos)
-    end = pos + 8 + size
-    if end > len(data):
-        raise ValueError(f"string at byte {pos} runs past the end of the file")
-    return data[pos + 8:end].decode("utf-8", "surrogateescape"), end
-
-
-def _read_gguf_value(data, pos: int, value_type: int) -> tuple[Any, int]:
-    if value_type == _GGUF_STRING:
-        return _read_gguf_string(data, pos)
-    if value_type != _GGUF_ARRAY:
-        fmt = _GGUF_SCALARS[value_type]
-        return struct.unpack_from(fmt, data, pos)[0], pos + struct.calcsize(fmt)
-    item_type, count = struct.unpack_from("<IQ", data, pos)
-    pos += 12
-    if item_type == _GGUF_STRING:
-        strings = []
-        for _ in range(count):  # the hot loop for 150k tokens and merges: kept minimal
-            size = int.from_bytes(data[pos:pos + 8], "little")
-            strings.append(data[pos + 8:pos + 8 + size].decode("utf-8", "surrogateescape"))
-            pos += 8 + size
-        if pos > len(data):
-            raise ValueError("string array runs past the end of the file")
-        return strings, pos
-    if item_type == _GGUF_ARRAY:
-        values = []
-        for _ in range(count):
-            (inner_type,) = struct.unpack_from("<I", data, pos)
-            value, pos = _read_gguf_value(data, pos + 4, inner_type)
-            values.append(value)
-        return values, pos
-    dtype = np.dtype(_GGUF_ARRAY_DTYPES[item_type])
-    values = np.frombuffer(data, dtype, count, pos).copy()
-    return values, pos + count * dtype.itemsize
-
+from swapmoe.gguf_file import GGUFFile, open_gguf
 
 # --------------------------------------------------------------------------------------
 # Unicode classes, as llama.cpp's unicode-data.cpp has them
@@ -973,7 +889,7 @@ class Tokenizer:
     """A GGUF's tokenizer. `Tokenizer.from_gguf(path)`; `encode`, `decode`, `decoder()`."""
 
     def __init__(self, metadata: dict[str, Any], source: str = "<metadata>"):
-        """Build from GGUF metadata (as read by read_gguf_metadata); `source` names it in errors."""
+        """Build from GGUF metadata (as GGUFFile.metadata() gives it); `source` names it in errors."""
         self.source = source
         model = metadata.get("tokenizer.ggml.model")
         tokens = metadata.get("tokenizer.ggml.tokens")
@@ -1050,9 +966,11 @@ class Tokenizer:
                          self.pre.gemma4, self.source)
 
     @classmethod
-    def from_gguf(cls, path: str | os.PathLike) -> "Tokenizer":
-        """The tokenizer of a GGUF model (or vocab-only GGUF; for split models the first shard)."""
-        return cls(read_gguf_metadata(path), str(path))
+    def from_gguf(cls, gguf: str | os.PathLike | GGUFFile) -> "Tokenizer":
+        """The tokenizer of a GGUF model or vocab-only GGUF (of a split model: its first shard's
+        metadata), given its path or the already open GGUFFile."""
+        g = gguf if isinstance(gguf, GGUFFile) else open_gguf(gguf)
+        return cls(g.metadata(), str(g.path))
 
     # --- loading -----------------------------------------------------------------------
     def _token_attributes(self, metadata: dict[str, Any]) -> list[int]:

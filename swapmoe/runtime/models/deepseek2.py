@@ -36,7 +36,7 @@ F32 = np.float32
 class DeepSeek2(Transformer):
     def __init__(self, gguf, store, hp=None):
         super().__init__(gguf, store, hp)
-        g, hp, w = gguf, self.hp, self.w
+        g, hp = gguf, self.hp
         if g.arch_get("attention.temperature_scale", 0.0):
             raise SwapmoeError(f"{g.path}: deepseek2 attention temperature scaling (Mistral-Large-3) is not supported")
         k_mla, v_mla = g.arch_get("attention.key_length_mla", 0), g.arch_get("attention.value_length_mla", 0)
@@ -46,9 +46,10 @@ class DeepSeek2(Transformer):
         self.n_nope = self.k_head - hp.n_rot
         self.kv_lora = g.arch_get("attention.kv_lora_rank")
         self.n_dense = g.arch_get("leading_dense_block_count", 0)
-        self.gating = GATING.get(self._gating_func())
+        gating_func = self._gating_func()
+        self.gating = GATING.get(gating_func)
         if self.gating is None:
-            raise SwapmoeError(f"{g.path}: unsupported expert_gating_func {self._gating_func()}")
+            raise SwapmoeError(f"{g.path}: unsupported expert_gating_func {gating_func}")
         self.normalize = bool(g.arch_get("expert_weights_norm", False))
         self.weights_scale = g.arch_get("expert_weights_scale", 0.0)
         self.n_groups = g.arch_get("expert_group_count", 0)
@@ -72,11 +73,8 @@ class DeepSeek2(Transformer):
         so RoPE keeps magnitude rope.scaling.attn_factor and the YaRN mscale lands in kq_scale."""
         hp = self.hp
         log_mul = F32(self.gguf.arch_get("rope.scaling.yarn_log_multiplier", 0.0)) / F32(0.1)
-        if log_mul:
-            attn_factor = hp.context_attn_factor(mscale=float(log_mul) if log_mul != 1 else 1.0,
-                                                 mscale_all_dims=float(log_mul))
-        else:
-            attn_factor = hp.context_attn_factor()
+        # llama.cpp takes mscale = mscale_all_dim for deepseek2 (both 1 when it is 1)
+        attn_factor = hp.context_attn_factor(float(log_mul), float(log_mul)) if log_mul else hp.context_attn_factor()
         ln_f = F32(math.log(F32(1.0) / F32(hp.rope_freq_scale)))
         attn_factor_org = F32(attn_factor) * (F32(1.0) + F32(0.1) * ln_f)
         mscale = attn_factor_org * (F32(1.0) + F32(0.1) * log_mul * ln_f)
