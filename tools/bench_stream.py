@@ -12,8 +12,9 @@ inside a cgroup capped at --cap-mib (page cache included; needs root), after the
 was dropped: a --prompt-token prompt, then --decode greedy tokens. Printed per
 configuration: decode and prompt tok/s, GB read from storage per token, the read bandwidth
 while decoding as a share of the disk's sequential read bandwidth (measured in the same
-run), peak memory of the cgroup, and OOM kills. llama.cpp runs on the original file with
---no-repack (its CPU repacking copies weights into anonymous memory, which a cap kills).
+run), peak memory of the cgroup, and OOM kills. Decoding samples (temperature 1, seed 0) so
+that the routing keeps moving. llama.cpp runs on the original file with --no-repack (its CPU
+repacking copies weights into anonymous memory, which a cap kills), greedy.
 """
 import argparse
 import json
@@ -49,7 +50,10 @@ def child(args) -> None:
     model = swapmoe.load(args.model, ctx=args.prompt + args.decode + 8, **options)
     load_seconds = time.perf_counter() - start
     prompt = np.random.default_rng(0).integers(0, model.net.n_vocab, args.prompt).tolist()
-    ids = list(model.generate_ids(prompt, max_tokens=args.decode, ignore_eos=True))
+    # sampled, not greedy: a random network's greedy output soon repeats one token, whose experts
+    # then never miss; sampling keeps the routing moving as real text does
+    ids = list(model.generate_ids(prompt, max_tokens=args.decode, ignore_eos=True, temperature=1.0, top_k=0,
+                                  top_p=1.0, min_p=0.0, seed=0))
     s = dict(model.stats)
     s.update(load_seconds=load_seconds, plan=model.plan.reasons, engine=model.plan.engine,
              budget=model.plan.budget_bytes, tokens=ids)

@@ -123,14 +123,16 @@ def _add_key(w: GGUFWriter, key: str, value: Any) -> None:
         w.add_array(key, value)
 
 
-def _small_tensor(role: str, ne: tuple[int, ...], n_expert: int, rng: np.random.Generator) -> np.ndarray:
+def _small_tensor(role: str, ne: tuple[int, ...], n_expert: int, rng: np.random.Generator,
+                  fan_in_std: bool = False) -> np.ndarray:
     """Contents of a non-matrix tensor as raw bytes."""
     n = int(np.prod(ne))
     if role == "table":  # DeepSeek-V4 hash routing: each token gets k distinct expert ids
         k, vocab = ne
         ids = np.argsort(rng.random((vocab, n_expert)), axis=1)[:, :k].astype(np.int32)
         return ids.view(np.uint8).reshape(-1)
-    mean, std = {"norm": (1.0, 0.1), "vector": (0.0, 0.02), "router": (0.0, MATRIX_STD),
+    router_std = 1.0 / np.sqrt(ne[0]) if fan_in_std else MATRIX_STD
+    mean, std = {"norm": (1.0, 0.1), "vector": (0.0, 0.02), "router": (0.0, router_std),
                  "sinks": (0.0, 1.0), "decay": (-1.0, 0.2)}[role]
     return random_floats(T.F32, n, std, rng, mean)
 
@@ -167,7 +169,7 @@ def _write_file(path: Path, w: GGUFWriter, tensors, fill, bar) -> None:
         w.write_padding(f, f.tell())
         for name, ne, role, ggml_type in tensors:
             nbytes = _tensor_nbytes(ne, ggml_type)
-            for chunk in fill(role, ne, ggml_type, nbytes):
+            for chunk in fill(name, role, ne, ggml_type, nbytes):
                 f.write(chunk)
                 bar.update(len(chunk))
             w.write_padding(f, nbytes)
@@ -214,14 +216,18 @@ def synth(path: str | os.PathLike, arch: str | None = None, preset: str | None =
     check_free_space(path, total + (64 << 20))
 
     rng = np.random.default_rng(seed)
-    pools: dict[T, BlockPool] = {}
+    pools: dict[tuple[T, float], BlockPool] = {}
 
-    def fill(role, ne, ggml_type, nbytes):
+    def fill(name, role, ne, ggml_type, nbytes):
         if role != "matrix":
-            return [_small_tensor(role, ne, config.n_expert, rng).data]
-        if ggml_type not in pools:
-            pools[ggml_type] = BlockPool(ggml_type, MATRIX_STD, rng)
-        return pools[ggml_type].chunks(nbytes)
+            return [_small_tensor(role, ne, config.n_expert, rng, config.fan_in_std).data]
+        if name == "token_embd.weight":
+            std = config.embed_std
+        else:
+            std = 1.0 / np.sqrt(ne[0]) if config.fan_in_std else MATRIX_STD
+        if (ggml_type, std) not in pools:
+            pools[ggml_type, std] = BlockPool(ggml_type, std, rng)
+        return pools[ggml_type, std].chunks(nbytes)
 
     per_shard = -(-len(tensors) // shards)
     with tqdm(total=total, unit="B", unit_scale=True, disable=not progress, desc=f"synth {path.name}") as bar:

@@ -33,6 +33,8 @@ class SynthConfig:
     rope_base: float = 1e6
     rms_eps: float = 1e-6
     fused_gate_up: bool = False  # ffn_gate_up_exps instead of separate gate/up
+    embed_std: float = 0.05  # spread of token embeddings (see presets.py)
+    fan_in_std: bool = False  # weights with spread 1/sqrt(row length) instead of a fixed 0.05
     extra: dict[str, Any] = field(default_factory=dict)  # arch-specific sizes
 
     def scaled(self, **changes) -> "SynthConfig":

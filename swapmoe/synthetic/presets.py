@@ -6,6 +6,8 @@ Shapes marked approximate are guesses where no public config was at hand.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from swapmoe.synthetic.archs import SynthConfig
 
 _DS2_TINY = {"q_lora_rank": 128, "kv_lora_rank": 64, "rope_dim": 32, "nope_dim": 32, "v_dim": 32, "groups": 4, "groups_used": 2}
@@ -48,6 +50,17 @@ PRESETS: dict[str, SynthConfig] = {
     "qwen3.5-122b-a10b": SynthConfig("qwen35moe", 48, 3072, 32, 2, 256, 256, 8, 1024, shared_ff=1024,
                                      fused_gate_up=True, extra={"ssm_state": 128, "ssm_groups": 16, "ssm_heads": 32}),
 }
+
+
+# Real-shape presets scale each weight matrix by 1/sqrt(its row length) and give token
+# embeddings a spread of 1. With a fixed 0.05 at a width of 2048 every matmul amplifies, the
+# attention output (an average over positions) swamps the residual stream within a layer or
+# two, and every token then picks the same few experts: a streaming benchmark on such a model
+# would measure a cache that never misses. These scales keep each token's routing its own, as
+# in trained models. (Tiny presets keep the fixed spread: the golden fixtures come from them.)
+for _name, _config in list(PRESETS.items()):
+    if not _name.startswith("tiny-"):
+        PRESETS[_name] = replace(_config, embed_std=1.0, fan_in_std=True)
 
 
 def preset_for(arch: str, name: str | None) -> SynthConfig:
