@@ -5,6 +5,7 @@ and of llama.cpp, each under the same memory cgroup cap, each starting with a co
     python tools/bench_stream.py --quick            # 12 layers (~4.5 GB) under 1.5 GiB
     python tools/bench_stream.py                    # 48 layers (~17 GB) under 6 GiB
     python tools/bench_stream.py --configs default pread mmap --llama-bin DIR
+    python tools/bench_stream.py --quick --cached --configs default streaming-off streaming-off default
 
 The model is a synthetic qwen3moe of the Qwen3-30B-A3B shape at Q4_K_M, repacked with
 `swapmoe repack` (both kept in --dir and reused). Each configuration runs in a child process
@@ -38,6 +39,7 @@ CONFIGS = {
     "mmap+lookahead": {"io": "mmap", "expert_prefetch": "lookahead"},
     "pread+lookahead": {"io": "pread", "expert_prefetch": "lookahead"},
     "pread+lookahead+fixation-4": {"io": "pread", "expert_prefetch": "lookahead", "expert_fixation": 4},
+    "streaming-off": {"expert_streaming": False},
 }
 
 
@@ -95,11 +97,18 @@ def capped(cmd: list[str], cap_mib: int):
 
 
 def run_swapmoe(model: Path, options: dict, args) -> dict:
-    drop_caches()
     cmd = [sys.executable, __file__, "--child", str(model), "--options", json.dumps(options),
            "--prompt", str(args.prompt), "--decode", str(args.decode)]
-    result, text = capped(cmd, args.cap_mib)
-    row = {"peak": result.peak, "oom": result.oom_kills, "rc": result.returncode}
+    if args.cached:  # no cap, file in the page cache: what the streaming machinery itself costs
+        with open(model, "rb") as f:
+            while f.read(64 << 20):
+                pass
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        text, row = proc.stdout + proc.stderr, {"peak": 0, "oom": 0, "rc": proc.returncode}
+    else:
+        drop_caches()
+        result, text = capped(cmd, args.cap_mib)
+        row = {"peak": result.peak, "oom": result.oom_kills, "rc": result.returncode}
     found = re.search(r"^RESULT (.*)$", text, re.M)
     if found:
         row.update(json.loads(found.group(1)))
@@ -134,7 +143,9 @@ def main():
     ap.add_argument("--prompt", type=int, default=64)
     ap.add_argument("--decode", type=int, default=32)
     ap.add_argument("--dir", type=Path, default=Path("/tmp/swapmoe-bench"))
-    ap.add_argument("--configs", nargs="*", default=list(CONFIGS))
+    ap.add_argument("--configs", nargs="*", default=[c for c in CONFIGS if c != "streaming-off"])
+    ap.add_argument("--cached", action="store_true",
+                    help="no cap and a warm page cache: compare e.g. --configs default streaming-off")
     default_bin = os.environ.get("SWAPMOE_LLAMA_BIN", str(Path.home() / ".cache/swapmoe-ref/llama-build/bin"))
     ap.add_argument("--llama-bin", type=Path, default=Path(default_bin))
     args = ap.parse_args()
@@ -154,7 +165,8 @@ def main():
         swapmoe.repack(original, packed)
     disk = disk_bandwidth(packed)
     size = packed.stat().st_size
-    print(f"model {packed.name}: {size / 1e9:.2f} GB, cap {args.cap_mib} MiB, prompt {args.prompt}, "
+    print(f"model {packed.name}: {size / 1e9:.2f} GB, "
+          f"{'no cap, file cached' if args.cached else f'cap {args.cap_mib} MiB'}, prompt {args.prompt}, "
           f"decode {args.decode}; disk sequential read {disk:.2f} GB/s (O_DIRECT, 16 MiB reads)")
     print(f"{'configuration':30} {'decode tok/s':>12} {'prompt tok/s':>12} {'GB read/tok':>11} {'read BW/disk':>12} "
           f"{'peak MiB':>9} {'OOM':>4}")
@@ -171,7 +183,7 @@ def main():
         bandwidth = row["bytes_read"] / (row["prompt_seconds"] + row["decode_seconds"]) / 1e9
         print(f"{name:30} {tg:12.2f} {pp:12.1f} {per_token / 1e9:11.3f} {bandwidth / disk:12.2f} "
               f"{row['peak'] / 2**20:9.0f} {row['oom']:4d}")
-    if (args.llama_bin / "llama-completion").exists():
+    if (args.llama_bin / "llama-completion").exists() and not args.cached:
         row = run_llama(args.llama_bin, original, args)
         rows["llama.cpp"] = row
         if "error" in row:
