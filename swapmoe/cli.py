@@ -278,7 +278,7 @@ def unpack(packed, orig, force):
     click.echo(f"wrote {', '.join(str(p) for p in paths)} (matches the original's digest)")
 
 
-DEMO_PROMPT = "def fibonacci(n):\n"
+DEMO_PROMPT = "class Parser:\n    def __init__(self"
 
 
 def _demo_cache() -> Path:
@@ -331,7 +331,7 @@ def demo(big, max_tokens):
     click.echo(f"\nGenerating with {m.plan.budget_bytes / 2**20:.0f} MiB for experts "
                f"({m.plan.budget_bytes / m.index.part_length.sum():.0%} of them):\n")
     click.echo(DEMO_PROMPT, nl=False)
-    for piece in m.generate(DEMO_PROMPT, max_tokens=max_tokens):
+    for piece in m.generate(DEMO_PROMPT, max_tokens=max_tokens, repeat_penalty=1.1):
         click.echo(piece, nl=False)
     _print_stream_stats(m)
     if big:

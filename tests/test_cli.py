@@ -53,3 +53,25 @@ def test_missing_shard_cli(tmp_path):
     (tmp_path / "m-00002-of-00002.gguf").unlink()
     result = run("inspect", first)
     assert result.exit_code == 1 and "missing shard 2 of 2" in result.output
+
+
+def test_demo_streams_the_embedded_model(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    result = run("demo", "-n", "8")
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "swapmoe" / "tiny-moe.repacked.gguf").exists()
+    assert "layout          bundled" in result.output and "--- expert streaming (pread) ---" in result.output
+    budget = float(result.output.split("of a ")[1].split(" MiB")[0])
+    peak = float(result.output.split("resident experts at most ")[1].split(" MiB")[0])
+    assert 0 < peak <= budget
+
+
+def test_run_default_model(tmp_path):
+    result = run("run", "-p", "def main():", "-n", "6")
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith("def main():") and "decode 6 tok" in result.output
+
+
+def test_run_refuses_context_overflow():
+    result = run("run", "-p", "x", "-n", "100", "--ctx", "16")
+    assert result.exit_code == 1 and "exceed the context of 16" in result.output

@@ -34,7 +34,7 @@ def drop_caches():
 def timed(cmd):
     """Wall seconds and peak RSS (MB) of a child process."""
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, env=os.environ | {"TQDM_DISABLE": "1"})
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     _, status, usage = os.wait4(proc.pid, 0)
     seconds = time.perf_counter() - start
     if os.waitstatus_to_exitcode(status) != 0:
