@@ -426,7 +426,7 @@ def load_gguf_weights_into(model, path: Path) -> None:
         for name, param in params.items():
             t = by_name[name]
             arr = gguf.quants.dequantize(t.data, t.tensor_type).reshape(param.shape)
-            param.copy_(torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float32)))
+            param.copy_(torch.from_numpy(np.array(arr, dtype=np.float32)))  # a writable copy
 
 
 def _parameters_in_export_order(model):
