@@ -331,7 +331,7 @@ def demo(big, max_tokens):
     click.echo(f"\nGenerating with {m.plan.budget_bytes / 2**20:.0f} MiB for experts "
                f"({m.plan.budget_bytes / m.index.part_length.sum():.0%} of them):\n")
     click.echo(DEMO_PROMPT, nl=False)
-    for piece in m.generate(DEMO_PROMPT, max_tokens=max_tokens, repeat_penalty=1.1):
+    for piece in m.generate(DEMO_PROMPT, max_tokens=max_tokens):
         click.echo(piece, nl=False)
     _print_stream_stats(m)
     if big:
