@@ -24,7 +24,8 @@ PROMPT = "def main():\n    "
 def generate(llama_bin: Path, model: Path, n: int, extra: list[str]) -> tuple[bool, str]:
     cmd = [str(llama_bin / "llama-completion"), "-m", str(model), "-p", PROMPT, "-n", str(n), "--temp", "0",
            "--seed", "1", "-no-cnv", "--no-display-prompt", "-t", "2", *extra]
-    proc = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=300)
+    proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace", stdin=subprocess.DEVNULL,
+                          timeout=300)  # a random model may emit bytes that are not UTF-8
     if proc.returncode != 0:
         tail = proc.stderr.strip().splitlines()[-3:]
         return False, f"exit {proc.returncode}: " + " | ".join(tail)
