@@ -5,6 +5,7 @@ import errno
 import hashlib
 import os
 import shutil
+import time
 from pathlib import Path
 
 import gguf
@@ -391,6 +392,7 @@ def test_interrupt_leaves_nothing(models, tmp_path, monkeypatch):
         calls.append(args)
         if len(calls) == 5:
             _thread.interrupt_main()  # what Ctrl-C does: KeyboardInterrupt in the main thread
+            time.sleep(0.5)  # hold the copy until the main thread has seen it (it polls every 0.2 s)
         return real(*args)
 
     monkeypatch.setattr(stream, "_write_all", interrupting)
