@@ -20,6 +20,7 @@ from swapmoe.gguf_file import GGUFFile
 from swapmoe.repack import index
 from swapmoe.runtime import layers
 from swapmoe.runtime.experts.io import MmapEngine
+from swapmoe.runtime.compare import kl_divergence
 from swapmoe.runtime.experts.store import ExpertStore
 from swapmoe.runtime.models import ARCHITECTURES
 from swapmoe.runtime.models.gpt_oss import sliding_window_layers
@@ -39,13 +40,6 @@ def open_model(path: Path):
     return ARCHITECTURES[g.arch](g, store)
 
 
-def kl_divergence(ref_logits: np.ndarray, logits: np.ndarray) -> np.ndarray:
-    def log_softmax(x):
-        x = x.astype(np.float64)
-        x = x - x.max(axis=-1, keepdims=True)
-        return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
-    ref, ours = log_softmax(ref_logits), log_softmax(logits)
-    return (np.exp(ref) * (ref - ours)).sum(axis=-1)
 
 
 def check_against(model, ref, limit: float, n_greedy: int) -> None:

@@ -13,6 +13,7 @@ import pytest
 import zstandard
 
 import swapmoe
+from swapmoe.runtime.compare import kl_divergence
 
 GOLDEN = Path(__file__).parent / "data" / "golden"
 MANIFEST = json.loads((GOLDEN / "manifest.json").read_text())
@@ -20,14 +21,6 @@ CASES = MANIFEST["cases"]
 NEAR_TIE = 0.02  # logits this close are a coin flip for 1-ulp differences upstream
 
 
-def kl_divergence(ref_logits: np.ndarray, logits: np.ndarray) -> np.ndarray:
-    """KL(ref || ours) per position, in nats."""
-    def log_softmax(x):
-        x = x.astype(np.float64)
-        x = x - x.max(axis=-1, keepdims=True)
-        return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
-    ref, ours = log_softmax(ref_logits), log_softmax(logits)
-    return (np.exp(ref) * (ref - ours)).sum(axis=-1)
 
 
 def sha256_file(path: Path) -> str:

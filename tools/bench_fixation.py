@@ -17,12 +17,8 @@ from pathlib import Path
 import numpy as np
 
 import swapmoe
+from swapmoe.runtime.compare import log_softmax
 
-
-def log_softmax(x: np.ndarray) -> np.ndarray:
-    x = x.astype(np.float64)
-    x = x - x.max(axis=-1, keepdims=True)
-    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
 
 
 def decode_logits(model, tokens: list[int], n_prompt: int, fixation: int) -> np.ndarray:

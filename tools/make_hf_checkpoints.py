@@ -40,6 +40,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from swapmoe.gguf_file import GGUFFile
 from swapmoe.repack import index
+from swapmoe.runtime.compare import kl_divergence
 from swapmoe.runtime.experts.io import MmapEngine
 from swapmoe.runtime.experts.store import ExpertStore
 from swapmoe.runtime.models import ARCHITECTURES
@@ -150,11 +151,7 @@ def open_model(path: Path):
 
 
 def agreement(ref_logits: np.ndarray, logits: np.ndarray) -> str:
-    def log_softmax(x):
-        x = x.astype(np.float64) - x.max(axis=-1, keepdims=True)
-        return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
-    r, o = log_softmax(ref_logits), log_softmax(logits)
-    kl = (np.exp(r) * (r - o)).sum(axis=-1)
+    kl = kl_divergence(ref_logits, logits)
     top1 = np.mean(logits.argmax(-1) == ref_logits.argmax(-1))
     return f"KL mean {kl.mean():.2e} max {kl.max():.2e}, top-1 {top1 * 100:.1f}%"
 

@@ -18,17 +18,11 @@ import numpy as np
 import zstandard
 
 import swapmoe
+from swapmoe.runtime.compare import kl_divergence
 
 GOLDEN = Path(__file__).resolve().parents[1] / "tests" / "data" / "golden"
 
 
-def kl_divergence(ref_logits, logits):
-    def log_softmax(x):
-        x = x.astype(np.float64)
-        x = x - x.max(axis=-1, keepdims=True)
-        return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
-    ref, ours = log_softmax(ref_logits), log_softmax(logits)
-    return (np.exp(ref) * (ref - ours)).sum(axis=-1)
 
 
 def main():
