@@ -13,7 +13,6 @@ peak RSS.
 """
 import argparse
 import os
-import shutil
 import subprocess
 import sys
 import statistics
