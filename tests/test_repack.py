@@ -5,6 +5,9 @@ import errno
 import hashlib
 import os
 import shutil
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -381,24 +384,22 @@ def test_disk_full_leaves_nothing(models, tmp_path, monkeypatch):
     assert len(calls) > 3 and list(tmp_path.iterdir()) == [] and sha256(src) == before
 
 
-def test_interrupt_leaves_nothing(models, tmp_path, monkeypatch):
-    import _thread
-
-    src = models("qwen3moe")
+def test_interrupt_leaves_nothing(tmp_path):
+    """Ctrl-C for real: SIGINT to a repack running in its own process, once its temp file exists."""
+    src = swapmoe.synth(tmp_path / "src.gguf", preset="qwen3-30b-a3b", type="Q4_K", n_layer=1, progress=False)
     before = sha256(src)
-    real, calls = stream._write_all, []
-
-    def interrupting(*args):
-        calls.append(args)
-        if len(calls) == 5:
-            _thread.interrupt_main()  # what Ctrl-C does: KeyboardInterrupt in the main thread
-            time.sleep(0.5)  # hold the copy until the main thread has seen it (it polls every 0.2 s)
-        return real(*args)
-
-    monkeypatch.setattr(stream, "_write_all", interrupting)
-    result = run_cli("repack", src, tmp_path / "out.gguf")
-    assert result.exit_code == 130 and "interrupted" in result.output
-    assert len(calls) >= 5 and list(tmp_path.iterdir()) == [] and sha256(src) == before
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "swapmoe.cli", "repack", str(src), str(out_dir / "out.gguf")],
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not any(".tmp-" in p.name for p in out_dir.iterdir()):
+        assert proc.poll() is None and time.monotonic() < deadline, "repack ended before it could be interrupted"
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "interrupted" in err and "Traceback" not in err
+    assert list(out_dir.iterdir()) == [] and sha256(src) == before
 
 
 def test_disk_full_at_preallocation(models, tmp_path, monkeypatch):

@@ -11,9 +11,10 @@ The model is a synthetic qwen3moe of the Qwen3-30B-A3B shape at Q4_K_M, repacked
 `swapmoe repack` (both kept in --dir and reused). Each configuration runs in a child process
 inside a cgroup capped at --cap-mib (page cache included; needs root), after the page cache
 was dropped: a --prompt-token prompt, then --decode greedy tokens. Printed per
-configuration: decode and prompt tok/s, GB read from storage per token, the read bandwidth
-while decoding as a share of the disk's sequential read bandwidth (measured in the same
-run), peak memory of the cgroup, and OOM kills. Decoding samples (temperature 1, seed 0) so
+configuration: decode and prompt tok/s, GB read from storage per token, the expert read
+bandwidth over the run as a share of the disk's sequential read bandwidth (measured in the
+same run), the share of the run spent waiting for reads, peak memory of the cgroup, and OOM
+kills. Decoding samples (temperature 1, seed 0) so
 that the routing keeps moving. llama.cpp runs on the original file with --no-repack (its CPU
 repacking copies weights into anonymous memory, which a cap kills), greedy.
 """
@@ -40,6 +41,9 @@ CONFIGS = {
     "pread+lookahead": {"io": "pread", "expert_prefetch": "lookahead"},
     "pread+lookahead+fixation-4": {"io": "pread", "expert_prefetch": "lookahead", "expert_fixation": 4},
     "streaming-off": {"expert_streaming": False},
+    # a cache far smaller than the model's working set: decoding waits on the disk
+    "pread-cache-256": {"io": "pread", "expert_cache_size": 256},
+    "mmap-cache-256": {"io": "mmap", "expert_cache_size": 256},
 }
 
 
@@ -143,7 +147,7 @@ def main():
     ap.add_argument("--prompt", type=int, default=64)
     ap.add_argument("--decode", type=int, default=32)
     ap.add_argument("--dir", type=Path, default=Path("/tmp/swapmoe-bench"))
-    ap.add_argument("--configs", nargs="*", default=[c for c in CONFIGS if c != "streaming-off"])
+    ap.add_argument("--configs", nargs="*", default=[c for c in CONFIGS if c != "streaming-off" and "256" not in c])
     ap.add_argument("--cached", action="store_true",
                     help="no cap and a warm page cache: compare e.g. --configs default streaming-off")
     default_bin = os.environ.get("SWAPMOE_LLAMA_BIN", str(Path.home() / ".cache/swapmoe-ref/llama-build/bin"))
@@ -169,7 +173,7 @@ def main():
           f"{'no cap, file cached' if args.cached else f'cap {args.cap_mib} MiB'}, prompt {args.prompt}, "
           f"decode {args.decode}; disk sequential read {disk:.2f} GB/s (O_DIRECT, 16 MiB reads)")
     print(f"{'configuration':30} {'decode tok/s':>12} {'prompt tok/s':>12} {'GB read/tok':>11} {'read BW/disk':>12} "
-          f"{'peak MiB':>9} {'OOM':>4}")
+          f"{'I/O wait':>8} {'peak MiB':>9} {'OOM':>4}")
     rows = {}
     for name in args.configs:
         row = run_swapmoe(packed, CONFIGS[name], args)
@@ -180,9 +184,10 @@ def main():
         tg = row["decode_tokens"] / row["decode_seconds"]
         pp = row["prompt_tokens"] / row["prompt_seconds"]
         per_token = row["storage_read_bytes"] / max(1, row["prompt_tokens"] + row["decode_tokens"])
-        bandwidth = row["bytes_read"] / (row["prompt_seconds"] + row["decode_seconds"]) / 1e9
+        seconds = row["prompt_seconds"] + row["decode_seconds"]
+        bandwidth = row["bytes_read"] / seconds / 1e9
         print(f"{name:30} {tg:12.2f} {pp:12.1f} {per_token / 1e9:11.3f} {bandwidth / disk:12.2f} "
-              f"{row['peak'] / 2**20:9.0f} {row['oom']:4d}")
+              f"{row['wait_seconds'] / seconds:8.0%} {row['peak'] / 2**20:9.0f} {row['oom']:4d}")
     if (args.llama_bin / "llama-completion").exists() and not args.cached:
         row = run_llama(args.llama_bin, original, args)
         rows["llama.cpp"] = row
