@@ -37,17 +37,14 @@ PROBE_STRINGS = [
     "   leading spaces and trailing   ",
 ]
 
-# Per-position logits through llama-cpp-python, with extra buffer types (AMX/repack) disabled.
+# Per-position logits through llama-cpp-python (tools/llama_ref.py: F32 KV, flash attention off).
 LOGITS_HELPER = r"""
 import sys, numpy as np
 sys.path.insert(0, sys.argv[4])
-import llama_logits as LL
-_default = LL.L.llama_model_default_params
-def _params():
-    p = _default(); p.use_extra_bufts = False; return p
-LL.L.llama_model_default_params = _params
+import llama_ref
 ids = np.load(sys.argv[2]).tolist()
-np.save(sys.argv[3], LL.llama_logits(sys.argv[1], ids, kv="f32", fa="off", threads=2))
+logits, _ = llama_ref.run(llama_ref.load(sys.argv[1]), ids, 0, 2)
+np.save(sys.argv[3], logits)
 """
 
 
@@ -58,10 +55,9 @@ def llama_tokenize(bin_dir: Path, gguf: Path, text: str | None = None, file: Pat
     return json.loads(out)
 
 
-def compare_logits(ref_python: Path, shared_tools: Path, gguf: Path, ids_file: Path,
-                   torch_logits_file: Path, out_file: Path) -> dict:
+def compare_logits(ref_python: Path, gguf: Path, ids_file: Path, torch_logits_file: Path, out_file: Path) -> dict:
     subprocess.run([str(ref_python), "-c", LOGITS_HELPER, str(gguf), str(ids_file), str(out_file),
-                    str(shared_tools)], check=True)
+                    str(Path(__file__).resolve().parent)], check=True)
     llama = np.load(out_file)
     torch_logits = np.load(torch_logits_file)
     diff = np.abs(llama - torch_logits)
@@ -99,11 +95,8 @@ def main(argv=None) -> None:
     ap.add_argument("--f32-gguf", type=Path, default=None, help="default: WORK_DIR/tiny-moe-f32.gguf if present")
     ap.add_argument("--work-dir", type=Path, default=Path("/tmp/tiny-moe-work"))
     ap.add_argument("--ref", type=Path, default=Path.home() / ".cache/swapmoe-ref")
-    ap.add_argument("--shared-tools", type=Path, default=REPO.parent / "shared/tools")
     ap.add_argument("--context", type=int, default=256)
     args = ap.parse_args(argv)
-    if not (args.shared_tools / "llama_logits.py").exists():
-        args.shared_tools = Path("/work/shared/tools")
     from tokenizers import Tokenizer
 
     bin_dir, work = args.ref / "llama-build/bin", args.work_dir
@@ -126,14 +119,14 @@ def main(argv=None) -> None:
 
     if f32_gguf.exists():
         results["logits_f32_gguf_vs_torch_f32"] = compare_logits(
-            ref_python, args.shared_tools, f32_gguf, work / "sample_ids.npy", work / "sample_logits_f32.npy",
+            ref_python, f32_gguf, work / "sample_ids.npy", work / "sample_logits_f32.npy",
             work / "llama_logits_f32.npy")
         print("F32 logits:", results["logits_f32_gguf_vs_torch_f32"], flush=True)
     results["logits_q8_gguf_vs_torch_dequant_q8"] = compare_logits(
-        ref_python, args.shared_tools, args.gguf, work / "sample_ids.npy", work / "sample_logits_q8.npy",
+        ref_python, args.gguf, work / "sample_ids.npy", work / "sample_logits_q8.npy",
         work / "llama_logits_q8.npy")
     results["logits_q8_gguf_vs_torch_f32"] = compare_logits(
-        ref_python, args.shared_tools, args.gguf, work / "sample_ids.npy", work / "sample_logits_f32.npy",
+        ref_python, args.gguf, work / "sample_ids.npy", work / "sample_logits_f32.npy",
         work / "llama_logits_q8.npy")
     print("Q8_0 logits:", results["logits_q8_gguf_vs_torch_dequant_q8"], flush=True)
 

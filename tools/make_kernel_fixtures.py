@@ -1,7 +1,7 @@
 """Write tests/data/kernels/*.gguf: small tensors quantized by llama.cpp's own
 llama-quantize, one file per ggml type, for tests/test_kernels_real.py.
 
-Needs the reference build (/work/shared/tools/build-llama-ref.sh); the tests
+Needs a llama.cpp build with llama-quantize (default: ~/.cache/swapmoe-ref); the tests
 only read the committed fixtures.
 
     python tools/make_kernel_fixtures.py [--quantize PATH] [--out DIR]
