@@ -390,8 +390,11 @@ def test_interrupt_leaves_nothing(tmp_path):
     before = sha256(src)
     out_dir = tmp_path / "out"
     out_dir.mkdir()
+    # a background job (CI) may run with SIGINT ignored, and Python then keeps ignoring it: give the
+    # child a terminal's default disposition, as a user pressing Ctrl-C has
     proc = subprocess.Popen([sys.executable, "-m", "swapmoe.cli", "repack", str(src), str(out_dir / "out.gguf")],
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 60
     while not any(".tmp-" in p.name for p in out_dir.iterdir()):
         assert proc.poll() is None and time.monotonic() < deadline, "repack ended before it could be interrupted"
