@@ -150,20 +150,17 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_pos: np.ndarray, sc
     """
     T, H, _ = q.shape
     S, Hkv, dv = v.shape
-    group = H // Hkv
     k_pos = np.arange(S)
     masked = k_pos[None, :] > q_pos[:, None]
     if window is not None:
         masked |= (q_pos[:, None] - k_pos[None, :]) >= window
-    out = np.empty((T, H, dv), F32)
-    for g in range(Hkv):
-        qg = q[:, g * group:(g + 1) * group, :].transpose(1, 0, 2)  # [G, T, d]
-        scores = (qg @ k[:, g, :].T) * F32(scale)  # [G, T, S]
-        scores[:, masked] = -np.inf
-        head_sinks = None if sinks is None else np.repeat(sinks[g * group:(g + 1) * group], T)
-        p = ggml_math.softmax(scores, head_sinks, padded=True)  # llama.cpp pads the KV rows to 256
-        out[:, g * group:(g + 1) * group, :] = (p @ v[:, g, :]).transpose(1, 0, 2)
-    return out.reshape(T, H * dv)
+    # dot products summed in ggml's order: a 1-ulp difference here can move an activation across
+    # a rounding boundary of the next 8-bit quantization (docs/benchmarks.md, parity)
+    scores = ggml_math.attention_scores(q, k) * F32(scale)  # [H, T, S]
+    scores[:, masked] = -np.inf
+    head_sinks = None if sinks is None else np.repeat(sinks, T)
+    p = ggml_math.softmax(scores, head_sinks, padded=True)  # llama.cpp pads the KV rows to 256
+    return ggml_math.attention_values(p, v).reshape(T, H * dv)
 
 
 # --- mixture of experts routing -----------------------------------------------------------

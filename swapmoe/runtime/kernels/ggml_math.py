@@ -147,3 +147,93 @@ def softmax(x: np.ndarray, sinks: np.ndarray | None = None, padded: bool = False
     sink_row = np.zeros(0, F32) if sinks is None else np.ascontiguousarray(sinks, F32).reshape(-1)
     _softmax(flat, sink_row, n if padded else n - n % LANES, out)
     return out.reshape(x.shape)
+
+
+@njit(inline="always", cache=True)
+def _hsum16(acc):
+    """_mm512_reduce_add_ps: halves, quarters, then pairs (GCC's order)."""
+    t8 = np.empty(8, np.float32)
+    for j in range(8):
+        t8[j] = acc[j] + acc[j + 8]
+    t4 = np.empty(4, np.float32)
+    for j in range(4):
+        t4[j] = t8[j] + t8[j + 4]
+    return np.float32(np.float32(t4[0] + t4[2]) + np.float32(t4[1] + t4[3]))
+
+
+@njit(cache=True)
+def _dot_sgemm(a, b, n):
+    """One element of llamafile's tinyBLAS f32 GEMM: 16 lanes of FMA chains over n, then hsum."""
+    acc = np.zeros(16, np.float32)
+    for base in range(0, n, LANES):
+        for j in range(LANES):
+            acc[j] = _fma(a[base + j], b[base + j], acc[j])
+    return _hsum16(acc)
+
+
+@njit(cache=True)
+def _dot_vec(a, b, n):
+    """ggml_vec_dot_f32 (AVX-512): 4 accumulators of 16 lanes over steps of 64, folded, hsum, tail."""
+    step = 4 * LANES
+    acc = np.zeros((4, LANES), np.float32)
+    whole = n - n % step
+    for base in range(0, whole, step):
+        for r in range(4):
+            for j in range(LANES):
+                acc[r, j] = _fma(a[base + r * LANES + j], b[base + r * LANES + j], acc[r, j])
+    for j in range(LANES):
+        acc[0, j] = acc[0, j] + acc[2, j]
+        acc[1, j] = acc[1, j] + acc[3, j]
+    for j in range(LANES):
+        acc[0, j] = acc[0, j] + acc[1, j]
+    total = np.float64(_hsum16(acc[0]))
+    for i in range(whole, n):
+        total += np.float64(np.float32(a[i] * b[i]))
+    return np.float32(total)
+
+
+@njit(cache=True, nogil=True)
+def _attention_scores(q, k, sgemm, out):
+    """out[h, t, s] = q[t, h, :] . k[s, h // group, :] in ggml's order."""
+    T, H, d = q.shape
+    S, Hkv, _ = k.shape
+    group = H // Hkv
+    for h in range(H):
+        g = h // group
+        for t in range(T):
+            for s in range(S):
+                out[h, t, s] = _dot_sgemm(q[t, h], k[s, g], d) if sgemm else _dot_vec(q[t, h], k[s, g], d)
+
+
+@njit(cache=True, nogil=True)
+def _attention_values(p, v, out):
+    """out[t, h, :] = Σ_s p[h, t, s] v[s, h // group, :], each output as a tinyBLAS dot over s."""
+    H, T, S = p.shape
+    _, Hkv, dv = v.shape
+    group = H // Hkv
+    n = -(-S // LANES) * LANES
+    a = np.zeros(n, np.float32)
+    b = np.zeros(n, np.float32)
+    for h in range(H):
+        g = h // group
+        for t in range(T):
+            a[:S] = p[h, t]
+            for c in range(dv):
+                for s in range(S):
+                    b[s] = v[s, g, c]
+                out[t, h, c] = _dot_sgemm(a, b, n)
+
+
+def attention_scores(q: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """q·k for every head, token and key [H, T, S], summed as llama.cpp's CPU backend does: its
+    vec_dot for a batch of queries (a non-contiguous view), tinyBLAS for a single query."""
+    out = np.empty((q.shape[1], q.shape[0], k.shape[0]), F32)
+    _attention_scores(np.ascontiguousarray(q, F32), np.ascontiguousarray(k, F32), q.shape[0] == 1, out)
+    return out
+
+
+def attention_values(p: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """Σ p·v [T, H, dv] as tinyBLAS sums it (the transposed V cache times the probabilities)."""
+    out = np.empty((p.shape[1], p.shape[0], v.shape[2]), F32)
+    _attention_values(np.ascontiguousarray(p, F32), np.ascontiguousarray(v, F32), out)
+    return out

@@ -1,0 +1,48 @@
+"""ggml-order element-wise math and attention sums against plain numpy."""
+import numpy as np
+import pytest
+
+from swapmoe.runtime.kernels import ggml_math
+
+RNG = np.random.default_rng(5)
+
+
+def test_expf_within_its_documented_error():  # ggml: at most 1.45 ulp + 0.5 ulp of rounding
+    x = np.concatenate([np.linspace(-87, 88, 20001, dtype=np.float32), RNG.standard_normal(5000).astype(np.float32)])
+    ours = np.array([ggml_math.ggml_expf(v) for v in x], np.float32)
+    exact = np.exp(x.astype(np.float64))
+    assert np.all(np.abs(ours - exact) <= 2.5 * np.spacing(exact.astype(np.float32)))  # measured max: 2.17
+    assert ggml_math.ggml_expf(np.float32(-200)) == 0 and np.isinf(ggml_math.ggml_expf(np.float32(200)))
+
+
+@pytest.mark.parametrize("n", [16, 37, 256])
+def test_softmax_swiglu_sum_squares(n):
+    x = (RNG.standard_normal((5, n)) * 3).astype(np.float32)
+    g = RNG.standard_normal((5, n)).astype(np.float32)
+    e = np.exp(x.astype(np.float64) - x.max(-1, keepdims=True))
+    np.testing.assert_allclose(ggml_math.softmax(x), e / e.sum(-1, keepdims=True), rtol=3e-6, atol=1e-9)
+    np.testing.assert_allclose(ggml_math.swiglu(x, g), x / (1 + np.exp(-x.astype(np.float64))) * g, rtol=3e-6,
+                               atol=1e-7)
+    # squares rounded to float (as ggml does), summed in double
+    np.testing.assert_allclose(ggml_math.sum_squares(x)[:, 0], (x * x).astype(np.float64).sum(-1), rtol=1e-12)
+    sinks = RNG.standard_normal(5).astype(np.float32)
+    top = np.maximum(x.max(-1), sinks)[:, None]
+    with_sink = np.exp(np.concatenate([x, sinks[:, None]], 1).astype(np.float64) - top)
+    np.testing.assert_allclose(ggml_math.softmax(x, sinks), (with_sink / with_sink.sum(-1, keepdims=True))[:, :-1],
+                               rtol=3e-6, atol=1e-9)
+
+
+@pytest.mark.parametrize("T", [1, 7])
+def test_attention_sums(T):
+    H, Hkv, d, S = 4, 2, 64, 23
+    q = RNG.standard_normal((T, H, d)).astype(np.float32)
+    k = RNG.standard_normal((S, Hkv, d)).astype(np.float32)
+    v = RNG.standard_normal((S, Hkv, d)).astype(np.float32)
+    kv_head = np.arange(H) // (H // Hkv)
+    exact = np.einsum("thd,shd->hts", q.astype(np.float64), k[:, kv_head].astype(np.float64))
+    scores = ggml_math.attention_scores(q, k)
+    np.testing.assert_allclose(scores, exact, rtol=1e-5, atol=1e-4)
+    p = ggml_math.softmax(scores)
+    values = ggml_math.attention_values(p, v)
+    np.testing.assert_allclose(values, np.einsum("hts,shd->thd", p.astype(np.float64), v[:, kv_head]), rtol=1e-5,
+                               atol=1e-5)
