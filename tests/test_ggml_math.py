@@ -46,3 +46,18 @@ def test_attention_sums(T):
     values = ggml_math.attention_values(p, v)
     np.testing.assert_allclose(values, np.einsum("hts,shd->thd", p.astype(np.float64), v[:, kv_head]), rtol=1e-5,
                                atol=1e-5)
+
+
+def test_attention_paths_agree(monkeypatch):
+    """Short attention sums in ggml's order, long attention uses BLAS: same result to float rounding."""
+    from swapmoe.runtime import layers
+
+    T, S, H, Hkv, d = 5, 9, 4, 2, 64
+    q = RNG.standard_normal((T, H, d)).astype(np.float32)
+    k = RNG.standard_normal((S, Hkv, d)).astype(np.float32)
+    v = RNG.standard_normal((S, Hkv, d)).astype(np.float32)
+    sinks = RNG.standard_normal(H).astype(np.float32)
+    exact = layers.attention(q, k, v, np.arange(S - T, S), 0.125, window=3, sinks=sinks)
+    monkeypatch.setattr(layers, "EXACT_ORDER_LIMIT", 0)
+    blas = layers.attention(q, k, v, np.arange(S - T, S), 0.125, window=3, sinks=sinks)
+    np.testing.assert_allclose(exact, blas, rtol=1e-5, atol=1e-6)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 F32 = np.float32
 LANES = 16  # AVX-512 floats per vector: the tail of a row past a multiple of 16 uses libm's expf
@@ -192,29 +192,29 @@ def _dot_vec(a, b, n):
     return np.float32(total)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, parallel=True)
 def _attention_scores(q, k, sgemm, out):
     """out[h, t, s] = q[t, h, :] . k[s, h // group, :] in ggml's order."""
     T, H, d = q.shape
     S, Hkv, _ = k.shape
     group = H // Hkv
-    for h in range(H):
+    for h in prange(H):
         g = h // group
         for t in range(T):
             for s in range(S):
                 out[h, t, s] = _dot_sgemm(q[t, h], k[s, g], d) if sgemm else _dot_vec(q[t, h], k[s, g], d)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, parallel=True)
 def _attention_values(p, v, out):
     """out[t, h, :] = Σ_s p[h, t, s] v[s, h // group, :], each output as a tinyBLAS dot over s."""
     H, T, S = p.shape
     _, Hkv, dv = v.shape
     group = H // Hkv
     n = -(-S // LANES) * LANES
-    a = np.zeros(n, np.float32)
-    b = np.zeros(n, np.float32)
-    for h in range(H):
+    for h in prange(H):
+        a = np.zeros(n, np.float32)
+        b = np.zeros(n, np.float32)
         g = h // group
         for t in range(T):
             a[:S] = p[h, t]
