@@ -168,7 +168,7 @@ def run(model, prompt, prompt_file, chat, max_tokens, temp, top_k, top_p, min_p,
         return
     from swapmoe.runtime.chat import ChatTemplate
 
-    template = ChatTemplate.from_gguf(m.path)
+    template = ChatTemplate(m.tokenizer)
     messages = []
     turns = [prompt] if prompt is not None else None
     while True:

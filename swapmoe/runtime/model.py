@@ -18,7 +18,6 @@ from swapmoe.runtime.experts import options as streaming_options
 from swapmoe.runtime.experts.io import MmapEngine, PreadEngine, slot_need
 from swapmoe.runtime.experts.store import ExpertStore
 from swapmoe.runtime.models import ARCHITECTURES
-from swapmoe.runtime.models.base import Routing
 from swapmoe.runtime.sampling import Sampler, Sampling
 from swapmoe.runtime.tokenizer import Tokenizer
 
@@ -46,9 +45,10 @@ class Model:
             self._load_nonexpert()
         self.store = self._store()
         self.net = ARCHITECTURES[arch](self.gguf, self.store)
-        self.net.routing = Routing(self.store, self.plan.fixation,
-                                   prefetch_previous=self.plan.prefetch in ("previous", "both"),
-                                   lookahead=self.plan.prefetch in ("lookahead", "both"))
+        routing = self.net.routing  # the policies this plan asks for, on the network's own router hook
+        routing.fixation = self.plan.fixation
+        routing.prefetch_previous = self.plan.prefetch in ("previous", "both")
+        routing.lookahead = self.plan.prefetch in ("lookahead", "both")
         if not self.plan.streaming:
             self.store.preload()
         self.tokenizer = Tokenizer.from_gguf(self.gguf)

@@ -129,9 +129,9 @@ class Routing:
         previous pass. lookahead: prefetch layer i+1's predicted experts after layer i.
     """
 
-    def __init__(self, store, fixation: int = 0, prefetch_previous: bool = False, lookahead: bool = False):
-        self.store, self.fixation = store, fixation
-        self.prefetch_previous, self.lookahead = prefetch_previous, lookahead
+    def __init__(self, store):
+        self.store = store
+        self.fixation, self.prefetch_previous, self.lookahead = 0, False, False  # set by Model from its plan
         self._decoding = False
         self._passes = 0  # decoding passes since the fixation window opened
         self._pinned: dict[int, np.ndarray] = {}
