@@ -2,7 +2,7 @@
 
 Every kernel decodes one weight block into a small int8 scratch array and then
 takes fixed-length (16 or 32) integer dot products with the quantized
-activation.  Two things make that fast in numba:
+activation.  What makes that fast in numba:
 
 * Those short fixed-length loops only become SIMD code through LLVM's SLP
   vectorizer, which numba leaves off by default; we turn it on for the process
@@ -17,6 +17,9 @@ activation.  Two things make that fast in numba:
   (int8 values, or int16 values times their integer sub-block scale for the
   256-value types) and then run one tight dot loop per token over it.  The row
   is decoded once for all tokens; its bytes are read from memory once.
+* Decoders move eight values per uint64 (SWAR nibble arithmetic, packed table
+  entries, widen8): a loop of byte loads from one array and stores to another
+  stays scalar, as LLVM cannot rule out that the two arrays overlap.
 """
 from __future__ import annotations
 
@@ -80,10 +83,32 @@ def dot32(a, ao, x, xo):
 
 
 @njit(**INLINE)
+def widen8(w, scale, ws, o):
+    """ws[o:o+8] = the eight int8 values packed in uint64 w, times scale, as int16.
+    A decoded table entry goes straight to the int16 row this way (a shift per
+    value, vectorized by LLVM) instead of a byte store and a reload."""
+    s = np.int16(scale)
+    for j in range(8):
+        ws[o + j] = np.int16(np.int8(w >> np.uint64(8 * j))) * s
+
+
+@njit(**INLINE)
+def widen4(w, scale, ws, o):
+    """As widen8 for the four int8 values packed in uint32 w."""
+    s = np.int16(scale)
+    for j in range(4):
+        ws[o + j] = np.int16(np.int8(w >> np.uint32(8 * j))) * s
+
+
+@njit(**INLINE)
 def dot256(ws, wo, x, xo):
     """Exact int32 dot of int16 scaled weights ws[wo:wo+256] with int8 x[xo:xo+256]
-    (vpmovsxbw + vpmaddwd when x is a 1-D contiguous array)."""
-    s = np.int32(0)
-    for j in range(256):
-        s = np.int32(s + np.int32(ws[wo + j]) * np.int32(x[xo + j]))
-    return s
+    (vpmovsxbw + vpmaddwd when x is a 1-D contiguous array).  Four independent
+    sums: one sum makes a single chain of dependent multiply-adds."""
+    s0 = s1 = s2 = s3 = np.int32(0)
+    for j in range(64):
+        s0 = np.int32(s0 + np.int32(ws[wo + j]) * np.int32(x[xo + j]))
+        s1 = np.int32(s1 + np.int32(ws[wo + 64 + j]) * np.int32(x[xo + 64 + j]))
+        s2 = np.int32(s2 + np.int32(ws[wo + 128 + j]) * np.int32(x[xo + 128 + j]))
+        s3 = np.int32(s3 + np.int32(ws[wo + 192 + j]) * np.int32(x[xo + 192 + j]))
+    return np.int32(np.int32(s0 + s1) + np.int32(s2 + s3))

@@ -3,12 +3,13 @@
 Lookup grids come from the gguf package's tables (gguf.quants.<TYPE>.grid,
 decoded from grid_hex at import) and are expanded at import into "signed grid"
 tables (every grid entry times every sign pattern, packed as uint32/uint64), so
-decoding is one table load and store per 4 or 8 weights.  A weight row is
-decoded once into int8 values plus integer sub-block scales; each token then
-sums scale * int_dot(sub-block) exactly in int32 and applies ggml's float
-step (generic vec_dot, ggml-cpu/quants.c), including the final per-row factor
-(0.125 for IQ2_*, 0.25 for IQ3_XXS).  IQ4_NL uses Q8_0 activations, the rest
-Q8_K.  Kernel signatures as in legacy.py.
+decoding is one table load per 4 or 8 weights, widened straight into int16
+values times their integer sub-block scale (_jit.widen8; about 2x faster than
+storing int8 values and widening them in a second pass).  Each token then
+takes one exact int32 dot per super-block, which equals ggml's sum of
+scale * int_dot(sub-block), and applies ggml's float step (generic vec_dot,
+ggml-cpu/quants.c), including the final per-row factor (0.125 for IQ2_*, 0.25 for IQ3_XXS).  IQ4_NL uses Q8_0
+activations, the rest Q8_K.  Kernel signatures as in legacy.py.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import numpy as np
 from gguf import quants as gq
 from numba import njit, prange
 
-from ._jit import INLINE, PARALLEL, ROWS_PER_TASK, SERIAL, dot16, dot32, dot256, f16_to_f32
+from ._jit import INLINE, PARALLEL, ROWS_PER_TASK, SERIAL, dot32, dot256, f16_to_f32, widen4, widen8
 
 
 def _grid(cls) -> np.ndarray:
@@ -117,10 +118,19 @@ def dequantize_iq4_nl(W, cols, row_ids, out):
 # ---- IQ4_XS: d, scales_h u16, scales_l[4], qs[128]; 6-bit scales - 32 --------
 
 @njit(**INLINE)
-def _scales_iq4_xs(blk, o, sc, so):
+def _scale_iq4_xs(blk, o, ib):
     h = np.int32(blk[o + 2]) | (np.int32(blk[o + 3]) << 8)
+    return (((blk[o + 4 + ib // 2] >> (4 * (ib % 2))) & 15) | (((h >> (2 * ib)) & 3) << 4)) - 32
+
+
+@njit(**INLINE)
+def _decode_iq4_xs(blk, o, ws, wo, scaled):
     for ib in range(8):
-        sc[so + ib] = (((blk[o + 4 + ib // 2] >> (4 * (ib % 2))) & 15) | (((h >> (2 * ib)) & 3) << 4)) - 32
+        s = np.int16(_scale_iq4_xs(blk, o, ib)) if scaled else np.int16(1)
+        for j in range(16):
+            v = blk[o + 8 + ib * 16 + j]
+            ws[wo + ib * 32 + j] = np.int16(_IQ4_PAIRS[v, 0]) * s
+            ws[wo + ib * 32 + j + 16] = np.int16(_IQ4_PAIRS[v, 1]) * s
 
 
 @njit(**PARALLEL)
@@ -128,26 +138,21 @@ def matmul_iq4_xs(W, rows, cols, qs, d, extra, out):
     nb = cols // 256
     rb = nb * 136
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        wq = np.empty(cols, np.int8)
+        ws = np.empty(cols, np.int16)
         dw = np.empty(nb, np.float32)
-        ls = np.empty(nb * 8, np.int32)
         for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
             row = W[r * rb:(r + 1) * rb]
             for b in range(nb):
                 o = b * 136
                 dw[b] = f16_to_f32(row[o], row[o + 1])
-                _scales_iq4_xs(row, o, ls, b * 8)
-                for ib in range(8):
-                    _decode_iq4(row, o + 8 + ib * 16, wq, b * 256 + ib * 32)
+                _decode_iq4_xs(row, o, ws, b * 256, True)
             for t in range(qs.shape[0]):
                 x = qs[t]
                 dx = d[t]
                 acc = np.float32(0.0)
                 for b in range(nb):
-                    d4d8 = dw[b] * dx[b]
-                    for ib in range(8):
-                        sumi = dot32(wq, b * 256 + ib * 32, x, b * 256 + ib * 32)
-                        acc += (d4d8 * np.float32(ls[b * 8 + ib])) * np.float32(sumi)
+                    sumi = dot256(ws, b * 256, x, b * 256)
+                    acc += (dw[b] * dx[b]) * np.float32(sumi)
                 out[t, r] = acc
 
 
@@ -157,29 +162,33 @@ def dequantize_iq4_xs(W, cols, row_ids, out):
     rb = nb * 136
     for i in range(row_ids.size):
         row = W[row_ids[i] * rb:(row_ids[i] + 1) * rb]
-        wq = np.empty(256, np.int8)
-        sc = np.empty(8, np.int32)
+        ws = np.empty(256, np.int16)
         for b in range(nb):
             o = b * 136
             dw = f16_to_f32(row[o], row[o + 1])
-            _scales_iq4_xs(row, o, sc, 0)
+            _decode_iq4_xs(row, o, ws, 0, False)
             for ib in range(8):
-                _decode_iq4(row, o + 8 + ib * 16, wq, ib * 32)
-                dl = dw * np.float32(sc[ib])
+                dl = dw * np.float32(_scale_iq4_xs(row, o, ib))
                 for j in range(32):
-                    out[i, b * 256 + ib * 32 + j] = dl * np.float32(wq[ib * 32 + j])
+                    out[i, b * 256 + ib * 32 + j] = dl * np.float32(ws[ib * 32 + j])
 
 
 # ---- IQ2_XXS: d, 8 x (4 grid bytes, u32 of 4x7 sign bits + 4-bit scale) -----
 
 @njit(**INLINE)
-def _decode_iq2_xxs(blk, o, w64, wo, ls, lo):
+def _scale_iq2_xxs(blk, o, ib):
+    return 2 * np.int32(_u32(blk, o + 6 + ib * 8) >> 28) + 1
+
+
+@njit(**INLINE)
+def _decode_iq2_xxs(blk, o, ws, wo, scaled):
     for ib in range(8):
         p = 2 + ib * 8
         aux = _u32(blk, o + p + 4)
-        ls[lo + ib] = 2 * np.int32(aux >> 28) + 1
+        s = np.int16(2 * np.int32(aux >> 28) + 1) if scaled else np.int16(1)
         for l in range(4):
-            w64[wo + ib * 4 + l] = _SIGNED_IQ2_XXS[np.int64(blk[o + p + l]) * 128 + ((aux >> (7 * l)) & 127)]
+            g = _SIGNED_IQ2_XXS[np.int64(blk[o + p + l]) * 128 + ((aux >> (7 * l)) & 127)]
+            widen8(g, s, ws, wo + ib * 32 + l * 8)
 
 
 @njit(**PARALLEL)
@@ -187,24 +196,20 @@ def matmul_iq2_xxs(W, rows, cols, qs, d, extra, out):
     nb = cols // 256
     rb = nb * 66
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        wq = np.empty(cols, np.int8)
-        w64 = wq.view(np.uint64)  # one table store per 8 weights
-        ls = np.empty(nb * 8, np.int32)
+        ws = np.empty(cols, np.int16)
         dw = np.empty(nb, np.float32)
         for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
             row = W[r * rb:(r + 1) * rb]
             for b in range(nb):
                 o = b * 66
                 dw[b] = f16_to_f32(row[o], row[o + 1])
-                _decode_iq2_xxs(row, o, w64, b * 32, ls, b * 8)
+                _decode_iq2_xxs(row, o, ws, b * 256, True)
             for t in range(qs.shape[0]):
                 x = qs[t]
                 dx = d[t]
                 acc = np.float32(0.0)
                 for b in range(nb):
-                    bsum = 0
-                    for s in range(8):
-                        bsum += ls[b * 8 + s] * dot32(wq, b * 256 + s * 32, x, b * 256 + s * 32)
+                    bsum = dot256(ws, b * 256, x, b * 256)
                     acc += (dw[b] * dx[b]) * np.float32(bsum)
                 out[t, r] = np.float32(0.125) * acc
 
@@ -215,29 +220,31 @@ def dequantize_iq2_xxs(W, cols, row_ids, out):
     rb = nb * 66
     for i in range(row_ids.size):
         row = W[row_ids[i] * rb:(row_ids[i] + 1) * rb]
-        wq = np.empty(256, np.int8)
-        w64 = wq.view(np.uint64)  # wide stores of decoded groups
-        ls = np.empty(8, np.int32)
+        ws = np.empty(256, np.int16)
         for b in range(nb):
             o = b * 66
             dw = f16_to_f32(row[o], row[o + 1])
-            _decode_iq2_xxs(row, o, w64, 0, ls, 0)
+            _decode_iq2_xxs(row, o, ws, 0, False)
             for ib in range(8):
-                db = dw * (np.float32(0.5) + np.float32(ls[ib] // 2)) * np.float32(0.25)
+                db = dw * (np.float32(0.5) + np.float32(_scale_iq2_xxs(row, o, ib) // 2)) * np.float32(0.25)
                 for j in range(32):
-                    out[i, b * 256 + ib * 32 + j] = db * np.float32(wq[ib * 32 + j])
+                    out[i, b * 256 + ib * 32 + j] = db * np.float32(ws[ib * 32 + j])
 
 
 # ---- IQ2_XS: d, 32 x u16 (9-bit grid index, 7-bit sign index), scales[8] ---
 
 @njit(**INLINE)
-def _decode_iq2_xs(blk, o, w64, wo, ls, lo):
+def _scale16(blk, so, s):
+    """Scale 2 * field + 1 of sub-block s, from 4-bit fields packed two per byte at blk[so:]."""
+    return 2 * np.int32((blk[so + s // 2] >> (4 * (s % 2))) & 15) + 1
+
+
+@njit(**INLINE)
+def _decode_iq2_xs(blk, o, ws, wo, scaled):
     for k in range(32):
         q = np.int32(blk[o + 2 + 2 * k]) | (np.int32(blk[o + 3 + 2 * k]) << 8)
-        w64[wo + k] = _SIGNED_IQ2_XS[(q & 511) * 128 + (q >> 9)]
-    for ib in range(8):
-        ls[lo + 2 * ib] = 2 * (blk[o + 66 + ib] & 15) + 1
-        ls[lo + 2 * ib + 1] = 2 * (blk[o + 66 + ib] >> 4) + 1
+        s = np.int16(_scale16(blk, o + 66, k // 2)) if scaled else np.int16(1)
+        widen8(_SIGNED_IQ2_XS[(q & 511) * 128 + (q >> 9)], s, ws, wo + k * 8)
 
 
 @njit(**PARALLEL)
@@ -245,24 +252,20 @@ def matmul_iq2_xs(W, rows, cols, qs, d, extra, out):
     nb = cols // 256
     rb = nb * 74
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        wq = np.empty(cols, np.int8)
-        w64 = wq.view(np.uint64)  # one table store per 8 weights
-        ls = np.empty(nb * 16, np.int32)
+        ws = np.empty(cols, np.int16)
         dw = np.empty(nb, np.float32)
         for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
             row = W[r * rb:(r + 1) * rb]
             for b in range(nb):
                 o = b * 74
                 dw[b] = f16_to_f32(row[o], row[o + 1])
-                _decode_iq2_xs(row, o, w64, b * 32, ls, b * 16)
+                _decode_iq2_xs(row, o, ws, b * 256, True)
             for t in range(qs.shape[0]):
                 x = qs[t]
                 dx = d[t]
                 acc = np.float32(0.0)
                 for b in range(nb):
-                    bsum = 0
-                    for s in range(16):
-                        bsum += ls[b * 16 + s] * dot16(wq, b * 256 + s * 16, x, b * 256 + s * 16)
+                    bsum = dot256(ws, b * 256, x, b * 256)
                     acc += (dw[b] * dx[b]) * np.float32(bsum)
                 out[t, r] = np.float32(0.125) * acc
 
@@ -273,32 +276,29 @@ def dequantize_iq2_xs(W, cols, row_ids, out):
     rb = nb * 74
     for i in range(row_ids.size):
         row = W[row_ids[i] * rb:(row_ids[i] + 1) * rb]
-        wq = np.empty(256, np.int8)
-        w64 = wq.view(np.uint64)  # wide stores of decoded groups
-        ls = np.empty(16, np.int32)
+        ws = np.empty(256, np.int16)
         for b in range(nb):
             o = b * 74
             dw = f16_to_f32(row[o], row[o + 1])
-            _decode_iq2_xs(row, o, w64, 0, ls, 0)
+            _decode_iq2_xs(row, o, ws, 0, False)
             for s in range(16):
-                db = dw * (np.float32(0.5) + np.float32(ls[s] // 2)) * np.float32(0.25)
+                db = dw * (np.float32(0.5) + np.float32(_scale16(row, o + 66, s) // 2)) * np.float32(0.25)
                 for j in range(16):
-                    out[i, b * 256 + s * 16 + j] = db * np.float32(wq[s * 16 + j])
+                    out[i, b * 256 + s * 16 + j] = db * np.float32(ws[s * 16 + j])
 
 
 # ---- IQ2_S: d, qs[32] grid low bits, signs[32], qh[8], scales[8] ------------
 
 @njit(**INLINE)
-def _decode_iq2_s(blk, o, w32, wo, ls, lo):
+def _decode_iq2_s(blk, o, ws, wo, scaled):
     for ib in range(8):
         qh = np.int32(blk[o + 66 + ib])
         for l in range(4):
+            s = np.int16(_scale16(blk, o + 74, 2 * ib + l // 2)) if scaled else np.int16(1)
             gi = np.int32(blk[o + 2 + ib * 4 + l]) | ((qh << (8 - 2 * l)) & 0x300)
             sb = blk[o + 34 + ib * 4 + l]
-            w32[wo + (ib * 4 + l) * 2] = _SIGNED_IQ2_S[gi * 32 + (sb & 15)]
-            w32[wo + (ib * 4 + l) * 2 + 1] = _SIGNED_IQ2_S[gi * 32 + 16 + (sb >> 4)]
-        ls[lo + 2 * ib] = 2 * (blk[o + 74 + ib] & 15) + 1
-        ls[lo + 2 * ib + 1] = 2 * (blk[o + 74 + ib] >> 4) + 1
+            widen4(_SIGNED_IQ2_S[gi * 32 + (sb & 15)], s, ws, wo + ib * 32 + l * 8)
+            widen4(_SIGNED_IQ2_S[gi * 32 + 16 + (sb >> 4)], s, ws, wo + ib * 32 + l * 8 + 4)
 
 
 @njit(**PARALLEL)
@@ -306,24 +306,20 @@ def matmul_iq2_s(W, rows, cols, qs, d, extra, out):
     nb = cols // 256
     rb = nb * 82
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        wq = np.empty(cols, np.int8)
-        w32 = wq.view(np.uint32)  # one table store per 4 weights
-        ls = np.empty(nb * 16, np.int32)
+        ws = np.empty(cols, np.int16)
         dw = np.empty(nb, np.float32)
         for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
             row = W[r * rb:(r + 1) * rb]
             for b in range(nb):
                 o = b * 82
                 dw[b] = f16_to_f32(row[o], row[o + 1])
-                _decode_iq2_s(row, o, w32, b * 64, ls, b * 16)
+                _decode_iq2_s(row, o, ws, b * 256, True)
             for t in range(qs.shape[0]):
                 x = qs[t]
                 dx = d[t]
                 acc = np.float32(0.0)
                 for b in range(nb):
-                    bsum = 0
-                    for s in range(16):
-                        bsum += ls[b * 16 + s] * dot16(wq, b * 256 + s * 16, x, b * 256 + s * 16)
+                    bsum = dot256(ws, b * 256, x, b * 256)
                     acc += (dw[b] * dx[b]) * np.float32(bsum)
                 out[t, r] = np.float32(0.125) * acc
 
@@ -334,31 +330,34 @@ def dequantize_iq2_s(W, cols, row_ids, out):
     rb = nb * 82
     for i in range(row_ids.size):
         row = W[row_ids[i] * rb:(row_ids[i] + 1) * rb]
-        wq = np.empty(256, np.int8)
-        w32 = wq.view(np.uint32)  # wide stores of decoded groups
-        ls = np.empty(16, np.int32)
+        ws = np.empty(256, np.int16)
         for b in range(nb):
             o = b * 82
             dw = f16_to_f32(row[o], row[o + 1])
-            _decode_iq2_s(row, o, w32, 0, ls, 0)
+            _decode_iq2_s(row, o, ws, 0, False)
             for s in range(16):
-                db = dw * (np.float32(0.5) + np.float32(ls[s] // 2)) * np.float32(0.25)
+                db = dw * (np.float32(0.5) + np.float32(_scale16(row, o + 74, s) // 2)) * np.float32(0.25)
                 for j in range(16):
-                    out[i, b * 256 + s * 16 + j] = db * np.float32(wq[s * 16 + j])
+                    out[i, b * 256 + s * 16 + j] = db * np.float32(ws[s * 16 + j])
 
 
 # ---- IQ3_XXS: d, qs[64] grid indices (4 values each), 8 x u32 signs+scale ---
 
 @njit(**INLINE)
-def _decode_iq3_xxs(blk, o, w32, wo, ls, lo):
+def _scale_iq3_xxs(blk, o, ib):
+    return 2 * np.int32(_u32(blk, o + 66 + ib * 4) >> 28) + 1
+
+
+@njit(**INLINE)
+def _decode_iq3_xxs(blk, o, ws, wo, scaled):
     for ib in range(8):
         aux = _u32(blk, o + 66 + ib * 4)
-        ls[lo + ib] = 2 * np.int32(aux >> 28) + 1
+        s = np.int16(2 * np.int32(aux >> 28) + 1) if scaled else np.int16(1)
         for l in range(4):
             p = 2 + ib * 8 + 2 * l
             sb = _KSIGNS[(aux >> (7 * l)) & 127]
-            w32[wo + (ib * 4 + l) * 2] = _SIGNED_IQ3_XXS[np.int64(blk[o + p]) * 16 + (sb & 15)]
-            w32[wo + (ib * 4 + l) * 2 + 1] = _SIGNED_IQ3_XXS[np.int64(blk[o + p + 1]) * 16 + (sb >> 4)]
+            widen4(_SIGNED_IQ3_XXS[np.int64(blk[o + p]) * 16 + (sb & 15)], s, ws, wo + ib * 32 + l * 8)
+            widen4(_SIGNED_IQ3_XXS[np.int64(blk[o + p + 1]) * 16 + (sb >> 4)], s, ws, wo + ib * 32 + l * 8 + 4)
 
 
 @njit(**PARALLEL)
@@ -366,24 +365,20 @@ def matmul_iq3_xxs(W, rows, cols, qs, d, extra, out):
     nb = cols // 256
     rb = nb * 98
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        wq = np.empty(cols, np.int8)
-        w32 = wq.view(np.uint32)  # one table store per 4 weights
-        ls = np.empty(nb * 8, np.int32)
+        ws = np.empty(cols, np.int16)
         dw = np.empty(nb, np.float32)
         for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
             row = W[r * rb:(r + 1) * rb]
             for b in range(nb):
                 o = b * 98
                 dw[b] = f16_to_f32(row[o], row[o + 1])
-                _decode_iq3_xxs(row, o, w32, b * 64, ls, b * 8)
+                _decode_iq3_xxs(row, o, ws, b * 256, True)
             for t in range(qs.shape[0]):
                 x = qs[t]
                 dx = d[t]
                 acc = np.float32(0.0)
                 for b in range(nb):
-                    bsum = 0
-                    for s in range(8):
-                        bsum += ls[b * 8 + s] * dot32(wq, b * 256 + s * 32, x, b * 256 + s * 32)
+                    bsum = dot256(ws, b * 256, x, b * 256)
                     acc += (dw[b] * dx[b]) * np.float32(bsum)
                 out[t, r] = np.float32(0.25) * acc
 
@@ -394,33 +389,31 @@ def dequantize_iq3_xxs(W, cols, row_ids, out):
     rb = nb * 98
     for i in range(row_ids.size):
         row = W[row_ids[i] * rb:(row_ids[i] + 1) * rb]
-        wq = np.empty(256, np.int8)
-        w32 = wq.view(np.uint32)  # wide stores of decoded groups
-        ls = np.empty(8, np.int32)
+        ws = np.empty(256, np.int16)
         for b in range(nb):
             o = b * 98
             dw = f16_to_f32(row[o], row[o + 1])
-            _decode_iq3_xxs(row, o, w32, 0, ls, 0)
+            _decode_iq3_xxs(row, o, ws, 0, False)
             for ib in range(8):
-                db = dw * (np.float32(0.5) + np.float32(ls[ib] // 2)) * np.float32(0.5)
+                db = dw * (np.float32(0.5) + np.float32(_scale_iq3_xxs(row, o, ib) // 2)) * np.float32(0.5)
                 for j in range(32):
-                    out[i, b * 256 + ib * 32 + j] = db * np.float32(wq[ib * 32 + j])
+                    out[i, b * 256 + ib * 32 + j] = db * np.float32(ws[ib * 32 + j])
 
 
 # ---- IQ3_S: d, qs[64], qh[8] (9th index bits), signs[32], scales[4] ---------
 
 @njit(**INLINE)
-def _decode_iq3_s(blk, o, w32, wo, ls, lo):
+def _decode_iq3_s(blk, o, ws, wo, scaled):
     for ib in range(8):
         qh = np.int32(blk[o + 66 + ib])
+        s = np.int16(_scale16(blk, o + 106, ib)) if scaled else np.int16(1)
         for l in range(4):
             p = 2 + ib * 8 + 2 * l
             g1 = np.int32(blk[o + p]) | ((qh << (8 - 2 * l)) & 256)
             g2 = np.int32(blk[o + p + 1]) | ((qh << (7 - 2 * l)) & 256)
             sb = blk[o + 74 + ib * 4 + l]
-            w32[wo + (ib * 4 + l) * 2] = _SIGNED_IQ3_S[g1 * 16 + (sb & 15)]
-            w32[wo + (ib * 4 + l) * 2 + 1] = _SIGNED_IQ3_S[g2 * 16 + (sb >> 4)]
-        ls[lo + ib] = 2 * ((blk[o + 106 + ib // 2] >> (4 * (ib % 2))) & 15) + 1
+            widen4(_SIGNED_IQ3_S[g1 * 16 + (sb & 15)], s, ws, wo + ib * 32 + l * 8)
+            widen4(_SIGNED_IQ3_S[g2 * 16 + (sb >> 4)], s, ws, wo + ib * 32 + l * 8 + 4)
 
 
 @njit(**PARALLEL)
@@ -428,24 +421,20 @@ def matmul_iq3_s(W, rows, cols, qs, d, extra, out):
     nb = cols // 256
     rb = nb * 110
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        wq = np.empty(cols, np.int8)
-        w32 = wq.view(np.uint32)  # one table store per 4 weights
-        ls = np.empty(nb * 8, np.int32)
+        ws = np.empty(cols, np.int16)
         dw = np.empty(nb, np.float32)
         for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
             row = W[r * rb:(r + 1) * rb]
             for b in range(nb):
                 o = b * 110
                 dw[b] = f16_to_f32(row[o], row[o + 1])
-                _decode_iq3_s(row, o, w32, b * 64, ls, b * 8)
+                _decode_iq3_s(row, o, ws, b * 256, True)
             for t in range(qs.shape[0]):
                 x = qs[t]
                 dx = d[t]
                 acc = np.float32(0.0)
                 for b in range(nb):
-                    bsum = 0
-                    for s in range(8):
-                        bsum += ls[b * 8 + s] * dot32(wq, b * 256 + s * 32, x, b * 256 + s * 32)
+                    bsum = dot256(ws, b * 256, x, b * 256)
                     acc += (dw[b] * dx[b]) * np.float32(bsum)
                 out[t, r] = acc
 
@@ -456,30 +445,43 @@ def dequantize_iq3_s(W, cols, row_ids, out):
     rb = nb * 110
     for i in range(row_ids.size):
         row = W[row_ids[i] * rb:(row_ids[i] + 1) * rb]
-        wq = np.empty(256, np.int8)
-        w32 = wq.view(np.uint32)  # wide stores of decoded groups
-        ls = np.empty(8, np.int32)
+        ws = np.empty(256, np.int16)
         for b in range(nb):
             o = b * 110
             dw = f16_to_f32(row[o], row[o + 1])
-            _decode_iq3_s(row, o, w32, 0, ls, 0)
+            _decode_iq3_s(row, o, ws, 0, False)
             for ib in range(8):
-                db = dw * np.float32(ls[ib])
+                db = dw * np.float32(_scale16(row, o + 106, ib))
                 for j in range(32):
-                    out[i, b * 256 + ib * 32 + j] = db * np.float32(wq[ib * 32 + j])
+                    out[i, b * 256 + ib * 32 + j] = db * np.float32(ws[ib * 32 + j])
 
 
 # ---- IQ1_S: d, qs[32] grid low bits, qh u16[8] (3x3 index bits, scale, delta sign)
 
 @njit(**INLINE)
-def _decode_iq1_s(blk, o, w64, wo, ls, lo, delta):
+def _qh_iq1_s(blk, o, ib):
+    """Sub-block ib's u16: 3 index bits per group, 3-bit scale, delta sign."""
+    return np.int32(blk[o + 34 + 2 * ib]) | (np.int32(blk[o + 35 + 2 * ib]) << 8)
+
+
+@njit(**INLINE)
+def _scale_iq1_s(qh):
+    return 2 * ((qh >> 12) & 7) + 1
+
+
+@njit(**INLINE)
+def _delta_iq1_s(qh):
+    return -1 if qh & 0x8000 else 1
+
+
+@njit(**INLINE)
+def _decode_iq1_s(blk, o, ws, wo, scaled):
     for ib in range(8):
-        qh = np.int32(blk[o + 34 + 2 * ib]) | (np.int32(blk[o + 35 + 2 * ib]) << 8)
-        ls[lo + ib] = 2 * ((qh >> 12) & 7) + 1
-        delta[ib] = -1 if qh & 0x8000 else 1
+        qh = _qh_iq1_s(blk, o, ib)
+        s = np.int16(_scale_iq1_s(qh)) if scaled else np.int16(1)
         for l in range(4):
             gi = np.int32(blk[o + 2 + ib * 4 + l]) | (((qh >> (3 * l)) & 7) << 8)
-            w64[wo + ib * 4 + l] = _GRID8_IQ1_S[gi]
+            widen8(_GRID8_IQ1_S[gi], s, ws, wo + ib * 32 + l * 8)
 
 
 @njit(**PARALLEL)
@@ -487,29 +489,26 @@ def matmul_iq1_s(W, rows, cols, qs, d, extra, out):
     nb = cols // 256
     rb = nb * 50
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        wq = np.empty(cols, np.int8)
-        w64 = wq.view(np.uint64)  # one table store per 8 weights
-        ls = np.empty(nb * 8, np.int32)
+        ws = np.empty(cols, np.int16)
         dw = np.empty(nb, np.float32)
-        delta = np.empty(8, np.int32)
         shift = np.empty(nb * 8, np.int32)
         for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
             row = W[r * rb:(r + 1) * rb]
             for b in range(nb):
                 o = b * 50
                 dw[b] = f16_to_f32(row[o], row[o + 1])
-                _decode_iq1_s(row, o, w64, b * 32, ls, b * 8, delta)
+                _decode_iq1_s(row, o, ws, b * 256, True)
+            for b in range(nb):
                 for ib in range(8):
-                    shift[b * 8 + ib] = ls[b * 8 + ib] * delta[ib]
+                    qh = _qh_iq1_s(row, b * 50, ib)
+                    shift[b * 8 + ib] = _scale_iq1_s(qh) * _delta_iq1_s(qh)
             for t in range(qs.shape[0]):
                 x = qs[t]
                 dx = d[t]
                 bsums = extra[t]
                 acc = np.float32(0.0)
                 for b in range(nb):
-                    bsum = 0
-                    for s in range(8):
-                        bsum += ls[b * 8 + s] * dot32(wq, b * 256 + s * 32, x, b * 256 + s * 32)
+                    bsum = dot256(ws, b * 256, x, b * 256)
                     sumi1 = 0
                     for ib in range(8):
                         sumi1 += shift[b * 8 + ib] * (bsums[b * 16 + 2 * ib] + bsums[b * 16 + 2 * ib + 1])
@@ -523,35 +522,42 @@ def dequantize_iq1_s(W, cols, row_ids, out):
     rb = nb * 50
     for i in range(row_ids.size):
         row = W[row_ids[i] * rb:(row_ids[i] + 1) * rb]
-        wq = np.empty(256, np.int8)
-        w64 = wq.view(np.uint64)  # wide stores of decoded groups
-        ls = np.empty(8, np.int32)
-        delta = np.empty(8, np.int32)
+        ws = np.empty(256, np.int16)
         for b in range(nb):
             o = b * 50
             dw = f16_to_f32(row[o], row[o + 1])
-            _decode_iq1_s(row, o, w64, 0, ls, 0, delta)
+            _decode_iq1_s(row, o, ws, 0, False)
             for ib in range(8):
-                dl = dw * np.float32(ls[ib])
-                shift = _IQ1_DELTA * np.float32(delta[ib])
+                qh = _qh_iq1_s(row, o, ib)
+                dl = dw * np.float32(_scale_iq1_s(qh))
+                shift = _IQ1_DELTA * np.float32(_delta_iq1_s(qh))
                 for j in range(32):
-                    out[i, b * 256 + ib * 32 + j] = dl * (np.float32(wq[ib * 32 + j]) + shift)
+                    out[i, b * 256 + ib * 32 + j] = dl * (np.float32(ws[ib * 32 + j]) + shift)
 
 
 # ---- IQ1_M: qs[32], qh[16] (3 index bits + delta sign per 8), scales u16[4]
 # (3-bit scales per 16 values; the f16 d lives in the scales' top nibbles) ---
 
 @njit(**INLINE)
-def _decode_iq1_m(blk, o, w64, wo, ls, lo, delta):
-    for ib in range(8):
-        sc = np.int32(blk[o + 48 + 2 * (ib // 2)]) | (np.int32(blk[o + 49 + 2 * (ib // 2)]) << 8)
-        ls[lo + 2 * ib] = 2 * ((sc >> (6 * (ib % 2))) & 7) + 1
-        ls[lo + 2 * ib + 1] = 2 * ((sc >> (6 * (ib % 2) + 3)) & 7) + 1
-        for l in range(4):
-            qh = np.int32(blk[o + 32 + ib * 2 + l // 2])
-            gi = np.int32(blk[o + ib * 4 + l]) | ((qh << (8 - 4 * (l % 2))) & 0x700)
-            delta[ib * 4 + l] = -1 if qh & (0x08 << (4 * (l % 2))) else 1
-            w64[wo + ib * 4 + l] = _GRID8_IQ1_S[gi]
+def _scale_iq1_m(blk, o, s):
+    """Scale of 16-value sub-block s: 3-bit fields, four per u16 at o + 48."""
+    sc = np.int32(blk[o + 48 + 2 * (s // 4)]) | (np.int32(blk[o + 49 + 2 * (s // 4)]) << 8)
+    return 2 * ((sc >> (3 * (s % 4))) & 7) + 1
+
+
+@njit(**INLINE)
+def _delta_iq1_m(blk, o, g):
+    """Delta sign of 8-value group g: bit 3 of its nibble in qh."""
+    return -1 if blk[o + 32 + g // 2] & (0x08 << (4 * (g % 2))) else 1
+
+
+@njit(**INLINE)
+def _decode_iq1_m(blk, o, ws, wo, scaled):
+    for g in range(32):
+        qh = np.int32(blk[o + 32 + g // 2])
+        gi = np.int32(blk[o + g]) | ((qh << (8 - 4 * (g % 2))) & 0x700)
+        s = np.int16(_scale_iq1_m(blk, o, g // 2)) if scaled else np.int16(1)
+        widen8(_GRID8_IQ1_S[gi], s, ws, wo + g * 8)
 
 
 @njit(**INLINE)
@@ -566,30 +572,27 @@ def matmul_iq1_m(W, rows, cols, qs, d, extra, out):
     nb = cols // 256
     rb = nb * 56
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        wq = np.empty(cols, np.int8)
-        w64 = wq.view(np.uint64)  # one table store per 8 weights
-        ls = np.empty(nb * 16, np.int32)
+        ws = np.empty(cols, np.int16)
         dw = np.empty(nb, np.float32)
-        delta = np.empty(32, np.int32)
         shifts = np.empty(cols, np.int16)
         for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
             row = W[r * rb:(r + 1) * rb]
             for b in range(nb):
                 o = b * 56
                 dw[b] = _d_iq1_m(row, o)
-                _decode_iq1_m(row, o, w64, b * 32, ls, b * 16, delta)
-                # delta * scale of each 8-value group, per value, so its sum is one more dot
+                _decode_iq1_m(row, o, ws, b * 256, True)
+            # delta * scale of each 8-value group, per value, so its sum is one more dot
+            for b in range(nb):
                 for g in range(32):
+                    sd = np.int16(_scale_iq1_m(row, b * 56, g // 2) * _delta_iq1_m(row, b * 56, g))
                     for j in range(8):
-                        shifts[b * 256 + g * 8 + j] = ls[b * 16 + g // 2] * delta[g]
+                        shifts[b * 256 + g * 8 + j] = sd
             for t in range(qs.shape[0]):
                 x = qs[t]
                 dx = d[t]
                 acc = np.float32(0.0)
                 for b in range(nb):
-                    bsum = 0
-                    for s in range(16):
-                        bsum += ls[b * 16 + s] * dot16(wq, b * 256 + s * 16, x, b * 256 + s * 16)
+                    bsum = dot256(ws, b * 256, x, b * 256)
                     sumi2 = dot256(shifts, b * 256, x, b * 256)
                     acc += (dw[b] * dx[b]) * (np.float32(bsum) + _IQ1_DELTA * np.float32(sumi2))
                 out[t, r] = acc
@@ -601,16 +604,13 @@ def dequantize_iq1_m(W, cols, row_ids, out):
     rb = nb * 56
     for i in range(row_ids.size):
         row = W[row_ids[i] * rb:(row_ids[i] + 1) * rb]
-        wq = np.empty(256, np.int8)
-        w64 = wq.view(np.uint64)  # wide stores of decoded groups
-        ls = np.empty(16, np.int32)
-        delta = np.empty(32, np.int32)
+        ws = np.empty(256, np.int16)
         for b in range(nb):
             o = b * 56
             dw = _d_iq1_m(row, o)
-            _decode_iq1_m(row, o, w64, 0, ls, 0, delta)
+            _decode_iq1_m(row, o, ws, 0, False)
             for g in range(32):
-                dl = dw * np.float32(ls[g // 2])
-                shift = _IQ1_DELTA * np.float32(delta[g])
+                dl = dw * np.float32(_scale_iq1_m(row, o, g // 2))
+                shift = _IQ1_DELTA * np.float32(_delta_iq1_m(row, o, g))
                 for j in range(8):
-                    out[i, b * 256 + g * 8 + j] = dl * (np.float32(wq[g * 8 + j]) + shift)
+                    out[i, b * 256 + g * 8 + j] = dl * (np.float32(ws[g * 8 + j]) + shift)

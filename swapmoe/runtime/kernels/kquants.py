@@ -18,13 +18,34 @@ from ._jit import INLINE, PARALLEL, ROWS_PER_TASK, SERIAL, dot256, f16_to_f32
 
 
 @njit(**INLINE)
-def _scales_mins_k4(blk, o, sc, mn):
-    """Unpack Q4_K/Q5_K's twelve bytes of 6-bit scales and mins at blk[o]."""
-    for j in range(4):
-        sc[j] = blk[o + j] & 63
-        mn[j] = blk[o + j + 4] & 63
-        sc[j + 4] = (blk[o + j + 8] & 15) | ((blk[o + j] >> 6) << 4)
-        mn[j + 4] = (blk[o + j + 8] >> 4) | ((blk[o + j + 4] >> 6) << 4)
+def _u32(blk, o):
+    return np.uint32(blk[o]) | (np.uint32(blk[o + 1]) << 8) | (np.uint32(blk[o + 2]) << 16) | (np.uint32(blk[o + 3]) << 24)
+
+
+@njit(**INLINE)
+def _scales_mins_k4(blk, o):
+    """Q4_K/Q5_K's twelve bytes of 6-bit scales and mins at blk[o], unpacked with
+    word operations into (scales, mins): two uint64 holding eight bytes each
+    (byte j = sub-block j; read with _byte).  Byte-at-a-time unpacking cost as
+    much as decoding the 256 quants."""
+    a = _u32(blk, o)
+    b = _u32(blk, o + 4)
+    c = _u32(blk, o + 8)
+    low6 = np.uint32(0x3F3F3F3F)
+    low4 = np.uint32(0x0F0F0F0F)
+    low2 = np.uint32(0x03030303)
+    scales_lo = a & low6
+    mins_lo = b & low6
+    scales_hi = (c & low4) | (((a >> 6) & low2) << 4)
+    mins_hi = ((c >> 4) & low4) | (((b >> 6) & low2) << 4)
+    return (np.uint64(scales_lo) | (np.uint64(scales_hi) << 32),
+            np.uint64(mins_lo) | (np.uint64(mins_hi) << 32))
+
+
+@njit(**INLINE)
+def _byte(word, j):
+    """Byte j of a uint64, as int32."""
+    return np.int32((word >> np.uint64(8 * j)) & np.uint64(255))
 
 
 @njit(**INLINE)
@@ -70,12 +91,13 @@ def _column_hbit(blk, q_o, shift, mask, h_o, h_shift, h_bit, offset, s_a, s_b, w
 
 
 @njit(**INLINE)
-def _scaled_nibbles(blk, o, sc, ws, wo):
-    """Q4_K quants (128 bytes at blk[o]) times their sub-block scale -> ws[wo:wo+256].
-    Decoding and scaling in one narrow, explicitly typed pass keeps it SIMD."""
+def _scaled_nibbles(blk, o, scales, ws, wo):
+    """Q4_K quants (128 bytes at blk[o]) times their sub-block scale (bytes of
+    the uint64 scales) -> ws[wo:wo+256].  Decoding and scaling in one narrow,
+    explicitly typed pass keeps it SIMD."""
     for g in range(4):
-        s_lo = np.int16(sc[2 * g])
-        s_hi = np.int16(sc[2 * g + 1])
+        s_lo = np.int16(_byte(scales, 2 * g))
+        s_hi = np.int16(_byte(scales, 2 * g + 1))
         for i in range(32):
             v = blk[o + g * 32 + i]
             ws[wo + g * 64 + i] = np.int16(v & np.uint8(15)) * s_lo
@@ -83,11 +105,11 @@ def _scaled_nibbles(blk, o, sc, ws, wo):
 
 
 @njit(**INLINE)
-def _scaled_q5_k(blk, o, sc, ws, wo):
+def _scaled_q5_k(blk, o, scales, ws, wo):
     """As _scaled_nibbles plus Q5_K's fifth bits (qh at blk[o+16], quants at blk[o+48])."""
     for g in range(4):
-        s_lo = np.int16(sc[2 * g])
-        s_hi = np.int16(sc[2 * g + 1])
+        s_lo = np.int16(_byte(scales, 2 * g))
+        s_hi = np.int16(_byte(scales, 2 * g + 1))
         for i in range(32):
             v = blk[o + 48 + g * 32 + i]
             h = np.int16(blk[o + 16 + i]) >> (2 * g)
@@ -143,11 +165,22 @@ def _scaled_q3_k(blk, o, sc, ws, wo):
 
 
 @njit(**INLINE)
-def _sum_mins(bsums, bo, mins, mo, per_min):
-    """Sum of a super-block's 16 Q8_K bsums times the min of their sub-block."""
-    total = 0
+def _sum_mins_q2_k(bsums, bo, blk, o):
+    """Sum of a Q2_K super-block's 16 Q8_K bsums times their 4-bit mins (high
+    nibbles of blk[o:o+16])."""
+    total = np.int32(0)
     for j in range(16):
-        total += bsums[bo + j] * mins[mo + j // per_min]
+        total = np.int32(total + bsums[bo + j] * np.int32(blk[o + j] >> 4))
+    return total
+
+
+@njit(**INLINE)
+def _sum_mins_k4(bsums, bo, mins):
+    """Sum of a Q4_K/Q5_K super-block's 16 Q8_K bsums times the min (bytes of
+    the uint64 mins) of their 32-value sub-block."""
+    total = np.int32(0)
+    for j in range(8):
+        total = np.int32(total + (bsums[bo + 2 * j] + bsums[bo + 2 * j + 1]) * _byte(mins, j))
     return total
 
 
@@ -161,15 +194,12 @@ def matmul_q2_k(W, rows, cols, qs, d, extra, out):
         ws = np.empty(cols, np.int16)
         dw = np.empty(nb, np.float32)
         dmin = np.empty(nb, np.float32)
-        mins = np.empty(nb * 16, np.int32)
         for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
             row = W[r * rb:(r + 1) * rb]
             for b in range(nb):
                 o = b * 84
                 dw[b] = f16_to_f32(row[o + 80], row[o + 81])
                 dmin[b] = f16_to_f32(row[o + 82], row[o + 83])
-                for j in range(16):
-                    mins[b * 16 + j] = row[o + j] >> 4
                 _scaled_q2_k(row, o, ws, b * 256)
             for t in range(qs.shape[0]):
                 x = qs[t]
@@ -178,7 +208,7 @@ def matmul_q2_k(W, rows, cols, qs, d, extra, out):
                 acc = np.float32(0.0)
                 for b in range(nb):
                     isum = dot256(ws, b * 256, x, b * 256)
-                    summ = _sum_mins(bsums, b * 16, mins, b * 16, 1)
+                    summ = _sum_mins_q2_k(bsums, b * 16, row, b * 84)
                     acc += (dx[b] * dw[b]) * np.float32(isum) - (dx[b] * dmin[b]) * np.float32(summ)
                 out[t, r] = acc
 
@@ -280,22 +310,18 @@ def matmul_q4_k(W, rows, cols, qs, d, extra, out):
     nb = cols // 256
     rb = nb * 144
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        sc = np.empty(16, np.int32)
-        mn = np.empty(8, np.int32)
         ws = np.empty(cols, np.int16)
         dw = np.empty(nb, np.float32)
         dmin = np.empty(nb, np.float32)
-        mins = np.empty(nb * 8, np.int32)
+        mins = np.empty(nb, np.uint64)
         for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
             row = W[r * rb:(r + 1) * rb]
             for b in range(nb):
                 o = b * 144
                 dw[b] = f16_to_f32(row[o], row[o + 1])
                 dmin[b] = f16_to_f32(row[o + 2], row[o + 3])
-                _scales_mins_k4(row, o + 4, sc, mn)
-                for j in range(8):
-                    mins[b * 8 + j] = mn[j]
-                _scaled_nibbles(row, o + 16, sc, ws, b * 256)
+                scales, mins[b] = _scales_mins_k4(row, o + 4)
+                _scaled_nibbles(row, o + 16, scales, ws, b * 256)
             for t in range(qs.shape[0]):
                 x = qs[t]
                 dx = d[t]
@@ -303,7 +329,7 @@ def matmul_q4_k(W, rows, cols, qs, d, extra, out):
                 acc = np.float32(0.0)
                 for b in range(nb):
                     isum = dot256(ws, b * 256, x, b * 256)
-                    summ = _sum_mins(bsums, b * 16, mins, b * 8, 2)
+                    summ = _sum_mins_k4(bsums, b * 16, mins[b])
                     acc += (dw[b] * dx[b]) * np.float32(isum) - (dmin[b] * dx[b]) * np.float32(summ)
                 out[t, r] = acc
 
@@ -315,17 +341,15 @@ def dequantize_q4_k(W, cols, row_ids, out):
     for i in range(row_ids.size):
         row = W[row_ids[i] * rb:(row_ids[i] + 1) * rb]
         wq = np.empty(256, np.int8)
-        sc = np.empty(8, np.int32)
-        mn = np.empty(8, np.int32)
         for b in range(nb):
             o = b * 144
             dw = f16_to_f32(row[o], row[o + 1])
             dmin = f16_to_f32(row[o + 2], row[o + 3])
-            _scales_mins_k4(row, o + 4, sc, mn)
+            scales, mins = _scales_mins_k4(row, o + 4)
             _decode_nibbles_k(row, o + 16, wq)
             for s in range(8):
-                dl = dw * np.float32(sc[s])
-                ml = dmin * np.float32(mn[s])
+                dl = dw * np.float32(_byte(scales, s))
+                ml = dmin * np.float32(_byte(mins, s))
                 for j in range(32):
                     out[i, b * 256 + s * 32 + j] = dl * np.float32(wq[s * 32 + j]) - ml
 
@@ -352,22 +376,18 @@ def matmul_q5_k(W, rows, cols, qs, d, extra, out):
     nb = cols // 256
     rb = nb * 176
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        sc = np.empty(16, np.int32)
-        mn = np.empty(8, np.int32)
         ws = np.empty(cols, np.int16)
         dw = np.empty(nb, np.float32)
         dmin = np.empty(nb, np.float32)
-        mins = np.empty(nb * 8, np.int32)
+        mins = np.empty(nb, np.uint64)
         for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
             row = W[r * rb:(r + 1) * rb]
             for b in range(nb):
                 o = b * 176
                 dw[b] = f16_to_f32(row[o], row[o + 1])
                 dmin[b] = f16_to_f32(row[o + 2], row[o + 3])
-                _scales_mins_k4(row, o + 4, sc, mn)
-                for j in range(8):
-                    mins[b * 8 + j] = mn[j]
-                _scaled_q5_k(row, o, sc, ws, b * 256)
+                scales, mins[b] = _scales_mins_k4(row, o + 4)
+                _scaled_q5_k(row, o, scales, ws, b * 256)
             for t in range(qs.shape[0]):
                 x = qs[t]
                 dx = d[t]
@@ -375,7 +395,7 @@ def matmul_q5_k(W, rows, cols, qs, d, extra, out):
                 acc = np.float32(0.0)
                 for b in range(nb):
                     isum = dot256(ws, b * 256, x, b * 256)
-                    summ = _sum_mins(bsums, b * 16, mins, b * 8, 2)
+                    summ = _sum_mins_k4(bsums, b * 16, mins[b])
                     acc += (dw[b] * dx[b]) * np.float32(isum) - (dmin[b] * dx[b]) * np.float32(summ)
                 out[t, r] = acc
 
@@ -387,17 +407,15 @@ def dequantize_q5_k(W, cols, row_ids, out):
     for i in range(row_ids.size):
         row = W[row_ids[i] * rb:(row_ids[i] + 1) * rb]
         wq = np.empty(256, np.int8)
-        sc = np.empty(8, np.int32)
-        mn = np.empty(8, np.int32)
         for b in range(nb):
             o = b * 176
             dw = f16_to_f32(row[o], row[o + 1])
             dmin = f16_to_f32(row[o + 2], row[o + 3])
-            _scales_mins_k4(row, o + 4, sc, mn)
+            scales, mins = _scales_mins_k4(row, o + 4)
             _decode_q5_k(row, o, wq)
             for s in range(8):
-                dl = dw * np.float32(sc[s])
-                ml = dmin * np.float32(mn[s])
+                dl = dw * np.float32(_byte(scales, s))
+                ml = dmin * np.float32(_byte(mins, s))
                 for j in range(32):
                     out[i, b * 256 + s * 32 + j] = dl * np.float32(wq[s * 32 + j]) - ml
 
