@@ -30,10 +30,14 @@ import numpy as np
 from numba import njit
 
 numba.config.SLP_VECTORIZE = 1
-# Idle OpenMP workers sleep instead of spinning: spinning threads fight the compute threads and
-# other processes for the cores, which made 2-thread decode 5-9x slower than 1 thread on a busy
-# 2-core machine (measured; passive costs nothing measurable when the machine is idle).
-os.environ.setdefault("OMP_WAIT_POLICY", "passive")
+# Idle OpenMP workers spin briefly (about 10k polls) before they sleep.  Decode makes hundreds of
+# short kernel calls per token: waking sleeping workers (OMP_WAIT_POLICY=passive) cost ~30 us per
+# call and made decode 39% slower on an idle machine (17.3 against 28.2 tok/s, 4 GB qwen3moe,
+# 2 threads).  On a core shared with other busy processes spinning backfires (4.5 against 15.0
+# tok/s with one competing busy loop on 2 cores): there, set OMP_WAIT_POLICY=passive or use
+# fewer threads.  Both variables are left alone when the user has set either.
+if "OMP_WAIT_POLICY" not in os.environ:
+    os.environ.setdefault("GOMP_SPINCOUNT", "10000")
 
 # Options for the row-parallel kernels: release the GIL, cache the machine code.
 PARALLEL = dict(parallel=True, nogil=True, cache=True)

@@ -151,20 +151,19 @@ def softmax(x: np.ndarray, sinks: np.ndarray | None = None, padded: bool = False
 
 @njit(inline="always", cache=True)
 def _hsum16(acc):
-    """_mm512_reduce_add_ps: halves, quarters, then pairs (GCC's order)."""
-    t8 = np.empty(8, np.float32)
+    """_mm512_reduce_add_ps: halves, quarters, then pairs (GCC's order); folds acc in place."""
     for j in range(8):
-        t8[j] = acc[j] + acc[j + 8]
-    t4 = np.empty(4, np.float32)
+        acc[j] = acc[j] + acc[j + 8]
     for j in range(4):
-        t4[j] = t8[j] + t8[j + 4]
-    return np.float32(np.float32(t4[0] + t4[2]) + np.float32(t4[1] + t4[3]))
+        acc[j] = acc[j] + acc[j + 4]
+    return np.float32(np.float32(acc[0] + acc[2]) + np.float32(acc[1] + acc[3]))
 
 
 @njit(cache=True)
-def _dot_sgemm(a, b, n):
-    """One element of llamafile's tinyBLAS f32 GEMM: 16 lanes of FMA chains over n, then hsum."""
-    acc = np.zeros(16, np.float32)
+def _dot_sgemm(a, b, n, acc):
+    """One element of llamafile's tinyBLAS f32 GEMM: 16 lanes of FMA chains over n, then hsum.
+    acc: 16 floats of scratch (the caller's, so that millions of calls allocate nothing)."""
+    acc[:] = 0
     for base in range(0, n, LANES):
         for j in range(LANES):
             acc[j] = _fma(a[base + j], b[base + j], acc[j])
@@ -172,10 +171,11 @@ def _dot_sgemm(a, b, n):
 
 
 @njit(cache=True)
-def _dot_vec(a, b, n):
-    """ggml_vec_dot_f32 (AVX-512): 4 accumulators of 16 lanes over steps of 64, folded, hsum, tail."""
+def _dot_vec(a, b, n, acc):
+    """ggml_vec_dot_f32 (AVX-512): 4 accumulators of 16 lanes over steps of 64, folded, hsum, tail.
+    acc: [4, 16] floats of scratch."""
     step = 4 * LANES
-    acc = np.zeros((4, LANES), np.float32)
+    acc[:] = 0
     whole = n - n % step
     for base in range(0, whole, step):
         for r in range(4):
@@ -200,28 +200,27 @@ def _attention_scores(q, k, sgemm, out):
     group = H // Hkv
     for h in prange(H):
         g = h // group
+        acc = np.empty((4, LANES), np.float32)
         for t in range(T):
             for s in range(S):
-                out[h, t, s] = _dot_sgemm(q[t, h], k[s, g], d) if sgemm else _dot_vec(q[t, h], k[s, g], d)
+                out[h, t, s] = _dot_sgemm(q[t, h], k[s, g], d, acc[0]) if sgemm else _dot_vec(q[t, h], k[s, g], d, acc)
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def _attention_values(p, v, out):
-    """out[t, h, :] = Σ_s p[h, t, s] v[s, h // group, :], each output as a tinyBLAS dot over s."""
+def _attention_values(p, vt, out):
+    """out[t, h, c] = Σ_s p[h, t, s] vt[h // group, c, s], each output as a tinyBLAS dot over s
+    (vt: the V cache transposed and zero-padded to whole lanes)."""
     H, T, S = p.shape
-    _, Hkv, dv = v.shape
+    Hkv, dv, n = vt.shape
     group = H // Hkv
-    n = -(-S // LANES) * LANES
     for h in prange(H):
         a = np.zeros(n, np.float32)
-        b = np.zeros(n, np.float32)
+        acc = np.empty(LANES, np.float32)
         g = h // group
         for t in range(T):
             a[:S] = p[h, t]
             for c in range(dv):
-                for s in range(S):
-                    b[s] = v[s, g, c]
-                out[t, h, c] = _dot_sgemm(a, b, n)
+                out[t, h, c] = _dot_sgemm(a, vt[g, c], n, acc)
 
 
 def attention_scores(q: np.ndarray, k: np.ndarray) -> np.ndarray:
@@ -234,6 +233,9 @@ def attention_scores(q: np.ndarray, k: np.ndarray) -> np.ndarray:
 
 def attention_values(p: np.ndarray, v: np.ndarray) -> np.ndarray:
     """Σ p·v [T, H, dv] as tinyBLAS sums it (the transposed V cache times the probabilities)."""
-    out = np.empty((p.shape[1], p.shape[0], v.shape[2]), F32)
-    _attention_values(np.ascontiguousarray(p, F32), np.ascontiguousarray(v, F32), out)
+    S, Hkv, dv = v.shape
+    vt = np.zeros((Hkv, dv, -(-S // LANES) * LANES), F32)
+    vt[:, :, :S] = v.transpose(1, 2, 0)
+    out = np.empty((p.shape[1], p.shape[0], dv), F32)
+    _attention_values(np.ascontiguousarray(p, F32), vt, out)
     return out
