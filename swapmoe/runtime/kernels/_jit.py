@@ -104,6 +104,37 @@ def widen4(w, scale, ws, o):
         ws[o + j] = np.int16(np.int8(w >> np.uint32(8 * j))) * s
 
 
+def nibble_pair_words(values: np.ndarray) -> np.ndarray:
+    """For a 16-entry int8 value table (IQ4_NL, MXFP4): byte -> uint64 whose two low bytes are
+    (value of its low nibble, value of its high nibble)."""
+    v = values.view(np.uint8).astype(np.uint64)
+    return v[np.arange(256) & 15] | (v[np.arange(256) >> 4] << np.uint64(8))
+
+
+@njit(**INLINE)
+def decode_pairs(pairs, blk, p):
+    """The eight values of the four bytes blk[p:p+4] through a nibble_pair_words table, packed in
+    one uint64 in *pair order*: byte 0's low value, its high value, byte 1's low value, ...
+    Four table loads and one store per eight weights, where ggml's order (the 16 low values of a
+    block, then the 16 high ones) costs a load and a store per weight."""
+    return (pairs[blk[p]] | (pairs[blk[p + 1]] << np.uint64(16)) | (pairs[blk[p + 2]] << np.uint64(32))
+            | (pairs[blk[p + 3]] << np.uint64(48)))
+
+
+@njit(**INLINE)
+def pair_order(qs):
+    """Quantized activations [T, n] with every 32-value block put in pair order (x0, x16, x1, x17,
+    ...), to dot with weights decoded by decode_pairs: the same products, so the same exact int32
+    sums."""
+    xp = np.empty_like(qs)
+    for t in range(qs.shape[0]):
+        for b in range(qs.shape[1] // 32):
+            for j in range(16):
+                xp[t, b * 32 + 2 * j] = qs[t, b * 32 + j]
+                xp[t, b * 32 + 2 * j + 1] = qs[t, b * 32 + 16 + j]
+    return xp
+
+
 @njit(**INLINE)
 def dot256(ws, wo, x, xo):
     """Exact int32 dot of int16 scaled weights ws[wo:wo+256] with int8 x[xo:xo+256]

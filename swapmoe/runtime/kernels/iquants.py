@@ -17,7 +17,8 @@ import numpy as np
 from gguf import quants as gq
 from numba import njit, prange
 
-from ._jit import INLINE, PARALLEL, ROWS_PER_TASK, SERIAL, dot32, dot256, f16_to_f32, widen4, widen8
+from ._jit import (INLINE, PARALLEL, ROWS_PER_TASK, SERIAL, decode_pairs, dot32, dot256, f16_to_f32, nibble_pair_words,
+                   pair_order, widen4, widen8)
 
 
 def _grid(cls) -> np.ndarray:
@@ -59,7 +60,7 @@ _SIGNED_IQ3_XXS = _signed4(_GRID_IQ3_XXS)
 _SIGNED_IQ3_S = _signed4(_GRID_IQ3_S)
 _GRID8_IQ1_S = _GRID_IQ1_S.view(np.uint64).reshape(-1)
 _IQ4_VALUES = np.array(gq.IQ4_NL.kvalues, dtype=np.int8)
-_IQ4_PAIRS = np.stack([_IQ4_VALUES[np.arange(256) & 15], _IQ4_VALUES[np.arange(256) >> 4]], axis=1).copy()
+_IQ4_PAIRS = nibble_pair_words(_IQ4_VALUES)
 _IQ1_DELTA = np.float32(0.125)
 
 
@@ -69,29 +70,26 @@ def _u32(blk, o):
 
 
 # ---- IQ4_NL: d f16, 16 bytes of indices into a 16-value table (Q8_0 acts) ---
-
-@njit(**INLINE)
-def _decode_iq4(blk, o, wq, wo):
-    for j in range(16):
-        wq[wo + j] = _IQ4_PAIRS[blk[o + j], 0]
-        wq[wo + j + 16] = _IQ4_PAIRS[blk[o + j], 1]
-
+# Weights are decoded in pair order (_jit.decode_pairs) and dotted with pair-ordered activations.
 
 @njit(**PARALLEL)
 def matmul_iq4_nl(W, rows, cols, qs, d, extra, out):
     nb = cols // 32
     rb = nb * 18
+    xp = pair_order(qs)
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         wq = np.empty(cols, np.int8)
+        w64 = wq.view(np.uint64)
         dw = np.empty(nb, np.float32)
         for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
             row = W[r * rb:(r + 1) * rb]
             for b in range(nb):
                 o = b * 18
                 dw[b] = f16_to_f32(row[o], row[o + 1])
-                _decode_iq4(row, o + 2, wq, b * 32)
-            for t in range(qs.shape[0]):
-                x = qs[t]
+                for k in range(4):
+                    w64[b * 4 + k] = decode_pairs(_IQ4_PAIRS, row, o + 2 + 4 * k)
+            for t in range(xp.shape[0]):
+                x = xp[t]
                 dx = d[t]
                 acc = np.float32(0.0)
                 for b in range(nb):
@@ -106,13 +104,12 @@ def dequantize_iq4_nl(W, cols, row_ids, out):
     rb = nb * 18
     for i in range(row_ids.size):
         row = W[row_ids[i] * rb:(row_ids[i] + 1) * rb]
-        wq = np.empty(32, np.int8)
         for b in range(nb):
             o = b * 18
             dw = f16_to_f32(row[o], row[o + 1])
-            _decode_iq4(row, o + 2, wq, 0)
-            for j in range(32):
-                out[i, b * 32 + j] = dw * np.float32(wq[j])
+            for j in range(16):
+                out[i, b * 32 + j] = dw * np.float32(_IQ4_VALUES[row[o + 2 + j] & 15])
+                out[i, b * 32 + 16 + j] = dw * np.float32(_IQ4_VALUES[row[o + 2 + j] >> 4])
 
 
 # ---- IQ4_XS: d, scales_h u16, scales_l[4], qs[128]; 6-bit scales - 32 --------
@@ -123,20 +120,12 @@ def _scale_iq4_xs(blk, o, ib):
     return (((blk[o + 4 + ib // 2] >> (4 * (ib % 2))) & 15) | (((h >> (2 * ib)) & 3) << 4)) - 32
 
 
-@njit(**INLINE)
-def _decode_iq4_xs(blk, o, ws, wo, scaled):
-    for ib in range(8):
-        s = np.int16(_scale_iq4_xs(blk, o, ib)) if scaled else np.int16(1)
-        for j in range(16):
-            v = blk[o + 8 + ib * 16 + j]
-            ws[wo + ib * 32 + j] = np.int16(_IQ4_PAIRS[v, 0]) * s
-            ws[wo + ib * 32 + j + 16] = np.int16(_IQ4_PAIRS[v, 1]) * s
-
-
 @njit(**PARALLEL)
 def matmul_iq4_xs(W, rows, cols, qs, d, extra, out):
+    """Weights in pair order times their sub-block scale, against pair-ordered activations."""
     nb = cols // 256
     rb = nb * 136
+    xp = pair_order(qs)
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         ws = np.empty(cols, np.int16)
         dw = np.empty(nb, np.float32)
@@ -145,9 +134,12 @@ def matmul_iq4_xs(W, rows, cols, qs, d, extra, out):
             for b in range(nb):
                 o = b * 136
                 dw[b] = f16_to_f32(row[o], row[o + 1])
-                _decode_iq4_xs(row, o, ws, b * 256, True)
-            for t in range(qs.shape[0]):
-                x = qs[t]
+                for ib in range(8):
+                    s = _scale_iq4_xs(row, o, ib)
+                    for k in range(4):
+                        widen8(decode_pairs(_IQ4_PAIRS, row, o + 8 + ib * 16 + 4 * k), s, ws, b * 256 + ib * 32 + 8 * k)
+            for t in range(xp.shape[0]):
+                x = xp[t]
                 dx = d[t]
                 acc = np.float32(0.0)
                 for b in range(nb):
@@ -162,15 +154,15 @@ def dequantize_iq4_xs(W, cols, row_ids, out):
     rb = nb * 136
     for i in range(row_ids.size):
         row = W[row_ids[i] * rb:(row_ids[i] + 1) * rb]
-        ws = np.empty(256, np.int16)
         for b in range(nb):
             o = b * 136
             dw = f16_to_f32(row[o], row[o + 1])
-            _decode_iq4_xs(row, o, ws, 0, False)
             for ib in range(8):
                 dl = dw * np.float32(_scale_iq4_xs(row, o, ib))
-                for j in range(32):
-                    out[i, b * 256 + ib * 32 + j] = dl * np.float32(ws[ib * 32 + j])
+                for j in range(16):
+                    v = row[o + 8 + ib * 16 + j]
+                    out[i, b * 256 + ib * 32 + j] = dl * np.float32(_IQ4_VALUES[v & 15])
+                    out[i, b * 256 + ib * 32 + 16 + j] = dl * np.float32(_IQ4_VALUES[v >> 4])
 
 
 # ---- IQ2_XXS: d, 8 x (4 grid bytes, u32 of 4x7 sign bits + 4-bit scale) -----

@@ -9,35 +9,31 @@ import numpy as np
 from gguf.quants import MXFP4
 from numba import njit, prange
 
-from ._jit import E8M0_HALF, INLINE, PARALLEL, ROWS_PER_TASK, SERIAL, dot32
+from ._jit import E8M0_HALF, PARALLEL, ROWS_PER_TASK, SERIAL, decode_pairs, dot32, nibble_pair_words, pair_order
 
 _KVALUES = np.array(MXFP4.kvalues, dtype=np.int8)
-# both nibbles of a byte at once: (value of low nibble, value of high nibble)
-_PAIRS = np.stack([_KVALUES[np.arange(256) & 15], _KVALUES[np.arange(256) >> 4]], axis=1).copy()
-
-
-@njit(**INLINE)
-def _decode_fp4(blk, o, pairs, wq, wo):
-    for j in range(16):
-        wq[wo + j] = pairs[blk[o + j], 0]
-        wq[wo + j + 16] = pairs[blk[o + j], 1]
+_PAIRS = nibble_pair_words(_KVALUES)
 
 
 @njit(**PARALLEL)
 def matmul_mxfp4(W, rows, cols, qs, d, extra, out):
+    """Weights decoded in pair order (_jit.decode_pairs), dotted with pair-ordered activations."""
     nb = cols // 32
     rb = nb * 17
+    xp = pair_order(qs)
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         wq = np.empty(cols, np.int8)
+        w64 = wq.view(np.uint64)
         dw = np.empty(nb, np.float32)
         for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
             row = W[r * rb:(r + 1) * rb]
             for b in range(nb):
                 o = b * 17
                 dw[b] = E8M0_HALF[row[o]]
-                _decode_fp4(row, o + 1, _PAIRS, wq, b * 32)
-            for t in range(qs.shape[0]):
-                x = qs[t]
+                for k in range(4):
+                    w64[b * 4 + k] = decode_pairs(_PAIRS, row, o + 1 + 4 * k)
+            for t in range(xp.shape[0]):
+                x = xp[t]
                 dx = d[t]
                 acc = np.float32(0.0)
                 for b in range(nb):
@@ -52,10 +48,9 @@ def dequantize_mxfp4(W, cols, row_ids, out):
     rb = nb * 17
     for i in range(row_ids.size):
         row = W[row_ids[i] * rb:(row_ids[i] + 1) * rb]
-        wq = np.empty(32, np.int8)
         for b in range(nb):
             o = b * 17
             scale = E8M0_HALF[row[o]]
-            _decode_fp4(row, o + 1, _PAIRS, wq, 0)
-            for j in range(32):
-                out[i, b * 32 + j] = scale * np.float32(wq[j])
+            for j in range(16):
+                out[i, b * 32 + j] = scale * np.float32(_KVALUES[row[o + 1 + j] & 15])
+                out[i, b * 32 + 16 + j] = scale * np.float32(_KVALUES[row[o + 1 + j] >> 4])
