@@ -270,6 +270,18 @@ def test_matvec_matmul_against_dequantized_and_emulation(case):
     np.testing.assert_array_less(np.abs(Y - Y_emul), tol + 1e-30)
 
 
+def test_grouped_rows_equal_separate_matrices(case):
+    """group_rows: 3 matrices of 2 rows stacked, each with its own 2 tokens, in one call."""
+    tp, _, rng = case
+    W = random_weights(tp, 6, COLS, rng)
+    X = random_activations(6, COLS, rng).reshape(3, 2, COLS)  # [group, token, cols]
+    Y = K.matmul_q(tp, W, 6, COLS, K.quantize_activation(tp, X.reshape(6, COLS)), group_rows=2)
+    group_bytes = W.size // 3
+    for g in range(3):
+        np.testing.assert_array_equal(Y[:, 2 * g:2 * g + 2],
+                                      K.matmul(tp, W[g * group_bytes:(g + 1) * group_bytes], 2, COLS, X[g]))
+
+
 def test_quantize_once_reuse():
     rng = np.random.default_rng(7)
     x = rng.standard_normal(COLS).astype(F32)

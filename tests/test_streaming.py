@@ -66,6 +66,44 @@ def test_defaults_fit_the_machine():
     assert choose(4, 24, expert_cache_size=100).streaming  # a cache size implies streaming
 
 
+def _capacity(m) -> int:
+    """How many experts the pread engine can hold at once (all slices have the same size)."""
+    n = len(m.store.engine.free_slots)
+    assert n * m.store._new_entry(0, 0).nbytes <= m.store.budget
+    return n
+
+
+def test_eviction_follows_the_layer_cycle(model_path):
+    """Every token needs the same experts, one more than fit: a global LRU would evict exactly
+    the expert needed next and miss all of them every token; evicting the layer that comes
+    back last misses one per token."""
+    m = swapmoe.load(model_path, io="pread", expert_cache_size=2)
+    n = _capacity(m) + 1
+    needs = {0: list(range(n - 2 * (n // 3))), 1: list(range(n // 3)), 2: list(range(n // 3))}
+    misses = []
+    for _ in range(6):
+        before = m.store.stats.misses
+        for layer, ids in needs.items():
+            m.store.start_reads(layer, ids)
+            for e in ids:
+                m.store.expert(layer, e)
+        m.store.end_pass()
+        misses.append(m.store.stats.misses - before)
+    assert misses[0] == n and max(misses[1:]) <= 2 and sum(misses[1:]) <= 8
+
+
+def test_start_reads_keeps_resident_experts_it_needs(model_path):
+    m = swapmoe.load(model_path, io="pread", expert_cache_size=2)
+    full = _capacity(m)
+    for e in range(full):
+        m.store.expert(1, e)  # full; expert 0 of layer 1 is the least recently used
+    m.store.start_reads(1, [0, full, full + 1])  # two misses need room: not at the cost of expert 0
+    assert (1, 0) in m.store._lru
+    before = m.store.stats.hits
+    m.store.expert(1, 0)
+    assert m.store.stats.hits == before + 1
+
+
 def test_keep_recent_evicts_older_experts(model_path):
     m = swapmoe.load(model_path, io="mmap", expert_streaming=True, expert_keep_recent=2)
     list(m.generate_ids(PROMPT, max_tokens=5, ignore_eos=True))

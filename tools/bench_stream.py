@@ -6,9 +6,11 @@ and of llama.cpp, each under the same memory cgroup cap, each starting with a co
     python tools/bench_stream.py                    # 48 layers (~17 GB) under 6 GiB
     python tools/bench_stream.py --configs default pread mmap --llama-bin DIR
     python tools/bench_stream.py --quick --cached --configs default streaming-off streaming-off default
+    python tools/bench_stream.py --quick --preset deepseek-v3 --experts 64   # other architectures
 
-The model is a synthetic qwen3moe of the Qwen3-30B-A3B shape at Q4_K_M, repacked with
-`swapmoe repack` (both kept in --dir and reused). Each configuration runs in a child process
+The model is a synthetic qwen3moe of the Qwen3-30B-A3B shape at Q4_K_M (or --preset at
+--type, its layer count scaled to --size-gb), repacked with `swapmoe repack` (both kept in
+--dir and reused). Each configuration runs in a child process
 inside a cgroup capped at --cap-mib (page cache included; needs root), after the page cache
 was dropped: a --prompt-token prompt, then --decode greedy tokens. Printed per
 configuration: decode and prompt tok/s, GB read from storage per token, the expert read
@@ -95,7 +97,7 @@ def capped(cmd: list[str], cap_mib: int):
     out_path = Path(f"/tmp/swapmoe-bench-child-{os.getpid()}.txt")
     with open(out_path, "w") as out:
         result = run_capped(cmd, cap_mib << 20, stdout=out, stderr=subprocess.STDOUT)
-    text = out_path.read_text()
+    text = out_path.read_text(errors="replace")  # a random model may print invalid UTF-8
     out_path.unlink()
     return result, text
 
@@ -142,7 +144,12 @@ def main():
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--options", default="{}", help=argparse.SUPPRESS)
     ap.add_argument("--quick", action="store_true", help="12 layers under 1.5 GiB instead of 48 under 6 GiB")
-    ap.add_argument("--layers", type=int)
+    ap.add_argument("--preset", default="qwen3-30b-a3b", help="shape of the synthetic model (swapmoe synth --preset)")
+    ap.add_argument("--type", default="Q4_K_M", help="its weight type or mix")
+    ap.add_argument("--layers", type=int, help="layer count (qwen3-30b-a3b default: 12 with --quick, else 48)")
+    ap.add_argument("--size-gb", type=float,
+                    help="scale the layer count to this size instead (other presets: 4.5 with --quick, else 17)")
+    ap.add_argument("--experts", type=int, help="override the preset's expert count (to fit big presets)")
     ap.add_argument("--cap-mib", type=int)
     ap.add_argument("--prompt", type=int, default=64)
     ap.add_argument("--decode", type=int, default=32)
@@ -158,13 +165,20 @@ def main():
         return child(args)
     import swapmoe
 
-    layers = args.layers or (12 if args.quick else 48)
     args.cap_mib = args.cap_mib or (1536 if args.quick else 6144)
     args.dir.mkdir(parents=True, exist_ok=True)
-    original = args.dir / f"qwen3-30b-a3b-{layers}L-Q4_K_M.gguf"
-    packed = args.dir / f"qwen3-30b-a3b-{layers}L-Q4_K_M.repacked.gguf"
+    overrides = {"n_expert": args.experts} if args.experts else {}
+    if args.layers or (args.preset == "qwen3-30b-a3b" and not args.size_gb):
+        overrides["n_layer"] = args.layers or (12 if args.quick else 48)
+        size_gb, shape = None, f"{overrides['n_layer']}L"
+    else:
+        size_gb = args.size_gb or (4.5 if args.quick else 17.0)
+        shape = f"{size_gb:g}gb"
+    shape += f"-{args.experts}E" if args.experts else ""
+    original = args.dir / f"{args.preset}-{shape}-{args.type}.gguf"
+    packed = args.dir / f"{args.preset}-{shape}-{args.type}.repacked.gguf"
     if not original.exists():
-        swapmoe.synth(original, preset="qwen3-30b-a3b", type="Q4_K_M", n_layer=layers)
+        swapmoe.synth(original, preset=args.preset, type=args.type, size_gb=size_gb, **overrides)
     if not packed.exists():
         swapmoe.repack(original, packed)
     disk = disk_bandwidth(packed)

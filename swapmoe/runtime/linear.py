@@ -31,6 +31,17 @@ def linear(w: Weight, x: np.ndarray, qx: kernels.QuantizedActivation | None = No
     return kernels.matmul_q(w.ggml_type, w.raw, w.rows, w.cols, qx)
 
 
+def linear_per_group(w: Weight, x: np.ndarray) -> np.ndarray:
+    """x[T, G, cols] -> [T, G, rows // G]: group g of w's rows applied to x[:, g], all groups in
+    one kernel call. For a 3-D tensor of G matrices (e.g. MLA's per-head attn_k_b), whose rows
+    are those matrices' rows one after the other."""
+    T_, groups, cols = x.shape
+    group_major = np.ascontiguousarray(x.transpose(1, 0, 2)).reshape(groups * T_, cols)
+    qx = kernels.quantize_activation(w.ggml_type, group_major)
+    y = kernels.matmul_q(w.ggml_type, w.raw, w.rows, w.cols, qx, group_rows=w.rows // groups)
+    return y.reshape(T_, groups, w.rows // groups)
+
+
 def quantize(w: Weight, x: np.ndarray) -> kernels.QuantizedActivation:
     return kernels.quantize_activation(w.ggml_type, x)
 

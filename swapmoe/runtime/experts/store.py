@@ -6,8 +6,10 @@
     store.end_pass()               one forward pass is done: apply keep-recent eviction
 
 Where an expert's bytes are comes from the sidecar index; how they get into RAM is the
-engine's business (io.py); which ones stay is decided here: a global LRU under a byte
-budget, and optionally only the N most recently used experts of each layer.
+engine's business (io.py); which ones stay is decided here: a byte budget, and optionally
+only the N most recently used experts of each layer.  When the budget is full, the expert
+evicted is the one whose layer comes back last in the layer cycle (see _victims), least
+recently used first within a layer.
 """
 from __future__ import annotations
 
@@ -82,6 +84,7 @@ class ExpertStore:
         self.resident_bytes = 0
         self._lru: OrderedDict[tuple[int, int], _Entry] = OrderedDict()
         self._current: tuple[int, int] | None = None  # the expert being computed: never evicted
+        self._needed: set[tuple[int, int]] = set()  # asked for by start_reads and not used yet
         self._recent: dict[int, OrderedDict[int, None]] = defaultdict(OrderedDict)
         self._majflt_start = resource.getrusage(resource.RUSAGE_SELF).ru_majflt
 
@@ -119,18 +122,36 @@ class ExpertStore:
         return Expert(extras=extras, **weights)
 
     # --- residency --------------------------------------------------------------------------
-    def _make_room(self, nbytes: int) -> None:
-        """Evict least recently used, unpinned experts until `nbytes` more fit the budget (and a slot is free)."""
+    def _victims(self, layer: int) -> list[tuple[int, int]]:
+        """Evictable experts while `layer` is being served, the best victim first.
+
+        Layers run in a cycle, so an expert of layer v is needed again at the earliest when the
+        computation reaches v: the layer just served (v = layer, apart from the experts it is
+        using, which are pinned) comes back last, then layer - 1, layer - 2, ... and the next
+        layer soonest.  Evicting in that order is what an oracle would do when every token picks
+        the same experts; a global LRU then evicts exactly the expert needed next, and hits
+        nothing once a token's experts exceed the budget by one (measured: 0 hits in 1024
+        requests, DeepSeek-V3 shape, 32 experts per token against a 31-expert budget).
+        Within a layer, least recently used first."""
+        n = self.index.n_layer
+        evictable = [key for key, entry in self._lru.items()  # LRU order; sorted() keeps it per layer
+                     if key != self._current and key not in self._needed
+                     and entry.origin != "demand"]  # demand: read for the current layer, not used yet
+        return sorted(evictable, key=lambda key: (layer - key[0]) % n)
+
+    def _make_room(self, nbytes: int, layer: int) -> None:
+        """Evict unpinned experts (in _victims order) until `nbytes` more fit the budget (and a slot is free)."""
         def over() -> bool:
             if isinstance(self.engine, PreadEngine) and not self.engine.free_slots:
                 return True
             return self.budget is not None and self.resident_bytes + nbytes > self.budget
 
-        for key, entry in list(self._lru.items()):
+        if not over():
+            return
+        for key in self._victims(layer):
+            self._evict(key)
             if not over():
                 return
-            if key != self._current and entry.origin != "demand":  # demand: needed by the layer being computed
-                self._evict(key)
         if over():
             raise SwapmoeError("the expert cache is too small for one layer's experts; raise --expert-cache-size")
 
@@ -148,7 +169,7 @@ class ExpertStore:
     def _admit(self, layer: int, expert: int, origin: str, wait: bool) -> _Entry:
         """Make room for an expert and start reading it (wait=True: and finish reading it)."""
         entry = self._new_entry(layer, expert)
-        self._make_room(entry.nbytes)
+        self._make_room(entry.nbytes, layer)
         entry.origin = origin
         if isinstance(self.engine, PreadEngine):
             entry.slot = self.engine.free_slots.pop()
@@ -180,6 +201,8 @@ class ExpertStore:
     def start_reads(self, layer: int, ids) -> None:
         """Start reading every expert of `ids` that is not resident, so the reads overlap each
         other and the computation of the ones already in (as far as the budget allows)."""
+        # the resident ones are needed now too: never evict them to make room for the others
+        self._needed = {(layer, int(e)) for e in ids}
         for e in ids:
             key = (layer, int(e))
             if key not in self._lru:
@@ -204,6 +227,7 @@ class ExpertStore:
             self.stats.hits_per_layer[layer] += 1
             self.stats.prefetch_used += entry.origin == "prefetch"
         entry.origin = "used"
+        self._needed.discard(key)
         self._current = key
         self._lru.move_to_end(key)
         self._recent[layer][key[1]] = None

@@ -32,7 +32,7 @@ from .activation import QUANTIZERS, QuantizedActivation
 
 class Kernel(NamedTuple):
     vec_dot_type: int
-    matmul: Callable  # (W, rows, cols, qs, d, extra, out[T, rows]) -> None
+    matmul: Callable  # (W, rows, group_rows, cols, qs, d, extra, out[T, rows]) -> None (see matmul_q)
     dequantize: Callable  # (W, cols, row_ids, out[n, cols]) -> None
 
 
@@ -97,14 +97,24 @@ def quantize_activation(ggml_type: int, X: np.ndarray) -> QuantizedActivation:
     return QUANTIZERS[_kernel(ggml_type).vec_dot_type](X.reshape(-1, X.shape[-1]))
 
 
-def matmul_q(ggml_type: int, W: np.ndarray, rows: int, cols: int, qx: QuantizedActivation) -> np.ndarray:
-    """Y[T, rows] = X @ W.T with X already passed through quantize_activation."""
+def matmul_q(ggml_type: int, W: np.ndarray, rows: int, cols: int, qx: QuantizedActivation,
+             group_rows: int | None = None) -> np.ndarray:
+    """Y[T, rows] = X @ W.T with X already passed through quantize_activation.
+
+    group_rows: W's rows form groups of this many, each with its own activations (e.g. MLA's
+    per-head matrices stacked in one tensor): qx then holds T rows per group, group-major, and
+    Y[:, g*group_rows:(g+1)*group_rows] = X_g @ W_g.T; one kernel call for all groups."""
     kernel = _kernel(ggml_type)
     _check_weights(ggml_type, W, rows, cols)
     if qx.vec_dot_type != kernel.vec_dot_type or qx.qs.shape[1] != cols:
         raise ValueError("activation was quantized for another vec_dot_type or length")
-    out = np.empty((qx.qs.shape[0], rows), np.float32)
-    kernel.matmul(_readonly(W), rows, cols, qx.qs, qx.d, qx.extra, out)
+    group_rows = group_rows or rows
+    groups = rows // group_rows if rows else 1
+    if group_rows * groups != rows or qx.qs.shape[0] % groups:
+        raise ValueError(f"{rows} rows in groups of {group_rows} do not match {qx.qs.shape[0]} activation rows")
+    out = np.empty((qx.qs.shape[0] // groups, rows), np.float32)
+    if rows:
+        kernel.matmul(_readonly(W), rows, group_rows, cols, qx.qs, qx.d, qx.extra, out)
     return out
 
 

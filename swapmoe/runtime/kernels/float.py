@@ -44,12 +44,13 @@ def _widen_bf16(halves, bits):
 
 
 @njit(**PARALLEL)
-def matmul_f32(W, rows, cols, qs, d, extra, out):
-    n_tok = qs.shape[0]
+def matmul_f32(W, rows, group_rows, cols, qs, d, extra, out):
+    n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     for r in prange(rows):
+        t0 = (r // group_rows) * n_tok
         w = W[r * cols * 4:(r + 1) * cols * 4].view(np.float32)
         for t in range(n_tok):
-            out[t, r] = _dot_f32(w, qs[t])
+            out[t, r] = _dot_f32(w, qs[t0 + t])
 
 
 @njit(**SERIAL)
@@ -59,14 +60,15 @@ def dequantize_f32(W, cols, row_ids, out):
 
 
 @njit(**PARALLEL)
-def matmul_f16(W, rows, cols, qs, d, extra, out):
-    n_tok = qs.shape[0]
+def matmul_f16(W, rows, group_rows, cols, qs, d, extra, out):
+    n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     for r in prange(rows):
+        t0 = (r // group_rows) * n_tok
         bits = np.empty(cols, np.uint32)
         w = bits.view(np.float32)
         _widen_f16(W[r * cols * 2:(r + 1) * cols * 2].view(np.uint16), bits, w)
         for t in range(n_tok):
-            out[t, r] = _dot_f32(w, qs[t])
+            out[t, r] = _dot_f32(w, qs[t0 + t])
 
 
 @njit(**SERIAL)
@@ -79,14 +81,15 @@ def dequantize_f16(W, cols, row_ids, out):
 
 
 @njit(**PARALLEL)
-def matmul_bf16(W, rows, cols, qs, d, extra, out):
-    n_tok = qs.shape[0]
+def matmul_bf16(W, rows, group_rows, cols, qs, d, extra, out):
+    n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     for r in prange(rows):
+        t0 = (r // group_rows) * n_tok
         bits = np.empty(cols, np.uint32)
         _widen_bf16(W[r * cols * 2:(r + 1) * cols * 2].view(np.uint16), bits)
         w = bits.view(np.float32)
         for t in range(n_tok):
-            out[t, r] = _dot_f32(w, qs[t])
+            out[t, r] = _dot_f32(w, qs[t0 + t])
 
 
 @njit(**SERIAL)

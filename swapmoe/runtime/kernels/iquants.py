@@ -73,7 +73,8 @@ def _u32(blk, o):
 # Weights are decoded in pair order (_jit.decode_pairs) and dotted with pair-ordered activations.
 
 @njit(**PARALLEL)
-def matmul_iq4_nl(W, rows, cols, qs, d, extra, out):
+def matmul_iq4_nl(W, rows, group_rows, cols, qs, d, extra, out):
+    n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 32
     rb = nb * 18
     xp = pair_order(qs)
@@ -88,9 +89,10 @@ def matmul_iq4_nl(W, rows, cols, qs, d, extra, out):
                 dw[b] = f16_to_f32(row[o], row[o + 1])
                 for k in range(4):
                     w64[b * 4 + k] = decode_pairs(_IQ4_PAIRS, row, o + 2 + 4 * k)
-            for t in range(xp.shape[0]):
-                x = xp[t]
-                dx = d[t]
+            t0 = (r // group_rows) * n_tok
+            for t in range(n_tok):
+                x = xp[t0 + t]
+                dx = d[t0 + t]
                 acc = np.float32(0.0)
                 for b in range(nb):
                     sumi = dot32(wq, b * 32, x, b * 32)
@@ -121,8 +123,9 @@ def _scale_iq4_xs(blk, o, ib):
 
 
 @njit(**PARALLEL)
-def matmul_iq4_xs(W, rows, cols, qs, d, extra, out):
+def matmul_iq4_xs(W, rows, group_rows, cols, qs, d, extra, out):
     """Weights in pair order times their sub-block scale, against pair-ordered activations."""
+    n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 256
     rb = nb * 136
     xp = pair_order(qs)
@@ -138,9 +141,10 @@ def matmul_iq4_xs(W, rows, cols, qs, d, extra, out):
                     s = _scale_iq4_xs(row, o, ib)
                     for k in range(4):
                         widen8(decode_pairs(_IQ4_PAIRS, row, o + 8 + ib * 16 + 4 * k), s, ws, b * 256 + ib * 32 + 8 * k)
-            for t in range(xp.shape[0]):
-                x = xp[t]
-                dx = d[t]
+            t0 = (r // group_rows) * n_tok
+            for t in range(n_tok):
+                x = xp[t0 + t]
+                dx = d[t0 + t]
                 acc = np.float32(0.0)
                 for b in range(nb):
                     sumi = dot256(ws, b * 256, x, b * 256)
@@ -184,7 +188,8 @@ def _decode_iq2_xxs(blk, o, ws, wo, scaled):
 
 
 @njit(**PARALLEL)
-def matmul_iq2_xxs(W, rows, cols, qs, d, extra, out):
+def matmul_iq2_xxs(W, rows, group_rows, cols, qs, d, extra, out):
+    n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 256
     rb = nb * 66
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
@@ -196,9 +201,10 @@ def matmul_iq2_xxs(W, rows, cols, qs, d, extra, out):
                 o = b * 66
                 dw[b] = f16_to_f32(row[o], row[o + 1])
                 _decode_iq2_xxs(row, o, ws, b * 256, True)
-            for t in range(qs.shape[0]):
-                x = qs[t]
-                dx = d[t]
+            t0 = (r // group_rows) * n_tok
+            for t in range(n_tok):
+                x = qs[t0 + t]
+                dx = d[t0 + t]
                 acc = np.float32(0.0)
                 for b in range(nb):
                     bsum = dot256(ws, b * 256, x, b * 256)
@@ -240,7 +246,8 @@ def _decode_iq2_xs(blk, o, ws, wo, scaled):
 
 
 @njit(**PARALLEL)
-def matmul_iq2_xs(W, rows, cols, qs, d, extra, out):
+def matmul_iq2_xs(W, rows, group_rows, cols, qs, d, extra, out):
+    n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 256
     rb = nb * 74
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
@@ -252,9 +259,10 @@ def matmul_iq2_xs(W, rows, cols, qs, d, extra, out):
                 o = b * 74
                 dw[b] = f16_to_f32(row[o], row[o + 1])
                 _decode_iq2_xs(row, o, ws, b * 256, True)
-            for t in range(qs.shape[0]):
-                x = qs[t]
-                dx = d[t]
+            t0 = (r // group_rows) * n_tok
+            for t in range(n_tok):
+                x = qs[t0 + t]
+                dx = d[t0 + t]
                 acc = np.float32(0.0)
                 for b in range(nb):
                     bsum = dot256(ws, b * 256, x, b * 256)
@@ -294,7 +302,8 @@ def _decode_iq2_s(blk, o, ws, wo, scaled):
 
 
 @njit(**PARALLEL)
-def matmul_iq2_s(W, rows, cols, qs, d, extra, out):
+def matmul_iq2_s(W, rows, group_rows, cols, qs, d, extra, out):
+    n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 256
     rb = nb * 82
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
@@ -306,9 +315,10 @@ def matmul_iq2_s(W, rows, cols, qs, d, extra, out):
                 o = b * 82
                 dw[b] = f16_to_f32(row[o], row[o + 1])
                 _decode_iq2_s(row, o, ws, b * 256, True)
-            for t in range(qs.shape[0]):
-                x = qs[t]
-                dx = d[t]
+            t0 = (r // group_rows) * n_tok
+            for t in range(n_tok):
+                x = qs[t0 + t]
+                dx = d[t0 + t]
                 acc = np.float32(0.0)
                 for b in range(nb):
                     bsum = dot256(ws, b * 256, x, b * 256)
@@ -353,7 +363,8 @@ def _decode_iq3_xxs(blk, o, ws, wo, scaled):
 
 
 @njit(**PARALLEL)
-def matmul_iq3_xxs(W, rows, cols, qs, d, extra, out):
+def matmul_iq3_xxs(W, rows, group_rows, cols, qs, d, extra, out):
+    n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 256
     rb = nb * 98
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
@@ -365,9 +376,10 @@ def matmul_iq3_xxs(W, rows, cols, qs, d, extra, out):
                 o = b * 98
                 dw[b] = f16_to_f32(row[o], row[o + 1])
                 _decode_iq3_xxs(row, o, ws, b * 256, True)
-            for t in range(qs.shape[0]):
-                x = qs[t]
-                dx = d[t]
+            t0 = (r // group_rows) * n_tok
+            for t in range(n_tok):
+                x = qs[t0 + t]
+                dx = d[t0 + t]
                 acc = np.float32(0.0)
                 for b in range(nb):
                     bsum = dot256(ws, b * 256, x, b * 256)
@@ -409,7 +421,8 @@ def _decode_iq3_s(blk, o, ws, wo, scaled):
 
 
 @njit(**PARALLEL)
-def matmul_iq3_s(W, rows, cols, qs, d, extra, out):
+def matmul_iq3_s(W, rows, group_rows, cols, qs, d, extra, out):
+    n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 256
     rb = nb * 110
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
@@ -421,9 +434,10 @@ def matmul_iq3_s(W, rows, cols, qs, d, extra, out):
                 o = b * 110
                 dw[b] = f16_to_f32(row[o], row[o + 1])
                 _decode_iq3_s(row, o, ws, b * 256, True)
-            for t in range(qs.shape[0]):
-                x = qs[t]
-                dx = d[t]
+            t0 = (r // group_rows) * n_tok
+            for t in range(n_tok):
+                x = qs[t0 + t]
+                dx = d[t0 + t]
                 acc = np.float32(0.0)
                 for b in range(nb):
                     bsum = dot256(ws, b * 256, x, b * 256)
@@ -477,7 +491,8 @@ def _decode_iq1_s(blk, o, ws, wo, scaled):
 
 
 @njit(**PARALLEL)
-def matmul_iq1_s(W, rows, cols, qs, d, extra, out):
+def matmul_iq1_s(W, rows, group_rows, cols, qs, d, extra, out):
+    n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 256
     rb = nb * 50
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
@@ -494,10 +509,11 @@ def matmul_iq1_s(W, rows, cols, qs, d, extra, out):
                 for ib in range(8):
                     qh = _qh_iq1_s(row, b * 50, ib)
                     shift[b * 8 + ib] = _scale_iq1_s(qh) * _delta_iq1_s(qh)
-            for t in range(qs.shape[0]):
-                x = qs[t]
-                dx = d[t]
-                bsums = extra[t]
+            t0 = (r // group_rows) * n_tok
+            for t in range(n_tok):
+                x = qs[t0 + t]
+                dx = d[t0 + t]
+                bsums = extra[t0 + t]
                 acc = np.float32(0.0)
                 for b in range(nb):
                     bsum = dot256(ws, b * 256, x, b * 256)
@@ -560,7 +576,8 @@ def _d_iq1_m(blk, o):
 
 
 @njit(**PARALLEL)
-def matmul_iq1_m(W, rows, cols, qs, d, extra, out):
+def matmul_iq1_m(W, rows, group_rows, cols, qs, d, extra, out):
+    n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 256
     rb = nb * 56
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
@@ -579,9 +596,10 @@ def matmul_iq1_m(W, rows, cols, qs, d, extra, out):
                     sd = np.int16(_scale_iq1_m(row, b * 56, g // 2) * _delta_iq1_m(row, b * 56, g))
                     for j in range(8):
                         shifts[b * 256 + g * 8 + j] = sd
-            for t in range(qs.shape[0]):
-                x = qs[t]
-                dx = d[t]
+            t0 = (r // group_rows) * n_tok
+            for t in range(n_tok):
+                x = qs[t0 + t]
+                dx = d[t0 + t]
                 acc = np.float32(0.0)
                 for b in range(nb):
                     bsum = dot256(ws, b * 256, x, b * 256)

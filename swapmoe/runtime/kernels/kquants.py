@@ -187,7 +187,8 @@ def _sum_mins_k4(bsums, bo, mins):
 # ---- Q2_K: scales[16] (lo nibble scale, hi nibble min), qs[64], d, dmin -----
 
 @njit(**PARALLEL)
-def matmul_q2_k(W, rows, cols, qs, d, extra, out):
+def matmul_q2_k(W, rows, group_rows, cols, qs, d, extra, out):
+    n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 256
     rb = nb * 84
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
@@ -201,10 +202,11 @@ def matmul_q2_k(W, rows, cols, qs, d, extra, out):
                 dw[b] = f16_to_f32(row[o + 80], row[o + 81])
                 dmin[b] = f16_to_f32(row[o + 82], row[o + 83])
                 _scaled_q2_k(row, o, ws, b * 256)
-            for t in range(qs.shape[0]):
-                x = qs[t]
-                dx = d[t]
-                bsums = extra[t]
+            t0 = (r // group_rows) * n_tok
+            for t in range(n_tok):
+                x = qs[t0 + t]
+                dx = d[t0 + t]
+                bsums = extra[t0 + t]
                 acc = np.float32(0.0)
                 for b in range(nb):
                     isum = dot256(ws, b * 256, x, b * 256)
@@ -260,7 +262,8 @@ def _decode_q3_k(blk, o, wq):
 
 
 @njit(**PARALLEL)
-def matmul_q3_k(W, rows, cols, qs, d, extra, out):
+def matmul_q3_k(W, rows, group_rows, cols, qs, d, extra, out):
+    n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 256
     rb = nb * 110
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
@@ -274,9 +277,10 @@ def matmul_q3_k(W, rows, cols, qs, d, extra, out):
                 dw[b] = f16_to_f32(row[o + 108], row[o + 109])
                 _scales_q3_k(row, o, sc)
                 _scaled_q3_k(row, o, sc, ws, b * 256)
-            for t in range(qs.shape[0]):
-                x = qs[t]
-                dx = d[t]
+            t0 = (r // group_rows) * n_tok
+            for t in range(n_tok):
+                x = qs[t0 + t]
+                dx = d[t0 + t]
                 acc = np.float32(0.0)
                 for b in range(nb):
                     isum = dot256(ws, b * 256, x, b * 256)
@@ -306,7 +310,8 @@ def dequantize_q3_k(W, cols, row_ids, out):
 # ---- Q4_K: d, dmin, scales[12], qs[128] ------------------------------------
 
 @njit(**PARALLEL)
-def matmul_q4_k(W, rows, cols, qs, d, extra, out):
+def matmul_q4_k(W, rows, group_rows, cols, qs, d, extra, out):
+    n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 256
     rb = nb * 144
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
@@ -322,10 +327,11 @@ def matmul_q4_k(W, rows, cols, qs, d, extra, out):
                 dmin[b] = f16_to_f32(row[o + 2], row[o + 3])
                 scales, mins[b] = _scales_mins_k4(row, o + 4)
                 _scaled_nibbles(row, o + 16, scales, ws, b * 256)
-            for t in range(qs.shape[0]):
-                x = qs[t]
-                dx = d[t]
-                bsums = extra[t]
+            t0 = (r // group_rows) * n_tok
+            for t in range(n_tok):
+                x = qs[t0 + t]
+                dx = d[t0 + t]
+                bsums = extra[t0 + t]
                 acc = np.float32(0.0)
                 for b in range(nb):
                     isum = dot256(ws, b * 256, x, b * 256)
@@ -372,7 +378,8 @@ def _decode_q5_k(blk, o, wq):
 
 
 @njit(**PARALLEL)
-def matmul_q5_k(W, rows, cols, qs, d, extra, out):
+def matmul_q5_k(W, rows, group_rows, cols, qs, d, extra, out):
+    n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 256
     rb = nb * 176
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
@@ -388,10 +395,11 @@ def matmul_q5_k(W, rows, cols, qs, d, extra, out):
                 dmin[b] = f16_to_f32(row[o + 2], row[o + 3])
                 scales, mins[b] = _scales_mins_k4(row, o + 4)
                 _scaled_q5_k(row, o, scales, ws, b * 256)
-            for t in range(qs.shape[0]):
-                x = qs[t]
-                dx = d[t]
-                bsums = extra[t]
+            t0 = (r // group_rows) * n_tok
+            for t in range(n_tok):
+                x = qs[t0 + t]
+                dx = d[t0 + t]
+                bsums = extra[t0 + t]
                 acc = np.float32(0.0)
                 for b in range(nb):
                     isum = dot256(ws, b * 256, x, b * 256)
@@ -436,7 +444,8 @@ def _decode_q6_k(blk, o, wq):
 
 
 @njit(**PARALLEL)
-def matmul_q6_k(W, rows, cols, qs, d, extra, out):
+def matmul_q6_k(W, rows, group_rows, cols, qs, d, extra, out):
+    n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 256
     rb = nb * 210
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
@@ -448,9 +457,10 @@ def matmul_q6_k(W, rows, cols, qs, d, extra, out):
                 o = b * 210
                 dw[b] = f16_to_f32(row[o + 208], row[o + 209])
                 _scaled_q6_k(row, o, ws, b * 256)
-            for t in range(qs.shape[0]):
-                x = qs[t]
-                dx = d[t]
+            t0 = (r // group_rows) * n_tok
+            for t in range(n_tok):
+                x = qs[t0 + t]
+                dx = d[t0 + t]
                 acc = np.float32(0.0)
                 for b in range(nb):
                     isum = dot256(ws, b * 256, x, b * 256)

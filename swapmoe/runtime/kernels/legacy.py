@@ -71,7 +71,8 @@ def _decode_q5(blk, o, offset, w64, wo):
 # ---- Q4_0: d f16, 16 bytes of nibbles; value = nibble - 8 ------------------
 
 @njit(**PARALLEL)
-def matmul_q4_0(W, rows, cols, qs, d, extra, out):
+def matmul_q4_0(W, rows, group_rows, cols, qs, d, extra, out):
+    n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 32
     rb = nb * 18
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
@@ -84,9 +85,10 @@ def matmul_q4_0(W, rows, cols, qs, d, extra, out):
                 o = b * 18
                 dw[b] = f16_to_f32(row[o], row[o + 1])
                 _decode_q4(row, o + 2, 8, w64, b * 4)
-            for t in range(qs.shape[0]):
-                x = qs[t]
-                dx = d[t]
+            t0 = (r // group_rows) * n_tok
+            for t in range(n_tok):
+                x = qs[t0 + t]
+                dx = d[t0 + t]
                 acc = np.float32(0.0)
                 for b in range(nb):
                     sumi = dot32(wq, b * 32, x, b * 32)
@@ -113,7 +115,8 @@ def dequantize_q4_0(W, cols, row_ids, out):
 # ---- Q4_1: d f16, m f16, nibbles; value = d * nibble + m --------------------
 
 @njit(**PARALLEL)
-def matmul_q4_1(W, rows, cols, qs, d, extra, out):
+def matmul_q4_1(W, rows, group_rows, cols, qs, d, extra, out):
+    n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 32
     rb = nb * 20
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
@@ -128,10 +131,11 @@ def matmul_q4_1(W, rows, cols, qs, d, extra, out):
                 dw[b] = f16_to_f32(row[o], row[o + 1])
                 mw[b] = f16_to_f32(row[o + 2], row[o + 3])
                 _decode_q4(row, o + 4, 0, w64, b * 4)
-            for t in range(qs.shape[0]):
-                x = qs[t]
-                dx = d[t]
-                sx = extra[t]
+            t0 = (r // group_rows) * n_tok
+            for t in range(n_tok):
+                x = qs[t0 + t]
+                dx = d[t0 + t]
+                sx = extra[t0 + t]
                 acc = np.float32(0.0)
                 for b in range(nb):
                     sumi = dot32(wq, b * 32, x, b * 32)
@@ -159,7 +163,8 @@ def dequantize_q4_1(W, cols, row_ids, out):
 # ---- Q5_0: d f16, qh u32 (5th bits), nibbles; value = q5 - 16 ---------------
 
 @njit(**PARALLEL)
-def matmul_q5_0(W, rows, cols, qs, d, extra, out):
+def matmul_q5_0(W, rows, group_rows, cols, qs, d, extra, out):
+    n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 32
     rb = nb * 22
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
@@ -172,9 +177,10 @@ def matmul_q5_0(W, rows, cols, qs, d, extra, out):
                 o = b * 22
                 dw[b] = f16_to_f32(row[o], row[o + 1])
                 _decode_q5(row, o + 2, 16, w64, b * 4)
-            for t in range(qs.shape[0]):
-                x = qs[t]
-                dx = d[t]
+            t0 = (r // group_rows) * n_tok
+            for t in range(n_tok):
+                x = qs[t0 + t]
+                dx = d[t0 + t]
                 acc = np.float32(0.0)
                 for b in range(nb):
                     sumi = dot32(wq, b * 32, x, b * 32)
@@ -201,7 +207,8 @@ def dequantize_q5_0(W, cols, row_ids, out):
 # ---- Q5_1: d f16, m f16, qh u32, nibbles; value = d * q5 + m ----------------
 
 @njit(**PARALLEL)
-def matmul_q5_1(W, rows, cols, qs, d, extra, out):
+def matmul_q5_1(W, rows, group_rows, cols, qs, d, extra, out):
+    n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 32
     rb = nb * 24
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
@@ -216,10 +223,11 @@ def matmul_q5_1(W, rows, cols, qs, d, extra, out):
                 dw[b] = f16_to_f32(row[o], row[o + 1])
                 mw[b] = f16_to_f32(row[o + 2], row[o + 3])
                 _decode_q5(row, o + 4, 0, w64, b * 4)
-            for t in range(qs.shape[0]):
-                x = qs[t]
-                dx = d[t]
-                sx = extra[t]
+            t0 = (r // group_rows) * n_tok
+            for t in range(n_tok):
+                x = qs[t0 + t]
+                dx = d[t0 + t]
+                sx = extra[t0 + t]
                 acc = np.float32(0.0)
                 for b in range(nb):
                     sumi = dot32(wq, b * 32, x, b * 32)
@@ -247,7 +255,8 @@ def dequantize_q5_1(W, cols, row_ids, out):
 # ---- Q8_0: d f16, 32 int8 ---------------------------------------------------
 
 @njit(**PARALLEL)
-def matmul_q8_0(W, rows, cols, qs, d, extra, out):
+def matmul_q8_0(W, rows, group_rows, cols, qs, d, extra, out):
+    n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 32
     rb = nb * 34
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
@@ -258,9 +267,10 @@ def matmul_q8_0(W, rows, cols, qs, d, extra, out):
             for b in range(nb):
                 o = b * 34
                 dw[b] = f16_to_f32(row[o], row[o + 1])
-            for t in range(qs.shape[0]):
-                x = qs[t]
-                dx = d[t]
+            t0 = (r // group_rows) * n_tok
+            for t in range(n_tok):
+                x = qs[t0 + t]
+                dx = d[t0 + t]
                 acc = np.float32(0.0)
                 for b in range(nb):
                     sumi = dot32(quants, b * 34 + 2, x, b * 32)

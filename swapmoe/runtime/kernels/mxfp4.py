@@ -16,8 +16,9 @@ _PAIRS = nibble_pair_words(_KVALUES)
 
 
 @njit(**PARALLEL)
-def matmul_mxfp4(W, rows, cols, qs, d, extra, out):
+def matmul_mxfp4(W, rows, group_rows, cols, qs, d, extra, out):
     """Weights decoded in pair order (_jit.decode_pairs), dotted with pair-ordered activations."""
+    n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 32
     rb = nb * 17
     xp = pair_order(qs)
@@ -32,9 +33,10 @@ def matmul_mxfp4(W, rows, cols, qs, d, extra, out):
                 dw[b] = E8M0_HALF[row[o]]
                 for k in range(4):
                     w64[b * 4 + k] = decode_pairs(_PAIRS, row, o + 1 + 4 * k)
-            for t in range(xp.shape[0]):
-                x = xp[t]
-                dx = d[t]
+            t0 = (r // group_rows) * n_tok
+            for t in range(n_tok):
+                x = xp[t0 + t]
+                dx = d[t0 + t]
                 acc = np.float32(0.0)
                 for b in range(nb):
                     sumi = dot32(wq, b * 32, x, b * 32)

@@ -112,13 +112,6 @@ class Weights:
     def optional_vector(self, name: str) -> np.ndarray | None:
         return self.vector(name) if self.has(name) else None
 
-    def matrices(self, name: str) -> list[Weight]:
-        """A 3-D tensor {cols, rows, n} as its n matrices (e.g. MLA's per-head attn_k_b)."""
-        t = self.g.tensor(name)
-        raw, n = self.g.raw(name), t.ne[2]
-        step = len(raw) // n
-        return [Weight(raw[j * step:(j + 1) * step], t.ggml_type, t.ne[1], t.ne[0]) for j in range(n)]
-
 
 class Routing:
     """Expert-choice policies that sit between the router and the expert store.

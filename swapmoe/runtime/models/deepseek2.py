@@ -26,7 +26,7 @@ import numpy as np
 
 from swapmoe.errors import SwapmoeError
 from swapmoe.runtime import layers
-from swapmoe.runtime.linear import linear, quantize
+from swapmoe.runtime.linear import linear, linear_per_group, quantize
 from swapmoe.runtime.models.base import Transformer
 
 GATING = {1: "softmax", 2: "sigmoid"}  # llama.cpp's expert_gating_func values
@@ -92,7 +92,7 @@ class DeepSeek2(Transformer):
         else:  # lite: no q LoRA
             b["wq"] = w.matrix(p + "attn_q.weight")
         if self.mla:
-            b |= {"k_b": w.matrices(p + "attn_k_b.weight"), "v_b": w.matrices(p + "attn_v_b.weight")}
+            b |= {"k_b": w.matrix(p + "attn_k_b.weight"), "v_b": w.matrix(p + "attn_v_b.weight")}
         else:
             b["kv_b"] = w.matrix(p + "attn_kv_b.weight")
         if i < self.n_dense:
@@ -126,11 +126,11 @@ class DeepSeek2(Transformer):
         q_pe = self.rope.apply(q[..., self.n_nope:], cos, sin)
         q_nope = q[..., :self.n_nope]
         if self.mla:
-            q_latent = np.stack([linear(k_b, q_nope[:, h]) for h, k_b in enumerate(b["k_b"])], axis=1)
+            q_latent = linear_per_group(b["k_b"], q_nope)  # [T, H, c]
             keys, _ = cache.append(np.concatenate([latent[:, None, :], k_pe], axis=-1), np.empty((T_, 1, 0), F32))
             out = layers.attention(np.concatenate([q_latent, q_pe], axis=-1), keys, keys[..., :c], positions,
                                    self.kq_scale).reshape(T_, hp.n_head, c)
-            out = np.concatenate([linear(v_b, out[:, h]) for h, v_b in enumerate(b["v_b"])], axis=-1)
+            out = linear_per_group(b["v_b"], out).reshape(T_, -1)
         else:
             kv_heads = linear(b["kv_b"], latent).reshape(T_, hp.n_head, self.n_nope + self.v_head)
             k = np.concatenate([kv_heads[..., :self.n_nope], np.broadcast_to(k_pe, (T_, hp.n_head, hp.n_rot))], -1)
