@@ -92,6 +92,25 @@ def test_eviction_follows_the_layer_cycle(model_path):
     assert misses[0] == n and max(misses[1:]) <= 2 and sum(misses[1:]) <= 8
 
 
+def test_stale_experts_go_first(model_path):
+    """An expert its layer did not use on its last visit is evicted before the (older) ones
+    that the layers keep using."""
+    m = swapmoe.load(model_path, io="pread", expert_cache_size=2)
+    full = _capacity(m)
+
+    def use(layer, ids):
+        m.store.start_reads(layer, ids)
+        for e in ids:
+            m.store.expert(layer, e)
+
+    use(1, list(range(full - 2)))  # the oldest entries, still fresh for layer 1
+    use(0, [0])
+    use(0, [1])  # layer 0 moved on: (0, 0) is stale; the cache is full
+    use(2, [0])
+    assert (0, 0) not in m.store._lru
+    assert all((1, e) in m.store._lru for e in range(full - 2))
+
+
 def test_start_reads_keeps_resident_experts_it_needs(model_path):
     m = swapmoe.load(model_path, io="pread", expert_cache_size=2)
     full = _capacity(m)

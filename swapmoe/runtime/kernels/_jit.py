@@ -1,8 +1,8 @@
 """Shared numba helpers for the quantized kernels.
 
-Every kernel decodes one weight block into a small int8 scratch array and then
-takes fixed-length (16 or 32) integer dot products with the quantized
-activation.  What makes that fast in numba:
+Every kernel decodes a weight row into a scratch array (int8 values, or int16
+values times their integer sub-block scale) and then takes exact integer dot
+products with the quantized activation.  What makes that fast in numba:
 
 * Those short fixed-length loops only become SIMD code through LLVM's SLP
   vectorizer, which numba leaves off by default; we turn it on for the process

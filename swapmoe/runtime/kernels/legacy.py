@@ -6,9 +6,11 @@ activation (the row is read from memory once for all tokens).  The float combina
 per block follows ggml's generic vec_dot (ggml-cpu/quants.c) operation by
 operation, accumulated sequentially in float32 per row.
 
-Kernel signature: matmul_X(W, rows, cols, qs, d, extra, out) with W the raw
-uint8 bytes (rows * row_bytes), qs/d/extra a QuantizedActivation's arrays and
-out float32 [n_tokens, rows].  dequantize_X(W, cols, row_ids, out) writes
+Kernel signature: matmul_X(W, rows, group_rows, cols, qs, d, extra, out) with W
+the raw uint8 bytes (rows * row_bytes), qs/d/extra a QuantizedActivation's
+arrays and out float32 [n_tokens, rows]; rows come in groups of group_rows, and
+group g dots activation rows [g*n_tokens, (g+1)*n_tokens) (one group: all rows,
+all tokens; see kernels.matmul_q).  dequantize_X(W, cols, row_ids, out) writes
 out[i] = row row_ids[i] in float32, matching gguf.quants.dequantize exactly.
 """
 from __future__ import annotations
