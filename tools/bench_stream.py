@@ -14,8 +14,8 @@ The model is a synthetic qwen3moe of the Qwen3-30B-A3B shape at Q4_K_M (or --pre
 inside a cgroup capped at --cap-mib (page cache included; needs root), after the page cache
 was dropped: a --prompt-token prompt, then --decode greedy tokens. Printed per
 configuration: decode and prompt tok/s, GB read from storage per token, the expert read
-bandwidth over the run as a share of the disk's sequential read bandwidth (measured in the
-same run), the share of the run spent waiting for reads, peak memory of the cgroup, and OOM
+bandwidth over the run as a share of the disk's sequential read bandwidth (measured right
+before and right after that configuration, averaged: this disk's speed drifts), the share of the run spent waiting for reads, peak memory of the cgroup, and OOM
 kills. Decoding samples (temperature 1, seed 0) so
 that the routing keeps moving. llama.cpp runs on the original file with --no-repack (its CPU
 repacking copies weights into anonymous memory, which a cap kills), greedy.
@@ -181,16 +181,19 @@ def main():
         swapmoe.synth(original, preset=args.preset, type=args.type, size_gb=size_gb, **overrides)
     if not packed.exists():
         swapmoe.repack(original, packed)
-    disk = disk_bandwidth(packed)
+    disk_before = disk_bandwidth(packed)
     size = packed.stat().st_size
     print(f"model {packed.name}: {size / 1e9:.2f} GB, "
           f"{'no cap, file cached' if args.cached else f'cap {args.cap_mib} MiB'}, prompt {args.prompt}, "
-          f"decode {args.decode}; disk sequential read {disk:.2f} GB/s (O_DIRECT, 16 MiB reads)")
+          f"decode {args.decode}; disk sequential read {disk_before:.2f} GB/s (O_DIRECT, 16 MiB reads)")
     print(f"{'configuration':30} {'decode tok/s':>12} {'prompt tok/s':>12} {'GB read/tok':>11} {'read BW/disk':>12} "
-          f"{'I/O wait':>8} {'peak MiB':>9} {'OOM':>4}")
+          f"{'disk GB/s':>9} {'I/O wait':>8} {'peak MiB':>9} {'OOM':>4}")
     rows = {}
     for name in args.configs:
         row = run_swapmoe(packed, CONFIGS[name], args)
+        disk_after = disk_bandwidth(packed)
+        row["disk_gbps"] = disk = (disk_before + disk_after) / 2
+        disk_before = disk_after
         rows[name] = row
         if "error" in row:
             print(f"{name:30} failed: {row['error']}  (peak {row['peak'] / 2**20:.0f} MiB, OOM {row['oom']})")
@@ -200,7 +203,7 @@ def main():
         per_token = row["storage_read_bytes"] / max(1, row["prompt_tokens"] + row["decode_tokens"])
         seconds = row["prompt_seconds"] + row["decode_seconds"]
         bandwidth = row["bytes_read"] / seconds / 1e9
-        print(f"{name:30} {tg:12.2f} {pp:12.1f} {per_token / 1e9:11.3f} {bandwidth / disk:12.2f} "
+        print(f"{name:30} {tg:12.2f} {pp:12.1f} {per_token / 1e9:11.3f} {bandwidth / disk:12.2f} {disk:9.2f} "
               f"{row['wait_seconds'] / seconds:8.0%} {row['peak'] / 2**20:9.0f} {row['oom']:4d}")
     if (args.llama_bin / "llama-completion").exists() and not args.cached:
         row = run_llama(args.llama_bin, original, args)
@@ -210,7 +213,7 @@ def main():
                   f"OOM {row['oom']})")
         else:
             print(f"{'llama.cpp --no-repack':30} {row['decode_tps']:12.2f} {row['prompt_tps']:12.1f} {'':>11} "
-                  f"{'':>12} {row['peak'] / 2**20:9.0f} {row['oom']:4d}")
+                  f"{'':>12} {'':>9} {'':>8} {row['peak'] / 2**20:9.0f} {row['oom']:4d}")
             if "default" in rows and "error" not in rows["default"]:
                 d = rows["default"]
                 print(f"swapmoe default / llama.cpp decode: {d['decode_tokens'] / d['decode_seconds'] / row['decode_tps']:.2f}"
