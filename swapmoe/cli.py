@@ -96,7 +96,8 @@ def inspect(model, as_json, page_size):
 @click.option("--repeat-penalty", type=float, default=1.0, show_default=True, help="Penalty for recent tokens.")
 @click.option("--seed", type=int, help="Random seed for sampling.")
 @click.option("--ctx", type=int, help="Context length (default: the model's, at most 4096).")
-@click.option("--threads", type=int, help="Compute threads (default: all cores). On a machine busy with other work, use fewer, or set OMP_WAIT_POLICY=passive.")
+@click.option("--threads", type=int, help="Compute threads (default: all cores). On a machine busy with other "
+                                          "work, use fewer, or set OMP_WAIT_POLICY=passive.")
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-text tokens.")
 @click.option("--expert-streaming/--no-expert-streaming", default=None,
               help="Read routed experts only when needed (default: on for repacked files or when the experts do "
