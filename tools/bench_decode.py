@@ -89,5 +89,6 @@ def main():
     else:
         print(f"llama.cpp not found at {args.llama_bin}; no ratio", file=sys.stderr)
 
+
 if __name__ == "__main__":
     main()

@@ -6,18 +6,18 @@ and of llama.cpp, each under the same memory cgroup cap, each starting with a co
     python tools/bench_stream.py                    # 48 layers (~17 GB) under 6 GiB
     python tools/bench_stream.py --configs default pread mmap --llama-bin DIR
     python tools/bench_stream.py --quick --cached --configs default streaming-off streaming-off default
-    python tools/bench_stream.py --quick --preset deepseek-v3 --experts 64   # other architectures
+    python tools/bench_stream.py --quick --preset deepseek-v3 --experts 64 --size-gb 8 --cap-mib 3072
 
 The model is a synthetic qwen3moe of the Qwen3-30B-A3B shape at Q4_K_M (or --preset at
 --type, its layer count scaled to --size-gb), repacked with `swapmoe repack` (both kept in
---dir and reused). Each configuration runs in a child process
-inside a cgroup capped at --cap-mib (page cache included; needs root), after the page cache
-was dropped: a --prompt-token prompt, then --decode greedy tokens. Printed per
-configuration: decode and prompt tok/s, GB read from storage per token, the expert read
-bandwidth over the run as a share of the disk's sequential read bandwidth (measured right
-before and right after that configuration, averaged: this disk's speed drifts), the share of the run spent waiting for reads, peak memory of the cgroup, and OOM
-kills. Decoding samples (temperature 1, seed 0) so
-that the routing keeps moving. llama.cpp runs on the original file with --no-repack (its CPU
+--dir and reused). Each configuration runs in a child process inside a cgroup capped at
+--cap-mib (page cache included; needs root), after the page cache was dropped: a
+--prompt-token prompt, then --decode sampled tokens. Printed per configuration: decode and
+prompt tok/s, GB read from storage per token, the expert read bandwidth over the run as a
+share of the disk's sequential read bandwidth (measured right before and right after that
+configuration and averaged: a shared disk's speed drifts), that disk bandwidth, the share of
+the run spent waiting for reads, peak memory of the cgroup, and OOM kills. Decoding samples
+(temperature 1, seed 0) so that the routing keeps moving. llama.cpp runs on the original file with --no-repack (its CPU
 repacking copies weights into anonymous memory, which a cap kills), greedy.
 """
 import argparse
