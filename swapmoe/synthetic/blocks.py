@@ -21,6 +21,9 @@ _F16_SCALES: dict[T, tuple[int, ...]] = {
     T.IQ2_XXS: (0,), T.IQ2_XS: (0,), T.IQ2_S: (0,), T.IQ3_XXS: (0,), T.IQ3_S: (0,),
     T.IQ1_S: (0,), T.IQ4_NL: (0,), T.IQ4_XS: (0,),
 }
+# Byte offset of the fp16 min field of the types whose values are d * q + min (Q4_1, Q5_1) or
+# d * scale * q - dmin * min (Q2_K, Q4_K, Q5_K): its other scale fields hold d.
+_MIN_FIELD: dict[T, int] = {T.Q4_1: 2, T.Q5_1: 2, T.Q2_K: 82, T.Q4_K: 2, T.Q5_K: 2}
 FLOAT_TYPES = (T.F32, T.F16, T.BF16)
 QUANT_TYPES = tuple(_F16_SCALES) + (T.IQ1_M, T.MXFP4)
 
@@ -59,6 +62,8 @@ def _unit_std(ggml_type: T) -> float:
     block, size = GGML_QUANT_SIZES[ggml_type]
     raw = rng.integers(0, 256, (64, size), dtype=np.uint8)
     blocks = _with_scale(ggml_type, raw, np.zeros(64) if ggml_type == T.MXFP4 else np.ones(64))
+    if ggml_type in _MIN_FIELD:
+        blocks = _zero_mean(ggml_type, blocks)
     return float(dequantize(blocks.reshape(-1), ggml_type).std())
 
 
@@ -71,7 +76,33 @@ def random_blocks(ggml_type: T, n_blocks: int, std: float, rng: np.random.Genera
         d = np.log2(std / _unit_std(ggml_type)) + np.log2(spread)
     else:
         d = std / _unit_std(ggml_type) * spread
-    return _with_scale(ggml_type, raw, d)
+    blocks = _with_scale(ggml_type, raw, d)
+    return _zero_mean(ggml_type, blocks) if ggml_type in _MIN_FIELD else blocks
+
+
+def _zero_mean(ggml_type: T, blocks: np.ndarray) -> np.ndarray:
+    """Set each block's min field so that its values average zero.
+
+    With random bytes there the quants (all >= 0) give every block a mean about as large as its
+    spread; all rows of a matrix then share one direction (random Q4_K embedding rows: mean 1.0,
+    std 1.1, pairwise cosine 0.46), and after one attention layer every token of a synthetic
+    model carried nearly the same hidden state and chose the same experts."""
+    off, n = _MIN_FIELD[ggml_type], len(blocks)
+    block = GGML_QUANT_SIZES[ggml_type][0]
+    one, zero = (np.array([v], np.float16).view(np.uint8) for v in (1, 0))
+    without_min = blocks.copy()
+    without_min[:, off:off + 2] = zero
+    mean_without = dequantize(without_min.reshape(-1), ggml_type).reshape(n, block).mean(axis=1)
+    min_only = blocks.copy()  # every d field 0, the min field 1: the block's mean per unit min
+    for field in _F16_SCALES[ggml_type]:
+        min_only[:, field:field + 2] = one if field == off else zero
+    mean_per_min = dequantize(min_only.reshape(-1), ggml_type).reshape(n, block).mean(axis=1)
+    safe = mean_per_min != 0  # a K-quant block whose mins are all 0 keeps its mean
+    value = np.zeros(n)
+    value[safe] = -mean_without[safe] / mean_per_min[safe]
+    out = blocks.copy()
+    out[:, off:off + 2] = np.clip(value, -60000, 60000).astype(np.float16).view(np.uint8).reshape(-1, 2)
+    return out
 
 
 def random_floats(ggml_type: T, n: int, std: float, rng: np.random.Generator, mean: float = 0.0) -> np.ndarray:
