@@ -69,6 +69,21 @@ def f16_to_f32(lo, hi):
 
 
 @njit(**INLINE)
+def u32(blk, o):
+    """Four little-endian bytes blk[o:o+4] as one uint32."""
+    return np.uint32(blk[o]) | (np.uint32(blk[o + 1]) << 8) | (np.uint32(blk[o + 2]) << 16) | (np.uint32(blk[o + 3]) << 24)
+
+
+@njit(**INLINE)
+def u64(blk, o):
+    """Eight little-endian bytes blk[o:o+8] as one uint64 (LLVM merges this into a single load)."""
+    w = np.uint64(0)
+    for i in range(8):
+        w |= np.uint64(blk[o + i]) << np.uint64(8 * i)
+    return w
+
+
+@njit(**INLINE)
 def dot16(a, ao, x, xo):
     """Exact int32 dot of int8 a[ao:ao+16] with int8 x[xo:xo+16]."""
     s = np.int32(0)

@@ -18,7 +18,7 @@ from gguf import quants as gq
 from numba import njit, prange
 
 from ._jit import (INLINE, PARALLEL, ROWS_PER_TASK, SERIAL, decode_pairs, dot32, dot256, f16_to_f32, nibble_pair_words,
-                   pair_order, widen4, widen8)
+                   pair_order, u32, widen4, widen8)
 
 
 def _grid(cls) -> np.ndarray:
@@ -62,11 +62,6 @@ _GRID8_IQ1_S = _GRID_IQ1_S.view(np.uint64).reshape(-1)
 _IQ4_VALUES = np.array(gq.IQ4_NL.kvalues, dtype=np.int8)
 _IQ4_PAIRS = nibble_pair_words(_IQ4_VALUES)
 _IQ1_DELTA = np.float32(0.125)
-
-
-@njit(**INLINE)
-def _u32(blk, o):
-    return np.uint32(blk[o]) | (np.uint32(blk[o + 1]) << 8) | (np.uint32(blk[o + 2]) << 16) | (np.uint32(blk[o + 3]) << 24)
 
 
 # ---- IQ4_NL: d f16, 16 bytes of indices into a 16-value table (Q8_0 acts) ---
@@ -173,14 +168,14 @@ def dequantize_iq4_xs(W, cols, row_ids, out):
 
 @njit(**INLINE)
 def _scale_iq2_xxs(blk, o, ib):
-    return 2 * np.int32(_u32(blk, o + 6 + ib * 8) >> 28) + 1
+    return 2 * np.int32(u32(blk, o + 6 + ib * 8) >> 28) + 1
 
 
 @njit(**INLINE)
 def _decode_iq2_xxs(blk, o, ws, wo, scaled):
     for ib in range(8):
         p = 2 + ib * 8
-        aux = _u32(blk, o + p + 4)
+        aux = u32(blk, o + p + 4)
         s = np.int16(2 * np.int32(aux >> 28) + 1) if scaled else np.int16(1)
         for l in range(4):
             g = _SIGNED_IQ2_XXS[np.int64(blk[o + p + l]) * 128 + ((aux >> (7 * l)) & 127)]
@@ -347,13 +342,13 @@ def dequantize_iq2_s(W, cols, row_ids, out):
 
 @njit(**INLINE)
 def _scale_iq3_xxs(blk, o, ib):
-    return 2 * np.int32(_u32(blk, o + 66 + ib * 4) >> 28) + 1
+    return 2 * np.int32(u32(blk, o + 66 + ib * 4) >> 28) + 1
 
 
 @njit(**INLINE)
 def _decode_iq3_xxs(blk, o, ws, wo, scaled):
     for ib in range(8):
-        aux = _u32(blk, o + 66 + ib * 4)
+        aux = u32(blk, o + 66 + ib * 4)
         s = np.int16(2 * np.int32(aux >> 28) + 1) if scaled else np.int16(1)
         for l in range(4):
             p = 2 + ib * 8 + 2 * l

@@ -14,12 +14,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ._jit import INLINE, PARALLEL, ROWS_PER_TASK, SERIAL, dot256, f16_to_f32
-
-
-@njit(**INLINE)
-def _u32(blk, o):
-    return np.uint32(blk[o]) | (np.uint32(blk[o + 1]) << 8) | (np.uint32(blk[o + 2]) << 16) | (np.uint32(blk[o + 3]) << 24)
+from ._jit import INLINE, PARALLEL, ROWS_PER_TASK, SERIAL, dot256, f16_to_f32, u32
 
 
 @njit(**INLINE)
@@ -28,9 +23,9 @@ def _scales_mins_k4(blk, o):
     word operations into (scales, mins): two uint64 holding eight bytes each
     (byte j = sub-block j; read with _byte).  Byte-at-a-time unpacking cost as
     much as decoding the 256 quants."""
-    a = _u32(blk, o)
-    b = _u32(blk, o + 4)
-    c = _u32(blk, o + 8)
+    a = u32(blk, o)
+    b = u32(blk, o + 4)
+    c = u32(blk, o + 8)
     low6 = np.uint32(0x3F3F3F3F)
     low4 = np.uint32(0x0F0F0F0F)
     low2 = np.uint32(0x03030303)

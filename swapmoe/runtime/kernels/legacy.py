@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ._jit import INLINE, PARALLEL, ROWS_PER_TASK, SERIAL, dot32, f16_to_f32
+from ._jit import INLINE, PARALLEL, ROWS_PER_TASK, SERIAL, dot32, f16_to_f32, u64
 
 
 _LOW_NIBBLES = np.uint64(0x0F0F0F0F0F0F0F0F)
@@ -26,15 +26,6 @@ _BYTE_TOP_BITS = np.uint64(0x8080808080808080)
 _ONE_PER_BYTE = np.uint64(0x0101010101010101)
 # byte b -> 0x10 in byte i of a uint64 for every set bit i of b: the 5th bits of Q5 values
 _FIFTH_BITS = np.array([sum(((b >> i) & 1) << (8 * i + 4) for i in range(8)) for b in range(256)], np.uint64)
-
-
-@njit(**INLINE)
-def _u64(blk, o):
-    """Eight little-endian bytes as one uint64 (LLVM merges this into a single load)."""
-    w = np.uint64(0)
-    for i in range(8):
-        w |= np.uint64(blk[o + i]) << np.uint64(8 * i)
-    return w
 
 
 @njit(**INLINE)
@@ -51,8 +42,8 @@ def _minus(w, offset):
 @njit(**INLINE)
 def _decode_q4(blk, o, offset, w64, wo):
     """32 values of a block's nibbles (at blk[o:o+16]) minus offset into w64[wo:wo+4]."""
-    lo = _u64(blk, o)
-    hi = _u64(blk, o + 8)
+    lo = u64(blk, o)
+    hi = u64(blk, o + 8)
     w64[wo] = _minus(lo & _LOW_NIBBLES, offset)
     w64[wo + 1] = _minus(hi & _LOW_NIBBLES, offset)
     w64[wo + 2] = _minus((lo >> np.uint64(4)) & _LOW_NIBBLES, offset)
@@ -62,8 +53,8 @@ def _decode_q4(blk, o, offset, w64, wo):
 @njit(**INLINE)
 def _decode_q5(blk, o, offset, w64, wo):
     """As _decode_q4 for a u32 of 5th bits at blk[o:o+4] followed by the nibbles."""
-    lo = _u64(blk, o + 4)
-    hi = _u64(blk, o + 12)
+    lo = u64(blk, o + 4)
+    hi = u64(blk, o + 12)
     w64[wo] = _minus((lo & _LOW_NIBBLES) | _FIFTH_BITS[blk[o]], offset)
     w64[wo + 1] = _minus((hi & _LOW_NIBBLES) | _FIFTH_BITS[blk[o + 1]], offset)
     w64[wo + 2] = _minus(((lo >> np.uint64(4)) & _LOW_NIBBLES) | _FIFTH_BITS[blk[o + 2]], offset)
