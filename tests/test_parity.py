@@ -40,20 +40,7 @@ def model_path(case, tmp_path_factory) -> Path:
     return path
 
 
-# Below 98% top-1 (97.8% and 96.8%): 2-3 of 93 positions where an activation lands exactly on a
-# rounding boundary of the next 8-bit quantization and a 1-ulp difference upstream (an f32
-# summation order not yet reproduced, e.g. of the f32 router matmul) tips it the other way
-# (docs/benchmarks.md, parity). Strict: if one starts passing, say so.
-ROUNDING_FLIPS = {"deepseek2-Q4_K_M", "qwen2moe-IQ2_XXS"}
-
-
-def _param(case):
-    name = f"{case['arch']}-{case['type']}"
-    marks = [pytest.mark.xfail(strict=True, reason="rounding-boundary flips")] if name in ROUNDING_FLIPS else []
-    return pytest.param(case, id=name, marks=marks)
-
-
-@pytest.mark.parametrize("case", [_param(c) for c in CASES])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c['arch']}-{c['type']}")
 def test_logits_match_llama_cpp(case, tmp_path_factory):
     ref = np.load(GOLDEN / case["reference"])
     model = swapmoe.load(model_path(case, tmp_path_factory))

@@ -106,21 +106,24 @@ class Rope:
             mscale = mscale * F32(1.0 + 0.1 * math.log(1.0 / self.freq_scale))
         else:
             thetas = theta_interp
-        return (np.cos(thetas) * mscale).astype(F32), (np.sin(thetas) * mscale).astype(F32)
+        cos, sin = ggml_math.cos_sin(np.ascontiguousarray(thetas, dtype=F32))
+        return (cos * mscale).astype(F32), (sin * mscale).astype(F32)
 
     def apply(self, x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
         """Rotate the first n_rot dims of every head of x [T, H, d]; the rest pass through."""
         out = x.copy()
-        c, s = cos[:, None, :], sin[:, None, :]
+        c, s = cos[:, None, :].astype(np.float64), sin[:, None, :].astype(np.float64)
         if self.neox:
             half = self.n_rot // 2
-            x0, x1 = x[..., :half], x[..., half:self.n_rot]
-            out[..., :half] = x0 * c - x1 * s
-            out[..., half:self.n_rot] = x0 * s + x1 * c
+            x0, x1 = x[..., :half].astype(np.float64), x[..., half:self.n_rot]
+            first, second = slice(0, half), slice(half, self.n_rot)
         else:
-            x0, x1 = x[..., 0:self.n_rot:2], x[..., 1:self.n_rot:2]
-            out[..., 0:self.n_rot:2] = x0 * c - x1 * s
-            out[..., 1:self.n_rot:2] = x0 * s + x1 * c
+            x0, x1 = x[..., 0:self.n_rot:2].astype(np.float64), x[..., 1:self.n_rot:2]
+            first, second = slice(0, self.n_rot, 2), slice(1, self.n_rot, 2)
+        # x0*c - x1*s with x0*c fused (ggml's C++ is compiled with FMA contraction); the product
+        # of two floats is exact in double, so this rounds as the fused operation does
+        out[..., first] = x0 * c - (x1 * sin[:, None, :]).astype(F32)
+        out[..., second] = x0 * s + (x1 * cos[:, None, :]).astype(F32)
         return out
 
 

@@ -11,11 +11,13 @@ from swapmoe.runtime import kernels
 
 @dataclass(frozen=True)
 class Weight:
-    """rows x cols matrix in ggml row layout (rows = outputs); `raw` is a uint8 view, never a copy."""
+    """rows x cols matrix in ggml row layout (rows = outputs); `raw` is a uint8 view, never a copy.
+    `stacked`: one expert of a stacked expert tensor (llama.cpp rounds those products differently)."""
     raw: np.ndarray
     ggml_type: T
     rows: int
     cols: int
+    stacked: bool = False
 
     @property
     def vec_dot_type(self) -> int:
@@ -28,7 +30,7 @@ def linear(w: Weight, x: np.ndarray, qx: kernels.QuantizedActivation | None = No
     Pass `qx` (from `quantize(w, x)`) to reuse one quantized activation for several weights."""
     if qx is None:
         qx = kernels.quantize_activation(w.ggml_type, x)
-    return kernels.matmul_q(w.ggml_type, w.raw, w.rows, w.cols, qx)
+    return kernels.matmul_q(w.ggml_type, w.raw, w.rows, w.cols, qx, stacked=w.stacked)
 
 
 def linear_per_group(w: Weight, x: np.ndarray) -> np.ndarray:

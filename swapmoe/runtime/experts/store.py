@@ -117,7 +117,7 @@ class ExpertStore:
                 extras[name] = raw.view(np.float32)
             else:
                 weights[name] = Weight(raw, GGMLQuantizationType(int(index.part_type[layer, p])),
-                                       int(np.prod(ne[1:])), ne[0])
+                                       int(np.prod(ne[1:])), ne[0], stacked=True)
         if "down" not in weights:
             raise SwapmoeError(f"layer {layer} has no ffn_down_exps part")
         return Expert(extras=extras, **weights)

@@ -27,12 +27,14 @@ from gguf import GGMLQuantizationType as T
 
 from . import float as _float
 from . import iquants, kquants, legacy, mxfp4
+from ._jit import ORDER_DOT, ORDER_GEMM, ORDER_GEMV, ORDER_SGEMM, ORDER_TILED
+from .ggml_math import LANES
 from .activation import QUANTIZERS, QuantizedActivation
 
 
 class Kernel(NamedTuple):
     vec_dot_type: int
-    matmul: Callable  # (W, rows, group_rows, cols, qs, d, extra, out[T, rows]) -> None (see matmul_q)
+    matmul: Callable  # (W, rows, group_rows, cols, qs, d, extra, out[T, rows], order) -> None (see matmul_q)
     dequantize: Callable  # (W, cols, row_ids, out[n, cols]) -> None
 
 
@@ -97,13 +99,40 @@ def quantize_activation(ggml_type: int, X: np.ndarray) -> QuantizedActivation:
     return QUANTIZERS[_kernel(ggml_type).vec_dot_type](X.reshape(-1, X.shape[-1]))
 
 
+# ggml types llama.cpp's tiled matmul takes for batches of >= 8 tokens (ggml-cpu/tiled/tiled.cpp)
+_TILED = frozenset(int(t) for t in (T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS, T.IQ2_XXS, T.IQ2_XS,
+                                    T.IQ2_S, T.IQ3_XXS, T.IQ3_S, T.IQ1_S, T.IQ1_M))
+
+
+def ggml_order(ggml_type: int, rows: int, cols: int, n_tok: int, grouped: bool, stacked: bool) -> int:
+    """Which of llama.cpp's x86 matmul routes (reference build: AVX-512 VNNI) computes this product,
+    as the kernels' `order` argument: the route fixes how block sums are rounded and added.
+
+    Q4_K matrices with rows % 8 == 0 are repacked at load (2-D tensors and stacked experts, not
+    3-D per-head groups) and go through gemm/gemv; other K/IQ types through the tiled kernel when
+    >= 8 tokens meet the matrix (per expert for MoE), else vec_dot; F32 and Q8_0 batches of >= 2
+    tokens through tinyBLAS, single tokens through vec_dot."""
+    ggml_type = int(ggml_type)
+    if ggml_type == T.Q2_K and rows % 8 == 0 and not grouped:
+        return ORDER_DOT  # repacked too (AVX-512), by a gemm/gemv whose rounding is not reproduced yet
+    if ggml_type == T.Q4_K and rows % 8 == 0 and not grouped:
+        return ORDER_GEMV if stacked else ORDER_GEMM
+    if ggml_type in _TILED and n_tok >= 8:
+        return ORDER_TILED
+    if n_tok >= 2 and (ggml_type == T.Q8_0 or (ggml_type == T.F32 and cols % LANES == 0)):
+        return ORDER_SGEMM
+    return ORDER_DOT
+
+
 def matmul_q(ggml_type: int, W: np.ndarray, rows: int, cols: int, qx: QuantizedActivation,
-             group_rows: int | None = None) -> np.ndarray:
+             group_rows: int | None = None, stacked: bool = False) -> np.ndarray:
     """Y[T, rows] = X @ W.T with X already passed through quantize_activation.
 
     group_rows: W's rows form groups of this many, each with its own activations (e.g. MLA's
     per-head matrices stacked in one tensor): qx then holds T rows per group, group-major, and
-    Y[:, g*group_rows:(g+1)*group_rows] = X_g @ W_g.T; one kernel call for all groups."""
+    Y[:, g*group_rows:(g+1)*group_rows] = X_g @ W_g.T; one kernel call for all groups.
+    stacked: W is one expert of a stacked expert tensor (llama.cpp's MUL_MAT_ID), which changes
+    the rounding route llama.cpp takes (see ggml_order)."""
     kernel = _kernel(ggml_type)
     _check_weights(ggml_type, W, rows, cols)
     if qx.vec_dot_type != kernel.vec_dot_type or qx.qs.shape[1] != cols:
@@ -114,7 +143,8 @@ def matmul_q(ggml_type: int, W: np.ndarray, rows: int, cols: int, qx: QuantizedA
         raise ValueError(f"{rows} rows in groups of {group_rows} do not match {qx.qs.shape[0]} activation rows")
     out = np.empty((qx.qs.shape[0] // groups, rows), np.float32)
     if rows:
-        kernel.matmul(_readonly(W), rows, group_rows, cols, qx.qs, qx.d, qx.extra, out)
+        order = ggml_order(ggml_type, group_rows, cols, len(out), groups > 1, stacked)
+        kernel.matmul(_readonly(W), rows, group_rows, cols, qx.qs, qx.d, qx.extra, out, order)
     return out
 
 
@@ -144,6 +174,7 @@ def dequantize_rows(ggml_type: int, W: np.ndarray, rows: int, cols: int, row_ids
 
 
 __all__ = [
-    "KERNELS", "Kernel", "QuantizedActivation", "quantize_activation",
+    "KERNELS", "Kernel", "QuantizedActivation", "quantize_activation", "ggml_order",
+    "ORDER_DOT", "ORDER_GEMM", "ORDER_GEMV", "ORDER_SGEMM", "ORDER_TILED",
     "matvec", "matmul", "matvec_q", "matmul_q", "dequantize_rows",
 ]

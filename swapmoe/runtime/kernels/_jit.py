@@ -162,3 +162,39 @@ def dot256(ws, wo, x, xo):
         s2 = np.int32(s2 + np.int32(ws[wo + 128 + j]) * np.int32(x[xo + 128 + j]))
         s3 = np.int32(s3 + np.int32(ws[wo + 192 + j]) * np.int32(x[xo + 192 + j]))
     return np.int32(np.int32(s0 + s1) + np.int32(s2 + s3))
+
+
+# How llama.cpp's CPU backend (x86 with AVX-512 VNNI, the reference build) turns a weight row's
+# exact per-super-block integer sums into a float: which of its matmul routes a call takes decides
+# the rounding.  The kernels take one of these as their `order` argument (see kernels.ggml_order).
+ORDER_DOT = 0    # vec_dot: sum_b (dw*dx)*isum_b - (dmin*dx)*summ_b, one running sum (ggml's split
+                 # of each block over 8 SIMD lanes is not reproduced)
+ORDER_TILED = 1  # tiled K/IQ matmul (>= 8 tokens): sum_b ((isum_b*dw) - dmin*summ_b, fused) * dx
+ORDER_GEMM = 2   # Q4_K in ggml's repacked layout, MUL_MAT: FMA chains over 64-value steps
+ORDER_GEMV = 3   # Q4_K repacked, one token at a time (MUL_MAT_ID, and batch remainders)
+ORDER_SGEMM = 4  # llamafile's tinyBLAS (F32 and Q8_0, batches of >= 2 tokens): FMA lanes, then a tree sum
+
+
+@njit(**INLINE)
+def fma32(a, b, c):
+    """float32 a*b + c rounded once (exact product in double; differs from a true FMA only
+    in the rare case where the double sum rounds twice)."""
+    return np.float32(np.float64(a) * np.float64(b) + np.float64(c))
+
+
+@njit(**INLINE)
+def block_sum(order, isum, summ, dw, dmin, dx):
+    """One super-block's share of a dot product: integer sums isum (scaled quants x activation)
+    and summ (mins x activation block sums; 0 for types without mins), weight scales dw/dmin,
+    activation scale dx, rounded as the route `order` (ORDER_DOT or ORDER_TILED) rounds it."""
+    if order == ORDER_TILED:
+        return np.float32(fma32(-dmin, summ, np.float32(isum * dw)) * dx)
+    return (dw * dx) * isum - (dmin * dx) * summ
+
+
+@njit(**INLINE)
+def tree_sum8(v):
+    """v[0] + ... + v[7] in the order of ggml's hsum of an 8-float vector."""
+    a = np.float32(np.float32(v[0] + v[4]) + np.float32(v[2] + v[6]))
+    b = np.float32(np.float32(v[1] + v[5]) + np.float32(v[3] + v[7]))
+    return np.float32(a + b)

@@ -3,16 +3,19 @@
 llama.cpp rounds the activation to the weight's type (F16/BF16, done in
 activation.py) and accumulates the products in float32 SIMD lanes.  We do the
 same: each weight row is widened to float32 once, then dotted with every
-token using a vectorized float32 reduction (summation order differs from
-ggml's, see docs/kernels.md).  Products of two f16/bf16 values are exact in
-float32, so only the accumulation rounds.
+token.  F32 rows are summed in ggml's order, bit for bit: tinyBLAS's for
+batches (ORDER_SGEMM), ggml_vec_dot_f32's for one token; F16/BF16 use a vectorized
+float32 reduction whose order differs from ggml's (see docs/kernels.md).
+Products of two f16/bf16 values are exact in float32, so only the
+accumulation rounds.
 """
 from __future__ import annotations
 
 import numpy as np
 from numba import njit, prange
 
-from ._jit import PARALLEL, SERIAL
+from ._jit import ORDER_SGEMM, PARALLEL, SERIAL
+from .ggml_math import LANES, dot_sgemm, dot_vec
 
 _F16_EXP_SCALE = np.float32(2.0**112)
 
@@ -44,13 +47,17 @@ def _widen_bf16(halves, bits):
 
 
 @njit(**PARALLEL)
-def matmul_f32(W, rows, group_rows, cols, qs, d, extra, out):
+def matmul_f32(W, rows, group_rows, cols, qs, d, extra, out, order):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     for r in prange(rows):
         t0 = (r // group_rows) * n_tok
         w = W[r * cols * 4:(r + 1) * cols * 4].view(np.float32)
+        lanes = np.empty((4, LANES), np.float32)
         for t in range(n_tok):
-            out[t, r] = _dot_f32(w, qs[t0 + t])
+            if order == ORDER_SGEMM:
+                out[t, r] = dot_sgemm(w, qs[t0 + t], cols, lanes[0])
+            else:
+                out[t, r] = dot_vec(w, qs[t0 + t], cols, lanes)
 
 
 @njit(**SERIAL)
@@ -60,7 +67,7 @@ def dequantize_f32(W, cols, row_ids, out):
 
 
 @njit(**PARALLEL)
-def matmul_f16(W, rows, group_rows, cols, qs, d, extra, out):
+def matmul_f16(W, rows, group_rows, cols, qs, d, extra, out, order):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     for r in prange(rows):
         t0 = (r // group_rows) * n_tok
@@ -81,7 +88,7 @@ def dequantize_f16(W, cols, row_ids, out):
 
 
 @njit(**PARALLEL)
-def matmul_bf16(W, rows, group_rows, cols, qs, d, extra, out):
+def matmul_bf16(W, rows, group_rows, cols, qs, d, extra, out, order):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     for r in prange(rows):
         t0 = (r // group_rows) * n_tok

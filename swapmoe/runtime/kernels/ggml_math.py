@@ -160,7 +160,7 @@ def _hsum16(acc):
 
 
 @njit(cache=True)
-def _dot_sgemm(a, b, n, acc):
+def dot_sgemm(a, b, n, acc):
     """One element of llamafile's tinyBLAS f32 GEMM: 16 lanes of FMA chains over n, then hsum.
     acc: 16 floats of scratch (the caller's, so that millions of calls allocate nothing)."""
     acc[:] = 0
@@ -171,7 +171,7 @@ def _dot_sgemm(a, b, n, acc):
 
 
 @njit(cache=True)
-def _dot_vec(a, b, n, acc):
+def dot_vec(a, b, n, acc):
     """ggml_vec_dot_f32 (AVX-512): 4 accumulators of 16 lanes over steps of 64, folded, hsum, tail.
     acc: [4, 16] floats of scratch."""
     step = 4 * LANES
@@ -203,7 +203,7 @@ def _attention_scores(q, k, sgemm, out):
         acc = np.empty((4, LANES), np.float32)
         for t in range(T):
             for s in range(S):
-                out[h, t, s] = _dot_sgemm(q[t, h], k[s, g], d, acc[0]) if sgemm else _dot_vec(q[t, h], k[s, g], d, acc)
+                out[h, t, s] = dot_sgemm(q[t, h], k[s, g], d, acc[0]) if sgemm else dot_vec(q[t, h], k[s, g], d, acc)
 
 
 @njit(cache=True, nogil=True, parallel=True)
@@ -220,7 +220,7 @@ def _attention_values(p, vt, out):
         for t in range(T):
             a[:S] = p[h, t]
             for c in range(dv):
-                out[t, h, c] = _dot_sgemm(a, vt[g, c], n, acc)
+                out[t, h, c] = dot_sgemm(a, vt[g, c], n, acc)
 
 
 def attention_scores(q: np.ndarray, k: np.ndarray) -> np.ndarray:
@@ -239,3 +239,16 @@ def attention_values(p: np.ndarray, v: np.ndarray) -> np.ndarray:
     out = np.empty((p.shape[1], p.shape[0], dv), F32)
     _attention_values(np.ascontiguousarray(p, F32), vt, out)
     return out
+
+
+@njit(cache=True)
+def cos_sin(thetas):
+    """cosf and sinf of every float32 angle, from the C library as ggml calls them (numpy's
+    float32 cos/sin are SIMD approximations that differ from libm by an ulp now and then)."""
+    cos = np.empty_like(thetas)
+    sin = np.empty_like(thetas)
+    flat, c, s = thetas.reshape(-1), cos.reshape(-1), sin.reshape(-1)
+    for i in range(flat.size):
+        c[i] = math.cos(flat[i])
+        s[i] = math.sin(flat[i])
+    return cos, sin

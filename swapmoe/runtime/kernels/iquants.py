@@ -17,8 +17,10 @@ import numpy as np
 from gguf import quants as gq
 from numba import njit, prange
 
-from ._jit import (INLINE, PARALLEL, ROWS_PER_TASK, SERIAL, decode_pairs, dot32, dot256, f16_to_f32, nibble_pair_words,
-                   pair_order, u32, widen4, widen8)
+from ._jit import (INLINE, PARALLEL, ROWS_PER_TASK, SERIAL, block_sum, decode_pairs, dot32, dot256, f16_to_f32,
+                   nibble_pair_words, pair_order, u32, widen4, widen8)
+
+_ZERO = np.float32(0.0)
 
 
 def _grid(cls) -> np.ndarray:
@@ -68,7 +70,7 @@ _IQ1_DELTA = np.float32(0.125)
 # Weights are decoded in pair order (_jit.decode_pairs) and dotted with pair-ordered activations.
 
 @njit(**PARALLEL)
-def matmul_iq4_nl(W, rows, group_rows, cols, qs, d, extra, out):
+def matmul_iq4_nl(W, rows, group_rows, cols, qs, d, extra, out, order):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 32
     rb = nb * 18
@@ -118,7 +120,7 @@ def _scale_iq4_xs(blk, o, ib):
 
 
 @njit(**PARALLEL)
-def matmul_iq4_xs(W, rows, group_rows, cols, qs, d, extra, out):
+def matmul_iq4_xs(W, rows, group_rows, cols, qs, d, extra, out, order):
     """Weights in pair order times their sub-block scale, against pair-ordered activations."""
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 256
@@ -143,7 +145,7 @@ def matmul_iq4_xs(W, rows, group_rows, cols, qs, d, extra, out):
                 acc = np.float32(0.0)
                 for b in range(nb):
                     sumi = dot256(ws, b * 256, x, b * 256)
-                    acc += (dw[b] * dx[b]) * np.float32(sumi)
+                    acc += block_sum(order, np.float32(sumi), _ZERO, dw[b], _ZERO, dx[b])
                 out[t, r] = acc
 
 
@@ -183,7 +185,7 @@ def _decode_iq2_xxs(blk, o, ws, wo, scaled):
 
 
 @njit(**PARALLEL)
-def matmul_iq2_xxs(W, rows, group_rows, cols, qs, d, extra, out):
+def matmul_iq2_xxs(W, rows, group_rows, cols, qs, d, extra, out, order):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 256
     rb = nb * 66
@@ -203,7 +205,7 @@ def matmul_iq2_xxs(W, rows, group_rows, cols, qs, d, extra, out):
                 acc = np.float32(0.0)
                 for b in range(nb):
                     bsum = dot256(ws, b * 256, x, b * 256)
-                    acc += (dw[b] * dx[b]) * np.float32(bsum)
+                    acc += block_sum(order, np.float32(bsum), _ZERO, dw[b], _ZERO, dx[b])
                 out[t, r] = np.float32(0.125) * acc
 
 
@@ -241,7 +243,7 @@ def _decode_iq2_xs(blk, o, ws, wo, scaled):
 
 
 @njit(**PARALLEL)
-def matmul_iq2_xs(W, rows, group_rows, cols, qs, d, extra, out):
+def matmul_iq2_xs(W, rows, group_rows, cols, qs, d, extra, out, order):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 256
     rb = nb * 74
@@ -261,7 +263,7 @@ def matmul_iq2_xs(W, rows, group_rows, cols, qs, d, extra, out):
                 acc = np.float32(0.0)
                 for b in range(nb):
                     bsum = dot256(ws, b * 256, x, b * 256)
-                    acc += (dw[b] * dx[b]) * np.float32(bsum)
+                    acc += block_sum(order, np.float32(bsum), _ZERO, dw[b], _ZERO, dx[b])
                 out[t, r] = np.float32(0.125) * acc
 
 
@@ -297,7 +299,7 @@ def _decode_iq2_s(blk, o, ws, wo, scaled):
 
 
 @njit(**PARALLEL)
-def matmul_iq2_s(W, rows, group_rows, cols, qs, d, extra, out):
+def matmul_iq2_s(W, rows, group_rows, cols, qs, d, extra, out, order):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 256
     rb = nb * 82
@@ -317,7 +319,7 @@ def matmul_iq2_s(W, rows, group_rows, cols, qs, d, extra, out):
                 acc = np.float32(0.0)
                 for b in range(nb):
                     bsum = dot256(ws, b * 256, x, b * 256)
-                    acc += (dw[b] * dx[b]) * np.float32(bsum)
+                    acc += block_sum(order, np.float32(bsum), _ZERO, dw[b], _ZERO, dx[b])
                 out[t, r] = np.float32(0.125) * acc
 
 
@@ -358,7 +360,7 @@ def _decode_iq3_xxs(blk, o, ws, wo, scaled):
 
 
 @njit(**PARALLEL)
-def matmul_iq3_xxs(W, rows, group_rows, cols, qs, d, extra, out):
+def matmul_iq3_xxs(W, rows, group_rows, cols, qs, d, extra, out, order):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 256
     rb = nb * 98
@@ -378,7 +380,7 @@ def matmul_iq3_xxs(W, rows, group_rows, cols, qs, d, extra, out):
                 acc = np.float32(0.0)
                 for b in range(nb):
                     bsum = dot256(ws, b * 256, x, b * 256)
-                    acc += (dw[b] * dx[b]) * np.float32(bsum)
+                    acc += block_sum(order, np.float32(bsum), _ZERO, dw[b], _ZERO, dx[b])
                 out[t, r] = np.float32(0.25) * acc
 
 
@@ -416,7 +418,7 @@ def _decode_iq3_s(blk, o, ws, wo, scaled):
 
 
 @njit(**PARALLEL)
-def matmul_iq3_s(W, rows, group_rows, cols, qs, d, extra, out):
+def matmul_iq3_s(W, rows, group_rows, cols, qs, d, extra, out, order):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 256
     rb = nb * 110
@@ -436,7 +438,7 @@ def matmul_iq3_s(W, rows, group_rows, cols, qs, d, extra, out):
                 acc = np.float32(0.0)
                 for b in range(nb):
                     bsum = dot256(ws, b * 256, x, b * 256)
-                    acc += (dw[b] * dx[b]) * np.float32(bsum)
+                    acc += block_sum(order, np.float32(bsum), _ZERO, dw[b], _ZERO, dx[b])
                 out[t, r] = acc
 
 
@@ -486,7 +488,7 @@ def _decode_iq1_s(blk, o, ws, wo, scaled):
 
 
 @njit(**PARALLEL)
-def matmul_iq1_s(W, rows, group_rows, cols, qs, d, extra, out):
+def matmul_iq1_s(W, rows, group_rows, cols, qs, d, extra, out, order):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 256
     rb = nb * 50
@@ -515,7 +517,7 @@ def matmul_iq1_s(W, rows, group_rows, cols, qs, d, extra, out):
                     sumi1 = 0
                     for ib in range(8):
                         sumi1 += shift[b * 8 + ib] * (bsums[b * 16 + 2 * ib] + bsums[b * 16 + 2 * ib + 1])
-                    acc += (dw[b] * dx[b]) * (np.float32(bsum) + _IQ1_DELTA * np.float32(sumi1))
+                    acc += block_sum(order, np.float32(bsum) + _IQ1_DELTA * np.float32(sumi1), _ZERO, dw[b], _ZERO, dx[b])
                 out[t, r] = acc
 
 
@@ -571,7 +573,7 @@ def _d_iq1_m(blk, o):
 
 
 @njit(**PARALLEL)
-def matmul_iq1_m(W, rows, group_rows, cols, qs, d, extra, out):
+def matmul_iq1_m(W, rows, group_rows, cols, qs, d, extra, out, order):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 256
     rb = nb * 56
@@ -599,7 +601,7 @@ def matmul_iq1_m(W, rows, group_rows, cols, qs, d, extra, out):
                 for b in range(nb):
                     bsum = dot256(ws, b * 256, x, b * 256)
                     sumi2 = dot256(shifts, b * 256, x, b * 256)
-                    acc += (dw[b] * dx[b]) * (np.float32(bsum) + _IQ1_DELTA * np.float32(sumi2))
+                    acc += block_sum(order, np.float32(bsum) + _IQ1_DELTA * np.float32(sumi2), _ZERO, dw[b], _ZERO, dx[b])
                 out[t, r] = acc
 
 

@@ -14,7 +14,10 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ._jit import INLINE, PARALLEL, ROWS_PER_TASK, SERIAL, dot256, f16_to_f32, u32
+from ._jit import (INLINE, ORDER_GEMM, ORDER_GEMV, PARALLEL, ROWS_PER_TASK, SERIAL, block_sum, dot256,
+                   f16_to_f32, fma32, u32)
+
+_ZERO = np.float32(0.0)
 
 
 @njit(**INLINE)
@@ -182,7 +185,7 @@ def _sum_mins_k4(bsums, bo, mins):
 # ---- Q2_K: scales[16] (lo nibble scale, hi nibble min), qs[64], d, dmin -----
 
 @njit(**PARALLEL)
-def matmul_q2_k(W, rows, group_rows, cols, qs, d, extra, out):
+def matmul_q2_k(W, rows, group_rows, cols, qs, d, extra, out, order):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 256
     rb = nb * 84
@@ -206,7 +209,7 @@ def matmul_q2_k(W, rows, group_rows, cols, qs, d, extra, out):
                 for b in range(nb):
                     isum = dot256(ws, b * 256, x, b * 256)
                     summ = _sum_mins_q2_k(bsums, b * 16, row, b * 84)
-                    acc += (dx[b] * dw[b]) * np.float32(isum) - (dx[b] * dmin[b]) * np.float32(summ)
+                    acc += block_sum(order, np.float32(isum), np.float32(summ), dw[b], dmin[b], dx[b])
                 out[t, r] = acc
 
 
@@ -257,7 +260,7 @@ def _decode_q3_k(blk, o, wq):
 
 
 @njit(**PARALLEL)
-def matmul_q3_k(W, rows, group_rows, cols, qs, d, extra, out):
+def matmul_q3_k(W, rows, group_rows, cols, qs, d, extra, out, order):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 256
     rb = nb * 110
@@ -279,7 +282,7 @@ def matmul_q3_k(W, rows, group_rows, cols, qs, d, extra, out):
                 acc = np.float32(0.0)
                 for b in range(nb):
                     isum = dot256(ws, b * 256, x, b * 256)
-                    acc += (dw[b] * dx[b]) * np.float32(isum)
+                    acc += block_sum(order, np.float32(isum), _ZERO, dw[b], _ZERO, dx[b])
                 out[t, r] = acc
 
 
@@ -305,7 +308,7 @@ def dequantize_q3_k(W, cols, row_ids, out):
 # ---- Q4_K: d, dmin, scales[12], qs[128] ------------------------------------
 
 @njit(**PARALLEL)
-def matmul_q4_k(W, rows, group_rows, cols, qs, d, extra, out):
+def matmul_q4_k(W, rows, group_rows, cols, qs, d, extra, out, order):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 256
     rb = nb * 144
@@ -323,16 +326,45 @@ def matmul_q4_k(W, rows, group_rows, cols, qs, d, extra, out):
                 scales, mins[b] = _scales_mins_k4(row, o + 4)
                 _scaled_nibbles(row, o + 16, scales, ws, b * 256)
             t0 = (r // group_rows) * n_tok
+            # ggml's repacked gemm takes the tokens four at a time, gemv the rest
+            gemm_tokens = n_tok - n_tok % 4 if order == ORDER_GEMM and n_tok > 3 else 0
             for t in range(n_tok):
                 x = qs[t0 + t]
                 dx = d[t0 + t]
                 bsums = extra[t0 + t]
+                if order == ORDER_GEMM or order == ORDER_GEMV:
+                    out[t, r] = _repacked_q4_k_dot(ws, x, dx, bsums, dw, dmin, mins, nb, t < gemm_tokens)
+                    continue
                 acc = np.float32(0.0)
                 for b in range(nb):
                     isum = dot256(ws, b * 256, x, b * 256)
                     summ = _sum_mins_k4(bsums, b * 16, mins[b])
-                    acc += (dw[b] * dx[b]) * np.float32(isum) - (dmin[b] * dx[b]) * np.float32(summ)
+                    acc += block_sum(order, np.float32(isum), np.float32(summ), dw[b], dmin[b], dx[b])
                 out[t, r] = acc
+
+
+@njit(**INLINE)
+def _repacked_q4_k_dot(ws, x, dx, bsums, dw, dmin, mins, nb, gemm):
+    """A Q4_K row . token as ggml's x86 kernels for its repacked Q4_K layout round it: scales and
+    mins in two FMA chains, subtracted at the end; gemm adds every 64 values, gemv every block."""
+    acc = np.float32(0.0)
+    acc_min = np.float32(0.0)
+    for b in range(nb):
+        scale, scale_min = dw[b] * dx[b], dmin[b] * dx[b]
+        if gemm:
+            for h in range(4):
+                isum = np.int32(0)
+                for j in range(64):
+                    isum = np.int32(isum + np.int32(ws[b * 256 + h * 64 + j]) * np.int32(x[b * 256 + h * 64 + j]))
+                o = b * 16 + 4 * h
+                summ = ((bsums[o] + bsums[o + 1]) * _byte(mins[b], 2 * h)
+                        + (bsums[o + 2] + bsums[o + 3]) * _byte(mins[b], 2 * h + 1))
+                acc = fma32(np.float32(isum), scale, acc)
+                acc_min = fma32(np.float32(summ), scale_min, acc_min)
+        else:
+            acc = fma32(np.float32(dot256(ws, b * 256, x, b * 256)), scale, acc)
+            acc_min = fma32(np.float32(_sum_mins_k4(bsums, b * 16, mins[b])), scale_min, acc_min)
+    return acc - acc_min
 
 
 @njit(**SERIAL)
@@ -373,7 +405,7 @@ def _decode_q5_k(blk, o, wq):
 
 
 @njit(**PARALLEL)
-def matmul_q5_k(W, rows, group_rows, cols, qs, d, extra, out):
+def matmul_q5_k(W, rows, group_rows, cols, qs, d, extra, out, order):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 256
     rb = nb * 176
@@ -399,7 +431,7 @@ def matmul_q5_k(W, rows, group_rows, cols, qs, d, extra, out):
                 for b in range(nb):
                     isum = dot256(ws, b * 256, x, b * 256)
                     summ = _sum_mins_k4(bsums, b * 16, mins[b])
-                    acc += (dw[b] * dx[b]) * np.float32(isum) - (dmin[b] * dx[b]) * np.float32(summ)
+                    acc += block_sum(order, np.float32(isum), np.float32(summ), dw[b], dmin[b], dx[b])
                 out[t, r] = acc
 
 
@@ -439,7 +471,7 @@ def _decode_q6_k(blk, o, wq):
 
 
 @njit(**PARALLEL)
-def matmul_q6_k(W, rows, group_rows, cols, qs, d, extra, out):
+def matmul_q6_k(W, rows, group_rows, cols, qs, d, extra, out, order):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 256
     rb = nb * 210
@@ -459,7 +491,7 @@ def matmul_q6_k(W, rows, group_rows, cols, qs, d, extra, out):
                 acc = np.float32(0.0)
                 for b in range(nb):
                     isum = dot256(ws, b * 256, x, b * 256)
-                    acc += (dw[b] * dx[b]) * np.float32(isum)
+                    acc += block_sum(order, np.float32(isum), _ZERO, dw[b], _ZERO, dx[b])
                 out[t, r] = acc
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ._jit import INLINE, PARALLEL, ROWS_PER_TASK, SERIAL, dot32, f16_to_f32, u64
+from ._jit import INLINE, ORDER_SGEMM, PARALLEL, ROWS_PER_TASK, SERIAL, dot32, f16_to_f32, fma32, tree_sum8, u64
 
 
 _LOW_NIBBLES = np.uint64(0x0F0F0F0F0F0F0F0F)
@@ -64,7 +64,7 @@ def _decode_q5(blk, o, offset, w64, wo):
 # ---- Q4_0: d f16, 16 bytes of nibbles; value = nibble - 8 ------------------
 
 @njit(**PARALLEL)
-def matmul_q4_0(W, rows, group_rows, cols, qs, d, extra, out):
+def matmul_q4_0(W, rows, group_rows, cols, qs, d, extra, out, order):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 32
     rb = nb * 18
@@ -108,7 +108,7 @@ def dequantize_q4_0(W, cols, row_ids, out):
 # ---- Q4_1: d f16, m f16, nibbles; value = d * nibble + m --------------------
 
 @njit(**PARALLEL)
-def matmul_q4_1(W, rows, group_rows, cols, qs, d, extra, out):
+def matmul_q4_1(W, rows, group_rows, cols, qs, d, extra, out, order):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 32
     rb = nb * 20
@@ -156,7 +156,7 @@ def dequantize_q4_1(W, cols, row_ids, out):
 # ---- Q5_0: d f16, qh u32 (5th bits), nibbles; value = q5 - 16 ---------------
 
 @njit(**PARALLEL)
-def matmul_q5_0(W, rows, group_rows, cols, qs, d, extra, out):
+def matmul_q5_0(W, rows, group_rows, cols, qs, d, extra, out, order):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 32
     rb = nb * 22
@@ -200,7 +200,7 @@ def dequantize_q5_0(W, cols, row_ids, out):
 # ---- Q5_1: d f16, m f16, qh u32, nibbles; value = d * q5 + m ----------------
 
 @njit(**PARALLEL)
-def matmul_q5_1(W, rows, group_rows, cols, qs, d, extra, out):
+def matmul_q5_1(W, rows, group_rows, cols, qs, d, extra, out, order):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 32
     rb = nb * 24
@@ -248,7 +248,7 @@ def dequantize_q5_1(W, cols, row_ids, out):
 # ---- Q8_0: d f16, 32 int8 ---------------------------------------------------
 
 @njit(**PARALLEL)
-def matmul_q8_0(W, rows, group_rows, cols, qs, d, extra, out):
+def matmul_q8_0(W, rows, group_rows, cols, qs, d, extra, out, order):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 32
     rb = nb * 34
@@ -257,6 +257,7 @@ def matmul_q8_0(W, rows, group_rows, cols, qs, d, extra, out):
         for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
             row = W[r * rb:(r + 1) * rb]
             quants = row.view(np.int8)  # Q8_0 quants are dotted in place
+            lanes = np.empty(8, np.float32)
             for b in range(nb):
                 o = b * 34
                 dw[b] = f16_to_f32(row[o], row[o + 1])
@@ -264,11 +265,30 @@ def matmul_q8_0(W, rows, group_rows, cols, qs, d, extra, out):
             for t in range(n_tok):
                 x = qs[t0 + t]
                 dx = d[t0 + t]
+                if order == ORDER_SGEMM:
+                    out[t, r] = _tinyblas_q8_0_dot(quants, dw, x, dx, nb, lanes)
+                    continue
                 acc = np.float32(0.0)
                 for b in range(nb):
                     sumi = dot32(quants, b * 34 + 2, x, b * 32)
                     acc += np.float32(sumi) * (dw[b] * dx[b])
                 out[t, r] = acc
+
+
+@njit(**INLINE)
+def _tinyblas_q8_0_dot(quants, dw, x, dx, nb, lanes):
+    """A Q8_0 row . token as llamafile's tinyBLAS rounds it (llama.cpp's prompt batches): eight
+    float lanes, lane l taking values 4l..4l+3 of every block through an FMA with the block's
+    scale product, then a tree sum of the lanes."""
+    lanes[:] = 0
+    for b in range(nb):
+        scale = dw[b] * dx[b]
+        for lane in range(8):
+            s = np.int32(0)
+            for j in range(4 * lane, 4 * lane + 4):
+                s += np.int32(quants[b * 34 + 2 + j]) * np.int32(x[b * 32 + j])
+            lanes[lane] = fma32(scale, np.float32(s), lanes[lane])
+    return tree_sum8(lanes)
 
 
 @njit(**SERIAL)

@@ -16,7 +16,7 @@ _PAIRS = nibble_pair_words(_KVALUES)
 
 
 @njit(**PARALLEL)
-def matmul_mxfp4(W, rows, group_rows, cols, qs, d, extra, out):
+def matmul_mxfp4(W, rows, group_rows, cols, qs, d, extra, out, order):
     """Weights decoded in pair order (_jit.decode_pairs), dotted with pair-ordered activations."""
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 32
