@@ -194,7 +194,9 @@ def block_sum(order, isum, summ, dw, dmin, dx):
 
 @njit(**INLINE)
 def tree_sum8(v):
-    """v[0] + ... + v[7] in the order of ggml's hsum of an 8-float vector."""
-    a = np.float32(np.float32(v[0] + v[4]) + np.float32(v[2] + v[6]))
-    b = np.float32(np.float32(v[1] + v[5]) + np.float32(v[3] + v[7]))
-    return np.float32(a + b)
+    """v[0] + ... + v[7] (float32 values, possibly held in a float64 array) in the order of
+    ggml's hsum of an 8-float vector."""
+    f = np.float32
+    a = f(f(f(v[0]) + f(v[4])) + f(f(v[2]) + f(v[6])))
+    b = f(f(f(v[1]) + f(v[5])) + f(f(v[3]) + f(v[7])))
+    return f(a + b)

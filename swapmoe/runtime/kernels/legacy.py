@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ._jit import INLINE, ORDER_SGEMM, PARALLEL, ROWS_PER_TASK, SERIAL, dot32, f16_to_f32, fma32, tree_sum8, u64
+from ._jit import INLINE, ORDER_SGEMM, PARALLEL, ROWS_PER_TASK, SERIAL, dot32, f16_to_f32, tree_sum8, u64
 
 
 _LOW_NIBBLES = np.uint64(0x0F0F0F0F0F0F0F0F)
@@ -254,41 +254,50 @@ def matmul_q8_0(W, rows, group_rows, cols, qs, d, extra, out, order):
     rb = nb * 34
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         dw = np.empty(nb, np.float32)
+        wq = np.empty(cols, np.int8)  # the row's quants without the block headers
+        lane_sums = np.empty(cols // 4, np.int32)
         for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
             row = W[r * rb:(r + 1) * rb]
-            quants = row.view(np.int8)  # Q8_0 quants are dotted in place
-            lanes = np.empty(8, np.float32)
+            quants = row.view(np.int8)
             for b in range(nb):
                 o = b * 34
                 dw[b] = f16_to_f32(row[o], row[o + 1])
+                for j in range(32):
+                    wq[b * 32 + j] = quants[o + 2 + j]
             t0 = (r // group_rows) * n_tok
             for t in range(n_tok):
                 x = qs[t0 + t]
                 dx = d[t0 + t]
                 if order == ORDER_SGEMM:
-                    out[t, r] = _tinyblas_q8_0_dot(quants, dw, x, dx, nb, lanes)
+                    out[t, r] = _tinyblas_q8_0_dot(wq, dw, x, dx, nb, lane_sums)
                     continue
                 acc = np.float32(0.0)
                 for b in range(nb):
-                    sumi = dot32(quants, b * 34 + 2, x, b * 32)
+                    sumi = dot32(wq, b * 32, x, b * 32)
                     acc += np.float32(sumi) * (dw[b] * dx[b])
                 out[t, r] = acc
 
 
 @njit(**INLINE)
-def _tinyblas_q8_0_dot(quants, dw, x, dx, nb, lanes):
+def _tinyblas_q8_0_dot(wq, dw, x, dx, nb, lane_sums):
     """A Q8_0 row . token as llamafile's tinyBLAS rounds it (llama.cpp's prompt batches): eight
     float lanes, lane l taking values 4l..4l+3 of every block through an FMA with the block's
-    scale product, then a tree sum of the lanes."""
-    lanes[:] = 0
+    scale product, then a tree sum of the lanes.  The FMA is exact in double (a float times an
+    int below 2^17) followed by one rounding to float.  Eight named lanes rather than an array:
+    LLVM then keeps them in one vector register."""
+    for k in range(nb * 8):
+        lane_sums[k] = (np.int32(wq[4 * k]) * np.int32(x[4 * k]) + np.int32(wq[4 * k + 1]) * np.int32(x[4 * k + 1])
+                        + np.int32(wq[4 * k + 2]) * np.int32(x[4 * k + 2])
+                        + np.int32(wq[4 * k + 3]) * np.int32(x[4 * k + 3]))
+    f32, f64 = np.float32, np.float64
+    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = f64(0.0)
     for b in range(nb):
-        scale = dw[b] * dx[b]
-        for lane in range(8):
-            s = np.int32(0)
-            for j in range(4 * lane, 4 * lane + 4):
-                s += np.int32(quants[b * 34 + 2 + j]) * np.int32(x[b * 32 + j])
-            lanes[lane] = fma32(scale, np.float32(s), lanes[lane])
-    return tree_sum8(lanes)
+        s, o = f64(dw[b] * dx[b]), b * 8
+        a0, a1 = f64(f32(s * f64(lane_sums[o]) + a0)), f64(f32(s * f64(lane_sums[o + 1]) + a1))
+        a2, a3 = f64(f32(s * f64(lane_sums[o + 2]) + a2)), f64(f32(s * f64(lane_sums[o + 3]) + a3))
+        a4, a5 = f64(f32(s * f64(lane_sums[o + 4]) + a4)), f64(f32(s * f64(lane_sums[o + 5]) + a5))
+        a6, a7 = f64(f32(s * f64(lane_sums[o + 6]) + a6)), f64(f32(s * f64(lane_sums[o + 7]) + a7))
+    return tree_sum8((a0, a1, a2, a3, a4, a5, a6, a7))
 
 
 @njit(**SERIAL)
