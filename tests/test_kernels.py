@@ -418,8 +418,8 @@ def tree_sum(v):
     return F32(F32(v[0] + v[2]) + F32(v[1] + v[3]))
 
 
-def test_tinyblas_route_rounding():
-    """Batches of F32 and Q8_0 go through llamafile's tinyBLAS: FMA lanes, then a tree sum."""
+def test_lanes_route_rounding():
+    """F32 batches (llamafile's tinyBLAS) and Q8_0 (tinyBLAS or vec_dot): FMA lanes, then a tree sum."""
     rng = np.random.default_rng(13)
     X = random_activations(2, COLS, rng)
     W = rng.standard_normal((ROWS, COLS)).astype(F32)
@@ -432,6 +432,7 @@ def test_tinyblas_route_rounding():
             assert Y[t, r] == tree_sum(lanes)
     W8 = random_weights(T.Q8_0, ROWS, COLS, rng)
     Y = K.matmul(T.Q8_0, W8, ROWS, COLS, X)
+    np.testing.assert_array_equal(K.matvec(T.Q8_0, W8, ROWS, COLS, X[1]), Y[1])
     blocks = W8.reshape(ROWS, -1, 34)
     for t in range(2):
         q, dy, _ = np_q8_0(X[t])

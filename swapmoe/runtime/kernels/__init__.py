@@ -27,7 +27,7 @@ from gguf import GGMLQuantizationType as T
 
 from . import float as _float
 from . import iquants, kquants, legacy, mxfp4
-from ._jit import ORDER_DOT, ORDER_GEMM, ORDER_GEMV, ORDER_SGEMM, ORDER_TILED
+from ._jit import ORDER_DOT, ORDER_GEMM, ORDER_GEMV, ORDER_LANES, ORDER_TILED
 from .ggml_math import LANES
 from .activation import QUANTIZERS, QuantizedActivation
 
@@ -110,8 +110,9 @@ def ggml_order(ggml_type: int, rows: int, cols: int, n_tok: int, grouped: bool, 
 
     Q4_K matrices with rows % 8 == 0 are repacked at load (2-D tensors and stacked experts, not
     3-D per-head groups) and go through gemm/gemv; other K/IQ types through the tiled kernel when
-    >= 8 tokens meet the matrix (per expert for MoE), else vec_dot; F32 and Q8_0 batches of >= 2
-    tokens through tinyBLAS, single tokens through vec_dot."""
+    >= 8 tokens meet the matrix (per expert for MoE), else vec_dot; F32 batches of >= 2 tokens
+    through tinyBLAS, single tokens through vec_dot_f32; Q8_0 through tinyBLAS or vec_dot, which
+    round alike."""
     ggml_type = int(ggml_type)
     if ggml_type == T.Q2_K and rows % 8 == 0 and not grouped:
         return ORDER_DOT  # repacked too (AVX-512), by a gemm/gemv whose rounding is not reproduced yet
@@ -119,8 +120,8 @@ def ggml_order(ggml_type: int, rows: int, cols: int, n_tok: int, grouped: bool, 
         return ORDER_GEMV if stacked else ORDER_GEMM
     if ggml_type in _TILED and n_tok >= 8:
         return ORDER_TILED
-    if n_tok >= 2 and (ggml_type == T.Q8_0 or (ggml_type == T.F32 and cols % LANES == 0)):
-        return ORDER_SGEMM
+    if ggml_type == T.Q8_0 or (ggml_type == T.F32 and cols % LANES == 0 and n_tok >= 2):
+        return ORDER_LANES
     return ORDER_DOT
 
 
@@ -175,6 +176,6 @@ def dequantize_rows(ggml_type: int, W: np.ndarray, rows: int, cols: int, row_ids
 
 __all__ = [
     "KERNELS", "Kernel", "QuantizedActivation", "quantize_activation", "ggml_order",
-    "ORDER_DOT", "ORDER_GEMM", "ORDER_GEMV", "ORDER_SGEMM", "ORDER_TILED",
+    "ORDER_DOT", "ORDER_GEMM", "ORDER_GEMV", "ORDER_LANES", "ORDER_TILED",
     "matvec", "matmul", "matvec_q", "matmul_q", "dequantize_rows",
 ]

@@ -4,7 +4,7 @@ llama.cpp rounds the activation to the weight's type (F16/BF16, done in
 activation.py) and accumulates the products in float32 SIMD lanes.  We do the
 same: each weight row is widened to float32 once, then dotted with every
 token.  F32 rows are summed in ggml's order, bit for bit: tinyBLAS's for
-batches (ORDER_SGEMM), ggml_vec_dot_f32's for one token; F16/BF16 use a vectorized
+batches (ORDER_LANES), ggml_vec_dot_f32's for one token; F16/BF16 use a vectorized
 float32 reduction whose order differs from ggml's (see docs/kernels.md).
 Products of two f16/bf16 values are exact in float32, so only the
 accumulation rounds.
@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ._jit import ORDER_SGEMM, PARALLEL, SERIAL
+from ._jit import ORDER_LANES, PARALLEL, SERIAL
 from .ggml_math import LANES, dot_sgemm, dot_vec
 
 _F16_EXP_SCALE = np.float32(2.0**112)
@@ -54,7 +54,7 @@ def matmul_f32(W, rows, group_rows, cols, qs, d, extra, out, order):
         w = W[r * cols * 4:(r + 1) * cols * 4].view(np.float32)
         lanes = np.empty((4, LANES), np.float32)
         for t in range(n_tok):
-            if order == ORDER_SGEMM:
+            if order == ORDER_LANES:
                 out[t, r] = dot_sgemm(w, qs[t0 + t], cols, lanes[0])
             else:
                 out[t, r] = dot_vec(w, qs[t0 + t], cols, lanes)

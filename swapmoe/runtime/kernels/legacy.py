@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ._jit import INLINE, ORDER_SGEMM, PARALLEL, ROWS_PER_TASK, SERIAL, dot32, f16_to_f32, tree_sum8, u64
+from ._jit import INLINE, PARALLEL, ROWS_PER_TASK, SERIAL, dot32, f16_to_f32, tree_sum8, u64
 
 
 _LOW_NIBBLES = np.uint64(0x0F0F0F0F0F0F0F0F)
@@ -268,20 +268,13 @@ def matmul_q8_0(W, rows, group_rows, cols, qs, d, extra, out, order):
             for t in range(n_tok):
                 x = qs[t0 + t]
                 dx = d[t0 + t]
-                if order == ORDER_SGEMM:
-                    out[t, r] = _tinyblas_q8_0_dot(wq, dw, x, dx, nb, lane_sums)
-                    continue
-                acc = np.float32(0.0)
-                for b in range(nb):
-                    sumi = dot32(wq, b * 32, x, b * 32)
-                    acc += np.float32(sumi) * (dw[b] * dx[b])
-                out[t, r] = acc
+                out[t, r] = _q8_0_lanes_dot(wq, dw, x, dx, nb, lane_sums)
 
 
 @njit(**INLINE)
-def _tinyblas_q8_0_dot(wq, dw, x, dx, nb, lane_sums):
-    """A Q8_0 row . token as llamafile's tinyBLAS rounds it (llama.cpp's prompt batches): eight
-    float lanes, lane l taking values 4l..4l+3 of every block through an FMA with the block's
+def _q8_0_lanes_dot(wq, dw, x, dx, nb, lane_sums):
+    """A Q8_0 row . token as llama.cpp rounds it (tinyBLAS for batches, vec_dot for one token,
+    alike): eight float lanes, lane l taking values 4l..4l+3 of every block through an FMA with the block's
     scale product, then a tree sum of the lanes.  The FMA is exact in double (a float times an
     int below 2^17) followed by one rounding to float.  Eight named lanes rather than an array:
     LLVM then keeps them in one vector register."""
