@@ -52,10 +52,10 @@ def matmul_f32(W, rows, group_rows, cols, qs, d, extra, out, order):
     for r in prange(rows):
         t0 = (r // group_rows) * n_tok
         w = W[r * cols * 4:(r + 1) * cols * 4].view(np.float32)
-        lanes = np.empty((4, LANES), np.float32)
+        lanes = np.empty(4 * LANES, np.float64)
         for t in range(n_tok):
             if order == ORDER_LANES:
-                out[t, r] = dot_sgemm(w, qs[t0 + t], cols, lanes[0])
+                out[t, r] = dot_sgemm(w, qs[t0 + t], cols, lanes)
             else:
                 out[t, r] = dot_vec(w, qs[t0 + t], cols, lanes)
 

@@ -151,45 +151,48 @@ def softmax(x: np.ndarray, sinks: np.ndarray | None = None, padded: bool = False
 
 @njit(inline="always", cache=True)
 def _hsum16(acc):
-    """_mm512_reduce_add_ps: halves, quarters, then pairs (GCC's order); folds acc in place."""
+    """_mm512_reduce_add_ps of acc[0:16] (float32 values): halves, quarters, then pairs (GCC's
+    order); folds acc in place."""
     for j in range(8):
-        acc[j] = acc[j] + acc[j + 8]
+        acc[j] = F32(F32(acc[j]) + F32(acc[j + 8]))
     for j in range(4):
-        acc[j] = acc[j] + acc[j + 4]
-    return np.float32(np.float32(acc[0] + acc[2]) + np.float32(acc[1] + acc[3]))
+        acc[j] = F32(F32(acc[j]) + F32(acc[j + 4]))
+    return F32(F32(F32(acc[0]) + F32(acc[2])) + F32(F32(acc[1]) + F32(acc[3])))
 
+
+# The FMA lanes below live in float64 scratch holding float32 values: each step is an exact double
+# product and sum rounded once to float32 (see _fma), and LLVM vectorizes that form.
 
 @njit(cache=True)
 def dot_sgemm(a, b, n, acc):
     """One element of llamafile's tinyBLAS f32 GEMM: 16 lanes of FMA chains over n, then hsum.
-    acc: 16 floats of scratch (the caller's, so that millions of calls allocate nothing)."""
-    acc[:] = 0
+    acc: 16 float64 of scratch (the caller's, so that millions of calls allocate nothing)."""
+    acc[:LANES] = 0
     for base in range(0, n, LANES):
         for j in range(LANES):
-            acc[j] = _fma(a[base + j], b[base + j], acc[j])
+            acc[j] = np.float64(F32(np.float64(a[base + j]) * np.float64(b[base + j]) + acc[j]))
     return _hsum16(acc)
 
 
 @njit(cache=True)
 def dot_vec(a, b, n, acc):
     """ggml_vec_dot_f32 (AVX-512): 4 accumulators of 16 lanes over steps of 64, folded, hsum, tail.
-    acc: [4, 16] floats of scratch."""
+    acc: 64 float64 of scratch (accumulator r, lane j at r*16 + j)."""
     step = 4 * LANES
-    acc[:] = 0
+    acc[:step] = 0
     whole = n - n % step
     for base in range(0, whole, step):
-        for r in range(4):
-            for j in range(LANES):
-                acc[r, j] = _fma(a[base + r * LANES + j], b[base + r * LANES + j], acc[r, j])
+        for j in range(step):
+            acc[j] = np.float64(F32(np.float64(a[base + j]) * np.float64(b[base + j]) + acc[j]))
     for j in range(LANES):
-        acc[0, j] = acc[0, j] + acc[2, j]
-        acc[1, j] = acc[1, j] + acc[3, j]
+        acc[j] = F32(F32(acc[j]) + F32(acc[2 * LANES + j]))
+        acc[LANES + j] = F32(F32(acc[LANES + j]) + F32(acc[3 * LANES + j]))
     for j in range(LANES):
-        acc[0, j] = acc[0, j] + acc[1, j]
-    total = np.float64(_hsum16(acc[0]))
+        acc[j] = F32(F32(acc[j]) + F32(acc[LANES + j]))
+    total = np.float64(_hsum16(acc))
     for i in range(whole, n):
-        total += np.float64(np.float32(a[i] * b[i]))
-    return np.float32(total)
+        total += np.float64(F32(a[i] * b[i]))
+    return F32(total)
 
 
 @njit(cache=True, nogil=True, parallel=True)
@@ -200,10 +203,10 @@ def _attention_scores(q, k, sgemm, out):
     group = H // Hkv
     for h in prange(H):
         g = h // group
-        acc = np.empty((4, LANES), np.float32)
+        acc = np.empty(4 * LANES, np.float64)
         for t in range(T):
             for s in range(S):
-                out[h, t, s] = dot_sgemm(q[t, h], k[s, g], d, acc[0]) if sgemm else dot_vec(q[t, h], k[s, g], d, acc)
+                out[h, t, s] = dot_sgemm(q[t, h], k[s, g], d, acc) if sgemm else dot_vec(q[t, h], k[s, g], d, acc)
 
 
 @njit(cache=True, nogil=True, parallel=True)
@@ -215,7 +218,7 @@ def _attention_values(p, vt, out):
     group = H // Hkv
     for h in prange(H):
         a = np.zeros(n, np.float32)
-        acc = np.empty(LANES, np.float32)
+        acc = np.empty(LANES, np.float64)
         g = h // group
         for t in range(T):
             a[:S] = p[h, t]
