@@ -102,7 +102,8 @@ class Rope:
             low, high = self._corr_dims()
             ramp = 1 - np.clip((np.arange(half, dtype=F32) - F32(low)) / F32(max(0.001, high - low)), 0, 1)
             mix = (ramp * F32(self.ext_factor)).astype(F32)
-            thetas = theta_interp * (1 - mix) + thetas * mix
+            # theta_interp*(1 - mix) fused with the add, as ggml's C++ is compiled (FMA contraction)
+            thetas = (theta_interp.astype(np.float64) * (1 - mix) + (thetas * mix).astype(F32)).astype(F32)
             mscale = mscale * F32(1.0 + 0.1 * math.log(1.0 / self.freq_scale))
         else:
             thetas = theta_interp

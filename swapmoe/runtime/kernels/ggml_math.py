@@ -79,6 +79,7 @@ def _swiglu(gate, up, out):
 @njit(cache=True, nogil=True)
 def _softmax(x, sinks, vec, out):
     rows, n = x.shape
+    block = np.empty(LANES, np.float64)
     for r in range(rows):
         top = x[r, 0]
         for i in range(1, n):
@@ -87,9 +88,14 @@ def _softmax(x, sinks, vec, out):
         if has_sink:
             top = max(top, sinks[r])
         total = 0.0
-        for i in range(n):
-            d = np.float32(x[r, i] - top)
-            e = ggml_expf(d) if i < vec else np.float32(math.exp(d))
+        for base in range(0, vec, LANES):  # vector blocks: each summed in float, then into the double
+            for j in range(LANES):
+                block[j] = ggml_expf(np.float32(x[r, base + j] - top)) if base + j < n else 0.0
+                if base + j < n:
+                    out[r, base + j] = block[j]
+            total += _hsum16(block)
+        for i in range(vec, n):
+            e = np.float32(math.exp(np.float32(x[r, i] - top)))
             out[r, i] = e
             total += e
         if has_sink:
@@ -133,9 +139,8 @@ def silu(x: np.ndarray) -> np.ndarray:
 
 
 def softmax(x: np.ndarray, sinks: np.ndarray | None = None, padded: bool = False) -> np.ndarray:
-    """Softmax over the last axis as ggml's soft_max: exponentials as above, summed in double,
-    scaled by the float reciprocal of the sum. (ggml adds each block of 16 in float before the
-    double sum; that order is not reproduced, a difference of an ulp in the scale at most.)
+    """Softmax over the last axis as ggml's soft_max: exponentials as above, each block of 16
+    summed in float and the block sums in double, scaled by the float reciprocal of the sum.
 
     sinks: one extra logit per row that joins the maximum and the sum but gets no output
     (attention sinks; its exponential is libm's, as in ggml). padded: the row stands for a
@@ -176,7 +181,8 @@ def dot_sgemm(a, b, n, acc):
 
 @njit(cache=True)
 def dot_vec(a, b, n, acc):
-    """ggml_vec_dot_f32 (AVX-512): 4 accumulators of 16 lanes over steps of 64, folded, hsum, tail.
+    """ggml_vec_dot_f32 (AVX-512): 4 accumulators of 16 lanes over steps of 64, folded, hsum, then
+    the leftovers added one by one in float.
     acc: 64 float64 of scratch (accumulator r, lane j at r*16 + j)."""
     step = 4 * LANES
     acc[:step] = 0
@@ -189,14 +195,14 @@ def dot_vec(a, b, n, acc):
         acc[LANES + j] = F32(F32(acc[LANES + j]) + F32(acc[3 * LANES + j]))
     for j in range(LANES):
         acc[j] = F32(F32(acc[j]) + F32(acc[LANES + j]))
-    total = np.float64(_hsum16(acc))
-    for i in range(whole, n):
-        total += np.float64(F32(a[i] * b[i]))
-    return F32(total)
+    total = _hsum16(acc)
+    for i in range(whole, n):  # leftovers: float products added to a float sum, no FMA
+        total = F32(total + F32(a[i] * b[i]))
+    return total
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def _attention_scores(q, k, sgemm, out):
+def _attention_scores(q, k, out):
     """out[h, t, s] = q[t, h, :] . k[s, h // group, :] in ggml's order."""
     T, H, d = q.shape
     S, Hkv, _ = k.shape
@@ -206,38 +212,43 @@ def _attention_scores(q, k, sgemm, out):
         acc = np.empty(4 * LANES, np.float64)
         for t in range(T):
             for s in range(S):
-                out[h, t, s] = dot_sgemm(q[t, h], k[s, g], d, acc) if sgemm else dot_vec(q[t, h], k[s, g], d, acc)
+                out[h, t, s] = dot_vec(q[t, h], k[s, g], d, acc)
 
 
 @njit(cache=True, nogil=True, parallel=True)
 def _attention_values(p, vt, out):
-    """out[t, h, c] = Σ_s p[h, t, s] vt[h // group, c, s], each output as a tinyBLAS dot over s
-    (vt: the V cache transposed and zero-padded to whole lanes)."""
+    """out[t, h, c] = Σ_s p[h, t, s] vt[h // group, c, s] (vt: the V cache transposed and
+    zero-padded as llama.cpp pads it): a tinyBLAS dot over s for a batch of queries, vec_dot's
+    for a single one (llamafile takes only products of >= 2 columns)."""
     H, T, S = p.shape
     Hkv, dv, n = vt.shape
     group = H // Hkv
     for h in prange(H):
         a = np.zeros(n, np.float32)
-        acc = np.empty(LANES, np.float64)
+        acc = np.empty(4 * LANES, np.float64)
         g = h // group
         for t in range(T):
             a[:S] = p[h, t]
             for c in range(dv):
-                out[t, h, c] = dot_sgemm(a, vt[g, c], n, acc)
+                out[t, h, c] = dot_sgemm(a, vt[g, c], n, acc) if T > 1 else dot_vec(a, vt[g, c], n, acc)
 
 
 def attention_scores(q: np.ndarray, k: np.ndarray) -> np.ndarray:
-    """q·k for every head, token and key [H, T, S], summed as llama.cpp's CPU backend does: its
-    vec_dot for a batch of queries (a non-contiguous view), tinyBLAS for a single query."""
+    """q·k for every head, token and key [H, T, S], summed as llama.cpp's CPU backend does (its
+    vec_dot_f32: the queries are a non-contiguous view, and a single query is too few columns
+    for tinyBLAS)."""
     out = np.empty((q.shape[1], q.shape[0], k.shape[0]), F32)
-    _attention_scores(np.ascontiguousarray(q, F32), np.ascontiguousarray(k, F32), q.shape[0] == 1, out)
+    _attention_scores(np.ascontiguousarray(q, F32), np.ascontiguousarray(k, F32), out)
     return out
 
 
+KV_PAD = 256  # llama.cpp's CPU KV cache holds a multiple of 256 rows; the padding is masked
+
+
 def attention_values(p: np.ndarray, v: np.ndarray) -> np.ndarray:
-    """Σ p·v [T, H, dv] as tinyBLAS sums it (the transposed V cache times the probabilities)."""
+    """Σ p·v [T, H, dv] as llama.cpp sums it (the transposed V cache times the probabilities)."""
     S, Hkv, dv = v.shape
-    vt = np.zeros((Hkv, dv, -(-S // LANES) * LANES), F32)
+    vt = np.zeros((Hkv, dv, -(-S // KV_PAD) * KV_PAD), F32)
     vt[:, :, :S] = v.transpose(1, 2, 0)
     out = np.empty((p.shape[1], p.shape[0], dv), F32)
     _attention_values(np.ascontiguousarray(p, F32), vt, out)
