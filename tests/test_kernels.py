@@ -356,7 +356,7 @@ def block_sums(tp: T, W: np.ndarray, rows: int, x: np.ndarray, step: int = 256):
     bs_bytes = GGML_QUANT_SIZES[tp][1]
     blocks = W.reshape(-1, bs_bytes)
     q, dy = np_q8_k(x)
-    d_off, m_off = {T.Q4_K: (0, 2), T.Q6_K: (208, None)}[tp]
+    d_off, m_off = {T.Q2_K: (80, 82), T.Q4_K: (0, 2), T.Q6_K: (208, None)}[tp]
     fields = {f"o{d_off}": 1.0} if m_off is None else {f"o{d_off}": 1.0, f"o{m_off}": 0.0}
     scaled = integer_parts(tp, blocks, **fields).reshape(rows, -1)
     isum = (scaled * q.reshape(-1)).reshape(rows, -1, step).sum(axis=2)
@@ -392,18 +392,20 @@ def test_tiled_route_rounding():
             np.testing.assert_array_equal(Y[t], want)
 
 
-def test_repacked_q4_k_route_rounding():
-    """Q4_K with rows % 8 == 0: gemm for tokens in fours (FMA chains per 64 values), gemv for the
-    rest and for stacked experts (per block); scales and mins summed apart, subtracted at the end."""
+@pytest.mark.parametrize("tp, gemm_step", [(T.Q4_K, 64), (T.Q2_K, 128)], ids=["Q4_K", "Q2_K"])
+def test_repacked_route_rounding(tp, gemm_step):
+    """Q4_K (and Q2_K, AVX-512) with rows % 8 == 0: gemm for tokens in fours (FMA chains per 64 or
+    128 values), gemv for the rest and for stacked experts (per block); scales and mins summed
+    apart, subtracted at the end."""
     rng = np.random.default_rng(12)
     rows = 8
-    W = random_weights(T.Q4_K, rows, COLS, rng)
+    W = random_weights(tp, rows, COLS, rng)
     X = random_activations(5, COLS, rng)
-    batch = K.matmul(T.Q4_K, W, rows, COLS, X)
-    experts = K.matmul_q(T.Q4_K, W, rows, COLS, K.quantize_activation(T.Q4_K, X), stacked=True)
+    batch = K.matmul(tp, W, rows, COLS, X)
+    experts = K.matmul_q(tp, W, rows, COLS, K.quantize_activation(tp, X), stacked=True)
     for t in range(5):
-        for Y, step in ((batch, 64 if t < 4 else 256), (experts, 256)):
-            isum, summ, dw, dmin, dy = block_sums(T.Q4_K, W, rows, X[t], step)
+        for Y, step in ((batch, gemm_step if t < 4 else 256), (experts, 256)):
+            isum, summ, dw, dmin, dy = block_sums(tp, W, rows, X[t], step)
             acc, acc_min = np.zeros(rows, F32), np.zeros(rows, F32)
             for b in range(isum.shape[1]):
                 acc = fma(isum[:, b], (dw[:, b] * dy[b]).astype(F32), acc)

@@ -108,15 +108,13 @@ def ggml_order(ggml_type: int, rows: int, cols: int, n_tok: int, grouped: bool, 
     """Which of llama.cpp's x86 matmul routes (reference build: AVX-512 VNNI) computes this product,
     as the kernels' `order` argument: the route fixes how block sums are rounded and added.
 
-    Q4_K matrices with rows % 8 == 0 are repacked at load (2-D tensors and stacked experts, not
-    3-D per-head groups) and go through gemm/gemv; other K/IQ types through the tiled kernel when
+    Q4_K and (AVX-512) Q2_K matrices with rows % 8 == 0 are repacked at load (2-D tensors and
+    stacked experts, not 3-D per-head groups) and go through gemm/gemv; other K/IQ types through the tiled kernel when
     >= 8 tokens meet the matrix (per expert for MoE), else vec_dot; F32 batches of >= 2 tokens
     through tinyBLAS, single tokens through vec_dot_f32; Q8_0 through tinyBLAS or vec_dot, which
     round alike."""
     ggml_type = int(ggml_type)
-    if ggml_type == T.Q2_K and rows % 8 == 0 and not grouped:
-        return ORDER_DOT  # repacked too (AVX-512), by a gemm/gemv whose rounding is not reproduced yet
-    if ggml_type == T.Q4_K and rows % 8 == 0 and not grouped:
+    if ggml_type in (T.Q4_K, T.Q2_K) and rows % 8 == 0 and not grouped:
         return ORDER_GEMV if stacked else ORDER_GEMM
     if ggml_type in _TILED and n_tok >= 8:
         return ORDER_TILED

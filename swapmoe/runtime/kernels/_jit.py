@@ -170,8 +170,8 @@ def dot256(ws, wo, x, xo):
 ORDER_DOT = 0    # vec_dot: sum_b (dw*dx)*isum_b - (dmin*dx)*summ_b, one running sum (ggml's split
                  # of each block over 8 SIMD lanes is not reproduced)
 ORDER_TILED = 1  # tiled K/IQ matmul (>= 8 tokens): sum_b ((isum_b*dw) - dmin*summ_b, fused) * dx
-ORDER_GEMM = 2   # Q4_K in ggml's repacked layout, MUL_MAT: FMA chains over 64-value steps
-ORDER_GEMV = 3   # Q4_K repacked, one token at a time (MUL_MAT_ID, and batch remainders)
+ORDER_GEMM = 2   # Q4_K/Q2_K in ggml's repacked layouts, MUL_MAT: FMA chains over 64/128-value steps
+ORDER_GEMV = 3   # repacked, one token at a time (MUL_MAT_ID, and batch remainders): FMA chains per block
 ORDER_LANES = 4  # SIMD lanes of FMAs, then a tree sum: tinyBLAS (F32 batches), Q8_0 (tinyBLAS and vec_dot)
 
 

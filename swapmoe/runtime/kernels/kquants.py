@@ -201,16 +201,44 @@ def matmul_q2_k(W, rows, group_rows, cols, qs, d, extra, out, order):
                 dmin[b] = f16_to_f32(row[o + 82], row[o + 83])
                 _scaled_q2_k(row, o, ws, b * 256)
             t0 = (r // group_rows) * n_tok
+            gemm_tokens = n_tok - n_tok % 4 if order == ORDER_GEMM and n_tok > 3 else 0
             for t in range(n_tok):
                 x = qs[t0 + t]
                 dx = d[t0 + t]
                 bsums = extra[t0 + t]
+                if order == ORDER_GEMM or order == ORDER_GEMV:
+                    out[t, r] = _repacked_q2_k_dot(ws, x, dx, bsums, dw, dmin, row, nb, t < gemm_tokens)
+                    continue
                 acc = np.float32(0.0)
                 for b in range(nb):
                     isum = dot256(ws, b * 256, x, b * 256)
                     summ = _sum_mins_q2_k(bsums, b * 16, row, b * 84)
                     acc += block_sum(order, np.float32(isum), np.float32(summ), dw[b], dmin[b], dx[b])
                 out[t, r] = acc
+
+
+@njit(**INLINE)
+def _repacked_q2_k_dot(ws, x, dx, bsums, dw, dmin, row, nb, gemm):
+    """A Q2_K row . token as ggml's x86 kernels for its repacked Q2_K layout (AVX-512 builds)
+    round it: as _repacked_q4_k_dot, with gemm adding every 128 values."""
+    acc = np.float32(0.0)
+    acc_min = np.float32(0.0)
+    for b in range(nb):
+        scale, scale_min = dw[b] * dx[b], dmin[b] * dx[b]
+        if gemm:
+            for h in range(2):
+                isum = np.int32(0)
+                for j in range(128):
+                    isum = np.int32(isum + np.int32(ws[b * 256 + h * 128 + j]) * np.int32(x[b * 256 + h * 128 + j]))
+                summ = np.int32(0)
+                for j in range(8 * h, 8 * h + 8):
+                    summ = np.int32(summ + bsums[b * 16 + j] * np.int32(row[b * 84 + j] >> 4))
+                acc = fma32(np.float32(isum), scale, acc)
+                acc_min = fma32(np.float32(summ), scale_min, acc_min)
+        else:
+            acc = fma32(np.float32(dot256(ws, b * 256, x, b * 256)), scale, acc)
+            acc_min = fma32(np.float32(_sum_mins_q2_k(bsums, b * 16, row, b * 84)), scale_min, acc_min)
+    return acc - acc_min
 
 
 @njit(**SERIAL)
