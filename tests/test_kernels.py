@@ -377,7 +377,7 @@ def fma(a, b, c):
 
 
 def test_tiled_route_rounding():
-    """>= 8 tokens: ggml's tiled kernel, sum_b ((isum*dw) - dmin*summ fused) * dx, left to right."""
+    """>= 8 tokens: ggml's tiled kernel, acc = fma((isum*dw) - dmin*summ (fused), dx, acc) per block."""
     rng = np.random.default_rng(11)
     for tp, rows in ((T.Q6_K, 6), (T.Q4_K, 5)):  # Q4_K with rows % 8 != 0 is not repacked
         W = random_weights(tp, rows, COLS, rng)
@@ -388,7 +388,7 @@ def test_tiled_route_rounding():
             isum, summ, dw, dmin, dy = block_sums(tp, W, rows, X[t])
             want = np.zeros(rows, F32)
             for b in range(isum.shape[1]):
-                want = (want + (fma(-dmin[:, b], summ[:, b], (isum[:, b] * dw[:, b]).astype(F32)) * dy[b])).astype(F32)
+                want = fma(fma(-dmin[:, b], summ[:, b], (isum[:, b] * dw[:, b]).astype(F32)), dy[b], want)
             np.testing.assert_array_equal(Y[t], want)
 
 
@@ -421,27 +421,40 @@ def tree_sum(v):
 
 
 def test_lanes_route_rounding():
-    """F32 batches (llamafile's tinyBLAS) and Q8_0 (tinyBLAS or vec_dot): FMA lanes, then a tree sum."""
+    """F32 batches (llamafile's tinyBLAS, which takes rows % 4 == 0) and the legacy types (tinyBLAS
+    or vec_dot): FMA lanes, then a tree sum."""
     rng = np.random.default_rng(13)
     X = random_activations(2, COLS, rng)
-    W = rng.standard_normal((ROWS, COLS)).astype(F32)
-    Y = K.matmul(T.F32, W.view(np.uint8).reshape(-1), ROWS, COLS, X)
+    W = rng.standard_normal((8, COLS)).astype(F32)
+    Y = K.matmul(T.F32, W.view(np.uint8).reshape(-1), 8, COLS, X)
     for t in range(2):
-        for r in range(ROWS):
+        for r in range(8):
             lanes = np.zeros(16, F32)
             for base in range(0, COLS, 16):
                 lanes = fma(W[r, base:base + 16], X[t, base:base + 16], lanes)
             assert Y[t, r] == tree_sum(lanes)
-    W8 = random_weights(T.Q8_0, ROWS, COLS, rng)
-    Y = K.matmul(T.Q8_0, W8, ROWS, COLS, X)
-    np.testing.assert_array_equal(K.matvec(T.Q8_0, W8, ROWS, COLS, X[1]), Y[1])
-    blocks = W8.reshape(ROWS, -1, 34)
-    for t in range(2):
-        q, dy, _ = np_q8_0(X[t])
-        q = q.reshape(-1, 32)
-        for r in range(ROWS):
-            lanes = np.zeros(8, F32)
-            for b in range(blocks.shape[1]):
-                ints = (blocks[r, b, 2:].view(np.int8).astype(np.int64) * q[b]).reshape(8, 4).sum(1)
-                lanes = fma((f16_at(blocks[r, b:b + 1], 0)[0] * dy[b]).astype(F32), ints.astype(F32), lanes)
-            assert Y[t, r] == tree_sum(lanes)
+    # the legacy types (Q4_0 only where llama.cpp does not repack it: rows % 8 != 0)
+    for tp in (T.Q8_0, T.Q4_0, T.Q5_0, T.Q4_1, T.Q5_1):
+        Wq = random_weights(tp, ROWS, COLS, rng)
+        Y = K.matmul(tp, Wq, ROWS, COLS, X)
+        np.testing.assert_array_equal(K.matvec(tp, Wq, ROWS, COLS, X[1]), Y[1])
+        blocks = Wq.reshape(ROWS * COLS // 32, -1)
+        with_min = tp in (T.Q4_1, T.Q5_1)
+        ints = integer_parts(tp, blocks, **({"o0": 1.0, "o2": 0.0} if with_min else {"o0": 1.0}))
+        ints = ints.reshape(ROWS, -1, 32)
+        dw = f16_at(blocks, 0).reshape(ROWS, -1)
+        for t in range(2):
+            q, dy, sy = np_q8_1(X[t]) if with_min else np_q8_0(X[t])
+            q = q.reshape(-1, 32)
+            for r in range(ROWS):
+                lanes = np.zeros(8, F32)
+                for b in range(ints.shape[1]):
+                    lane_ints = (ints[r, b] * q[b]).reshape(8, 4).sum(1)
+                    lanes = fma((dw[r, b] * dy[b]).astype(F32), lane_ints.astype(F32), lanes)
+                want = tree_sum(lanes)
+                if with_min:
+                    summs = F32(0)
+                    for b, m in enumerate(f16_at(blocks, 2).reshape(ROWS, -1)[r]):
+                        summs = fma(m, sy[b], summs)
+                    want = F32(want + summs)
+                assert Y[t, r] == want, tp.name

@@ -169,7 +169,7 @@ def dot256(ws, wo, x, xo):
 # the rounding.  The kernels take one of these as their `order` argument (see kernels.ggml_order).
 ORDER_DOT = 0    # vec_dot: sum_b (dw*dx)*isum_b - (dmin*dx)*summ_b, one running sum (ggml's split
                  # of each block over 8 SIMD lanes is not reproduced)
-ORDER_TILED = 1  # tiled K/IQ matmul (>= 8 tokens): sum_b ((isum_b*dw) - dmin*summ_b, fused) * dx
+ORDER_TILED = 1  # tiled K/IQ matmul (>= 8 tokens): acc = fma((isum_b*dw) - dmin*summ_b (fused), dx, acc)
 ORDER_GEMM = 2   # Q4_K/Q2_K in ggml's repacked layouts, MUL_MAT: FMA chains over 64/128-value steps
 ORDER_GEMV = 3   # repacked, one token at a time (MUL_MAT_ID, and batch remainders): FMA chains per block
 ORDER_LANES = 4  # SIMD lanes of FMAs, then a tree sum: tinyBLAS (F32 batches), Q8_0 (tinyBLAS and vec_dot)
@@ -183,13 +183,14 @@ def fma32(a, b, c):
 
 
 @njit(**INLINE)
-def block_sum(order, isum, summ, dw, dmin, dx):
-    """One super-block's share of a dot product: integer sums isum (scaled quants x activation)
-    and summ (mins x activation block sums; 0 for types without mins), weight scales dw/dmin,
-    activation scale dx, rounded as the route `order` (ORDER_DOT or ORDER_TILED) rounds it."""
+def block_sum(order, acc, isum, summ, dw, dmin, dx):
+    """acc plus one super-block's share of a dot product: integer sums isum (scaled quants x
+    activation) and summ (mins x activation block sums; 0 for types without mins), weight scales
+    dw/dmin, activation scale dx, rounded as the route `order` (ORDER_DOT or ORDER_TILED) rounds
+    it (the tiled kernel's multiply-add into its accumulator is contracted to an FMA by GCC)."""
     if order == ORDER_TILED:
-        return np.float32(fma32(-dmin, summ, np.float32(isum * dw)) * dx)
-    return (dw * dx) * isum - (dmin * dx) * summ
+        return fma32(fma32(-dmin, summ, np.float32(isum * dw)), dx, acc)
+    return acc + ((dw * dx) * isum - (dmin * dx) * summ)
 
 
 @njit(**INLINE)

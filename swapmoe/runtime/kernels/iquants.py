@@ -145,7 +145,7 @@ def matmul_iq4_xs(W, rows, group_rows, cols, qs, d, extra, out, order):
                 acc = np.float32(0.0)
                 for b in range(nb):
                     sumi = dot256(ws, b * 256, x, b * 256)
-                    acc += block_sum(order, np.float32(sumi), _ZERO, dw[b], _ZERO, dx[b])
+                    acc = block_sum(order, acc, np.float32(sumi), _ZERO, dw[b], _ZERO, dx[b])
                 out[t, r] = acc
 
 
@@ -205,7 +205,7 @@ def matmul_iq2_xxs(W, rows, group_rows, cols, qs, d, extra, out, order):
                 acc = np.float32(0.0)
                 for b in range(nb):
                     bsum = dot256(ws, b * 256, x, b * 256)
-                    acc += block_sum(order, np.float32(bsum), _ZERO, dw[b], _ZERO, dx[b])
+                    acc = block_sum(order, acc, np.float32(bsum), _ZERO, dw[b], _ZERO, dx[b])
                 out[t, r] = np.float32(0.125) * acc
 
 
@@ -263,7 +263,7 @@ def matmul_iq2_xs(W, rows, group_rows, cols, qs, d, extra, out, order):
                 acc = np.float32(0.0)
                 for b in range(nb):
                     bsum = dot256(ws, b * 256, x, b * 256)
-                    acc += block_sum(order, np.float32(bsum), _ZERO, dw[b], _ZERO, dx[b])
+                    acc = block_sum(order, acc, np.float32(bsum), _ZERO, dw[b], _ZERO, dx[b])
                 out[t, r] = np.float32(0.125) * acc
 
 
@@ -319,7 +319,7 @@ def matmul_iq2_s(W, rows, group_rows, cols, qs, d, extra, out, order):
                 acc = np.float32(0.0)
                 for b in range(nb):
                     bsum = dot256(ws, b * 256, x, b * 256)
-                    acc += block_sum(order, np.float32(bsum), _ZERO, dw[b], _ZERO, dx[b])
+                    acc = block_sum(order, acc, np.float32(bsum), _ZERO, dw[b], _ZERO, dx[b])
                 out[t, r] = np.float32(0.125) * acc
 
 
@@ -380,7 +380,7 @@ def matmul_iq3_xxs(W, rows, group_rows, cols, qs, d, extra, out, order):
                 acc = np.float32(0.0)
                 for b in range(nb):
                     bsum = dot256(ws, b * 256, x, b * 256)
-                    acc += block_sum(order, np.float32(bsum), _ZERO, dw[b], _ZERO, dx[b])
+                    acc = block_sum(order, acc, np.float32(bsum), _ZERO, dw[b], _ZERO, dx[b])
                 out[t, r] = np.float32(0.25) * acc
 
 
@@ -438,7 +438,7 @@ def matmul_iq3_s(W, rows, group_rows, cols, qs, d, extra, out, order):
                 acc = np.float32(0.0)
                 for b in range(nb):
                     bsum = dot256(ws, b * 256, x, b * 256)
-                    acc += block_sum(order, np.float32(bsum), _ZERO, dw[b], _ZERO, dx[b])
+                    acc = block_sum(order, acc, np.float32(bsum), _ZERO, dw[b], _ZERO, dx[b])
                 out[t, r] = acc
 
 
@@ -517,7 +517,7 @@ def matmul_iq1_s(W, rows, group_rows, cols, qs, d, extra, out, order):
                     sumi1 = 0
                     for ib in range(8):
                         sumi1 += shift[b * 8 + ib] * (bsums[b * 16 + 2 * ib] + bsums[b * 16 + 2 * ib + 1])
-                    acc += block_sum(order, np.float32(bsum) + _IQ1_DELTA * np.float32(sumi1), _ZERO, dw[b], _ZERO, dx[b])
+                    acc = block_sum(order, acc, np.float32(bsum) + _IQ1_DELTA * np.float32(sumi1), _ZERO, dw[b], _ZERO, dx[b])
                 out[t, r] = acc
 
 
@@ -601,7 +601,7 @@ def matmul_iq1_m(W, rows, group_rows, cols, qs, d, extra, out, order):
                 for b in range(nb):
                     bsum = dot256(ws, b * 256, x, b * 256)
                     sumi2 = dot256(shifts, b * 256, x, b * 256)
-                    acc += block_sum(order, np.float32(bsum) + _IQ1_DELTA * np.float32(sumi2), _ZERO, dw[b], _ZERO, dx[b])
+                    acc = block_sum(order, acc, np.float32(bsum) + _IQ1_DELTA * np.float32(sumi2), _ZERO, dw[b], _ZERO, dx[b])
                 out[t, r] = acc
 
 

@@ -213,7 +213,7 @@ def matmul_q2_k(W, rows, group_rows, cols, qs, d, extra, out, order):
                 for b in range(nb):
                     isum = dot256(ws, b * 256, x, b * 256)
                     summ = _sum_mins_q2_k(bsums, b * 16, row, b * 84)
-                    acc += block_sum(order, np.float32(isum), np.float32(summ), dw[b], dmin[b], dx[b])
+                    acc = block_sum(order, acc, np.float32(isum), np.float32(summ), dw[b], dmin[b], dx[b])
                 out[t, r] = acc
 
 
@@ -310,7 +310,7 @@ def matmul_q3_k(W, rows, group_rows, cols, qs, d, extra, out, order):
                 acc = np.float32(0.0)
                 for b in range(nb):
                     isum = dot256(ws, b * 256, x, b * 256)
-                    acc += block_sum(order, np.float32(isum), _ZERO, dw[b], _ZERO, dx[b])
+                    acc = block_sum(order, acc, np.float32(isum), _ZERO, dw[b], _ZERO, dx[b])
                 out[t, r] = acc
 
 
@@ -367,7 +367,7 @@ def matmul_q4_k(W, rows, group_rows, cols, qs, d, extra, out, order):
                 for b in range(nb):
                     isum = dot256(ws, b * 256, x, b * 256)
                     summ = _sum_mins_k4(bsums, b * 16, mins[b])
-                    acc += block_sum(order, np.float32(isum), np.float32(summ), dw[b], dmin[b], dx[b])
+                    acc = block_sum(order, acc, np.float32(isum), np.float32(summ), dw[b], dmin[b], dx[b])
                 out[t, r] = acc
 
 
@@ -459,7 +459,7 @@ def matmul_q5_k(W, rows, group_rows, cols, qs, d, extra, out, order):
                 for b in range(nb):
                     isum = dot256(ws, b * 256, x, b * 256)
                     summ = _sum_mins_k4(bsums, b * 16, mins[b])
-                    acc += block_sum(order, np.float32(isum), np.float32(summ), dw[b], dmin[b], dx[b])
+                    acc = block_sum(order, acc, np.float32(isum), np.float32(summ), dw[b], dmin[b], dx[b])
                 out[t, r] = acc
 
 
@@ -519,7 +519,7 @@ def matmul_q6_k(W, rows, group_rows, cols, qs, d, extra, out, order):
                 acc = np.float32(0.0)
                 for b in range(nb):
                     isum = dot256(ws, b * 256, x, b * 256)
-                    acc += block_sum(order, np.float32(isum), _ZERO, dw[b], _ZERO, dx[b])
+                    acc = block_sum(order, acc, np.float32(isum), _ZERO, dw[b], _ZERO, dx[b])
                 out[t, r] = acc
 
 

@@ -3,10 +3,10 @@
 Matmul kernels decode a weight row once into int8 quants and float block
 scales, then every token takes exact int32 block dots against its Q8_0/Q8_1
 activation (the row is read from memory once for all tokens).  The float combination
-per block follows ggml's generic vec_dot (ggml-cpu/quants.c) operation by
-operation, accumulated sequentially in float32 per row.
+follows llama.cpp's x86 vec_dot (and tinyBLAS): eight FMA lanes per row (_lanes_dot),
+except for Q4_0 weights llama.cpp repacks (kernels.ggml_order), summed per block.
 
-Kernel signature: matmul_X(W, rows, group_rows, cols, qs, d, extra, out) with W
+Kernel signature: matmul_X(W, rows, group_rows, cols, qs, d, extra, out, order) with W
 the raw uint8 bytes (rows * row_bytes), qs/d/extra a QuantizedActivation's
 arrays and out float32 [n_tokens, rows]; rows come in groups of group_rows, and
 group g dots activation rows [g*n_tokens, (g+1)*n_tokens) (one group: all rows,
@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ._jit import INLINE, PARALLEL, ROWS_PER_TASK, SERIAL, dot32, f16_to_f32, tree_sum8, u64
+from ._jit import INLINE, ORDER_LANES, PARALLEL, ROWS_PER_TASK, SERIAL, dot32, f16_to_f32, fma32, tree_sum8, u64
 
 
 _LOW_NIBBLES = np.uint64(0x0F0F0F0F0F0F0F0F)
@@ -61,6 +61,28 @@ def _decode_q5(blk, o, offset, w64, wo):
     w64[wo + 3] = _minus(((hi >> np.uint64(4)) & _LOW_NIBBLES) | _FIFTH_BITS[blk[o + 3]], offset)
 
 
+@njit(**INLINE)
+def _lanes_dot(wq, dw, x, dx, nb, lane_sums):
+    """A row . token as llama.cpp's x86 vec_dot (and tinyBLAS, alike) rounds it for the legacy
+    types: eight float lanes, lane l taking values 4l..4l+3 of every block (wq: the row's int8
+    values, dw its block scales) through an FMA with the block's scale product, then a tree sum.  The FMA is exact in double (a float times an
+    int below 2^17) followed by one rounding to float.  Eight named lanes rather than an array:
+    LLVM then keeps them in one vector register."""
+    for k in range(nb * 8):
+        lane_sums[k] = (np.int32(wq[4 * k]) * np.int32(x[4 * k]) + np.int32(wq[4 * k + 1]) * np.int32(x[4 * k + 1])
+                        + np.int32(wq[4 * k + 2]) * np.int32(x[4 * k + 2])
+                        + np.int32(wq[4 * k + 3]) * np.int32(x[4 * k + 3]))
+    f32, f64 = np.float32, np.float64
+    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = f64(0.0)
+    for b in range(nb):
+        s, o = f64(dw[b] * dx[b]), b * 8
+        a0, a1 = f64(f32(s * f64(lane_sums[o]) + a0)), f64(f32(s * f64(lane_sums[o + 1]) + a1))
+        a2, a3 = f64(f32(s * f64(lane_sums[o + 2]) + a2)), f64(f32(s * f64(lane_sums[o + 3]) + a3))
+        a4, a5 = f64(f32(s * f64(lane_sums[o + 4]) + a4)), f64(f32(s * f64(lane_sums[o + 5]) + a5))
+        a6, a7 = f64(f32(s * f64(lane_sums[o + 6]) + a6)), f64(f32(s * f64(lane_sums[o + 7]) + a7))
+    return tree_sum8((a0, a1, a2, a3, a4, a5, a6, a7))
+
+
 # ---- Q4_0: d f16, 16 bytes of nibbles; value = nibble - 8 ------------------
 
 @njit(**PARALLEL)
@@ -72,6 +94,7 @@ def matmul_q4_0(W, rows, group_rows, cols, qs, d, extra, out, order):
         wq = np.empty(cols, np.int8)
         w64 = wq.view(np.uint64)
         dw = np.empty(nb, np.float32)
+        lane_sums = np.empty(cols // 4, np.int32)
         for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
             row = W[r * rb:(r + 1) * rb]
             for b in range(nb):
@@ -82,6 +105,9 @@ def matmul_q4_0(W, rows, group_rows, cols, qs, d, extra, out, order):
             for t in range(n_tok):
                 x = qs[t0 + t]
                 dx = d[t0 + t]
+                if order == ORDER_LANES:
+                    out[t, r] = _lanes_dot(wq, dw, x, dx, nb, lane_sums)
+                    continue
                 acc = np.float32(0.0)
                 for b in range(nb):
                     sumi = dot32(wq, b * 32, x, b * 32)
@@ -117,6 +143,7 @@ def matmul_q4_1(W, rows, group_rows, cols, qs, d, extra, out, order):
         w64 = wq.view(np.uint64)
         dw = np.empty(nb, np.float32)
         mw = np.empty(nb, np.float32)
+        lane_sums = np.empty(cols // 4, np.int32)
         for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
             row = W[r * rb:(r + 1) * rb]
             for b in range(nb):
@@ -129,11 +156,10 @@ def matmul_q4_1(W, rows, group_rows, cols, qs, d, extra, out, order):
                 x = qs[t0 + t]
                 dx = d[t0 + t]
                 sx = extra[t0 + t]
-                acc = np.float32(0.0)
+                summs = np.float32(0.0)  # the mins: one FMA per block (GCC contracts m*s + summs)
                 for b in range(nb):
-                    sumi = dot32(wq, b * 32, x, b * 32)
-                    acc += (dw[b] * dx[b]) * np.float32(sumi) + mw[b] * sx[b]
-                out[t, r] = acc
+                    summs = fma32(mw[b], sx[b], summs)
+                out[t, r] = _lanes_dot(wq, dw, x, dx, nb, lane_sums) + summs
 
 
 @njit(**SERIAL)
@@ -164,6 +190,7 @@ def matmul_q5_0(W, rows, group_rows, cols, qs, d, extra, out, order):
         wq = np.empty(cols, np.int8)
         w64 = wq.view(np.uint64)
         dw = np.empty(nb, np.float32)
+        lane_sums = np.empty(cols // 4, np.int32)
         for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
             row = W[r * rb:(r + 1) * rb]
             for b in range(nb):
@@ -172,13 +199,7 @@ def matmul_q5_0(W, rows, group_rows, cols, qs, d, extra, out, order):
                 _decode_q5(row, o + 2, 16, w64, b * 4)
             t0 = (r // group_rows) * n_tok
             for t in range(n_tok):
-                x = qs[t0 + t]
-                dx = d[t0 + t]
-                acc = np.float32(0.0)
-                for b in range(nb):
-                    sumi = dot32(wq, b * 32, x, b * 32)
-                    acc += (dw[b] * dx[b]) * np.float32(sumi)
-                out[t, r] = acc
+                out[t, r] = _lanes_dot(wq, dw, qs[t0 + t], d[t0 + t], nb, lane_sums)
 
 
 @njit(**SERIAL)
@@ -209,6 +230,7 @@ def matmul_q5_1(W, rows, group_rows, cols, qs, d, extra, out, order):
         w64 = wq.view(np.uint64)
         dw = np.empty(nb, np.float32)
         mw = np.empty(nb, np.float32)
+        lane_sums = np.empty(cols // 4, np.int32)
         for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
             row = W[r * rb:(r + 1) * rb]
             for b in range(nb):
@@ -221,11 +243,10 @@ def matmul_q5_1(W, rows, group_rows, cols, qs, d, extra, out, order):
                 x = qs[t0 + t]
                 dx = d[t0 + t]
                 sx = extra[t0 + t]
-                acc = np.float32(0.0)
+                summs = np.float32(0.0)  # the mins: one FMA per block (GCC contracts m*s + summs)
                 for b in range(nb):
-                    sumi = dot32(wq, b * 32, x, b * 32)
-                    acc += (dw[b] * dx[b]) * np.float32(sumi) + mw[b] * sx[b]
-                out[t, r] = acc
+                    summs = fma32(mw[b], sx[b], summs)
+                out[t, r] = _lanes_dot(wq, dw, x, dx, nb, lane_sums) + summs
 
 
 @njit(**SERIAL)
@@ -268,29 +289,7 @@ def matmul_q8_0(W, rows, group_rows, cols, qs, d, extra, out, order):
             for t in range(n_tok):
                 x = qs[t0 + t]
                 dx = d[t0 + t]
-                out[t, r] = _q8_0_lanes_dot(wq, dw, x, dx, nb, lane_sums)
-
-
-@njit(**INLINE)
-def _q8_0_lanes_dot(wq, dw, x, dx, nb, lane_sums):
-    """A Q8_0 row . token as llama.cpp rounds it (tinyBLAS for batches, vec_dot for one token,
-    alike): eight float lanes, lane l taking values 4l..4l+3 of every block through an FMA with the block's
-    scale product, then a tree sum of the lanes.  The FMA is exact in double (a float times an
-    int below 2^17) followed by one rounding to float.  Eight named lanes rather than an array:
-    LLVM then keeps them in one vector register."""
-    for k in range(nb * 8):
-        lane_sums[k] = (np.int32(wq[4 * k]) * np.int32(x[4 * k]) + np.int32(wq[4 * k + 1]) * np.int32(x[4 * k + 1])
-                        + np.int32(wq[4 * k + 2]) * np.int32(x[4 * k + 2])
-                        + np.int32(wq[4 * k + 3]) * np.int32(x[4 * k + 3]))
-    f32, f64 = np.float32, np.float64
-    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = f64(0.0)
-    for b in range(nb):
-        s, o = f64(dw[b] * dx[b]), b * 8
-        a0, a1 = f64(f32(s * f64(lane_sums[o]) + a0)), f64(f32(s * f64(lane_sums[o + 1]) + a1))
-        a2, a3 = f64(f32(s * f64(lane_sums[o + 2]) + a2)), f64(f32(s * f64(lane_sums[o + 3]) + a3))
-        a4, a5 = f64(f32(s * f64(lane_sums[o + 4]) + a4)), f64(f32(s * f64(lane_sums[o + 5]) + a5))
-        a6, a7 = f64(f32(s * f64(lane_sums[o + 6]) + a6)), f64(f32(s * f64(lane_sums[o + 7]) + a7))
-    return tree_sum8((a0, a1, a2, a3, a4, a5, a6, a7))
+                out[t, r] = _lanes_dot(wq, dw, x, dx, nb, lane_sums)
 
 
 @njit(**SERIAL)
