@@ -458,3 +458,23 @@ def test_lanes_route_rounding():
                         summs = fma(m, sy[b], summs)
                     want = F32(want + summs)
                 assert Y[t, r] == want, tp.name
+
+
+@pytest.mark.parametrize("tp", [T.Q4_0, T.IQ4_NL], ids=lambda t: t.name)
+def test_repacked_block_types_rounding(tp):
+    """Q4_0 and IQ4_NL with rows % 8 == 0 are repacked: one FMA per 32-value block, for a batch
+    as for one token."""
+    rng = np.random.default_rng(14)
+    W = random_weights(tp, 8, COLS, rng)
+    X = random_activations(5, COLS, rng)
+    Y = K.matmul(tp, W, 8, COLS, X)
+    blocks = W.reshape(8 * COLS // 32, -1)
+    ints = integer_parts(tp, blocks, o0=1.0).reshape(8, -1, 32)
+    dw = f16_at(blocks, 0).reshape(8, -1)
+    for t in range(5):
+        q, dy, _ = np_q8_0(X[t])
+        isum = (ints * q.reshape(1, -1, 32)).sum(axis=2).astype(F32)
+        want = np.zeros(8, F32)
+        for b in range(isum.shape[1]):
+            want = fma(isum[:, b], (dw[:, b] * dy[b]).astype(F32), want)
+        np.testing.assert_array_equal(Y[t], want)

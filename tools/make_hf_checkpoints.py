@@ -13,7 +13,8 @@ sliding window 16 so the prompt crosses it).
 Per model: random weights (matrices with std 0.1 so the logits are far from uniform, 0.07 for
 the 26-layer model, which turns chaotic at 0.1; norm weights, biases, sinks and routing biases
 perturbed so that they matter), a small byte-level BPE tokenizer, save_pretrained →
-convert_hf_to_gguf.py --outtype f32 → llama-quantize Q8_0 (gpt-oss also MXFP4_MOE) →
+convert_hf_to_gguf.py --outtype f32 → llama-quantize Q8_0, Q4_K_M, Q2_K and IQ2_XXS (with an
+importance matrix from llama-imatrix; gpt-oss also MXFP4_MOE) →
 tools/llama_ref.py → swapmoe; prints mean/max KL, top-1 agreement
 and how many of the 32 greedy tokens agree, next to how far llama.cpp itself moves when fed the
 prompt one token per decode call instead of in one batch (its kernels differ by batch size).
@@ -82,7 +83,8 @@ MODELS = {  # name: (config class, model class, config arguments)
         head_dim=64, num_local_experts=8, num_experts_per_tok=2, sliding_window=16,
         layer_types=["sliding_attention", "full_attention", "sliding_attention"])),
 }
-QUANTS = {"gpt-oss": ("Q8_0", "MXFP4_MOE")}
+QUANTS = ("Q8_0", "Q4_K_M", "Q2_K", "IQ2_XXS")  # the acceptance's types; IQ2_XXS with an importance matrix
+EXTRA_QUANTS = {"gpt-oss": ("MXFP4_MOE",)}
 CONVERT = '''import runpy, sys
 src = sys.argv.pop(1)
 sys.path[:0] = [src + "/gguf-py", src]
@@ -186,9 +188,13 @@ def main():
         f32 = work / f"{name}-F32.gguf"
         run([sys.executable, "-c", CONVERT, args.ref / "src", work / "hf", "--outfile", f32, "--outtype", "f32"])
         files = [("F32", f32)]
-        for quant in QUANTS.get(name, ("Q8_0",)):
+        text, imatrix = work / "imatrix.txt", work / "imatrix.gguf"
+        text.write_text(TEXT * 8)
+        run([bin_dir / "llama-imatrix", "-m", f32, "-f", text, "-o", imatrix, "-c", "128", "--chunks", "8", "-t", "2"])
+        for quant in QUANTS + EXTRA_QUANTS.get(name, ()):
             files.append((quant, work / f"{name}-{quant}.gguf"))
-            run([bin_dir / "llama-quantize", f32, files[-1][1], quant, "2"])
+            extra = ["--imatrix", imatrix] if quant.startswith("IQ") else []
+            run([bin_dir / "llama-quantize", *extra, f32, files[-1][1], quant, "2"])
         ref_py = [args.ref / "venv/bin/python", TOOLS / "llama_ref.py"]
         tokens = json.loads(run([*ref_py, f32, "--tokenize", TEXT], env))
         for quant, path in files:

@@ -112,17 +112,19 @@ def ggml_order(ggml_type: int, rows: int, cols: int, n_tok: int, grouped: bool, 
       experts, not 3-D per-head groups): gemm for batches, gemv per token and for experts;
     - other K/IQ types: the tiled kernel when >= 8 tokens meet the matrix (per expert for MoE),
       else vec_dot;
-    - the legacy types: vec_dot or tinyBLAS, which round alike (eight FMA lanes), except Q4_0
-      with rows % 8 == 0 (repacked; that gemm/gemv rounding is not reproduced);
+    - Q4_0, IQ4_NL and MXFP4 with rows % 8 == 0 are repacked too: one FMA per block;
+    - the other legacy types: vec_dot or tinyBLAS, which round alike (eight FMA lanes);
     - F32: tinyBLAS for >= 2 tokens when it takes the shape (rows % 4, cols % 16 == 0), else
       vec_dot_f32.
     """
     ggml_type = int(ggml_type)
     if ggml_type in (T.Q4_K, T.Q2_K) and rows % 8 == 0 and not grouped:
         return ORDER_GEMV if stacked else ORDER_GEMM
+    if ggml_type in (T.Q4_0, T.IQ4_NL, T.MXFP4) and rows % 8 == 0 and not grouped:
+        return ORDER_GEMV  # repacked; its gemm rounds as its gemv: one FMA per 32-value block
     if ggml_type in _TILED and n_tok >= 8:
         return ORDER_TILED
-    if ggml_type in (T.Q8_0, T.Q5_0, T.Q4_1, T.Q5_1) or (ggml_type == T.Q4_0 and (rows % 8 or grouped)):
+    if ggml_type in (T.Q8_0, T.Q5_0, T.Q4_1, T.Q5_1, T.Q4_0):
         return ORDER_LANES
     if ggml_type == T.F32 and cols % LANES == 0 and rows % 4 == 0 and n_tok >= 2:
         return ORDER_LANES

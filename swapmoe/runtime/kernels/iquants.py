@@ -17,8 +17,8 @@ import numpy as np
 from gguf import quants as gq
 from numba import njit, prange
 
-from ._jit import (INLINE, PARALLEL, ROWS_PER_TASK, SERIAL, block_sum, decode_pairs, dot32, dot256, f16_to_f32,
-                   nibble_pair_words, pair_order, u32, widen4, widen8)
+from ._jit import (INLINE, ORDER_GEMV, PARALLEL, ROWS_PER_TASK, SERIAL, block_sum, decode_pairs, dot32, dot256,
+                   f16_to_f32, fma32, nibble_pair_words, pair_order, u32, widen4, widen8)
 
 _ZERO = np.float32(0.0)
 
@@ -93,7 +93,10 @@ def matmul_iq4_nl(W, rows, group_rows, cols, qs, d, extra, out, order):
                 acc = np.float32(0.0)
                 for b in range(nb):
                     sumi = dot32(wq, b * 32, x, b * 32)
-                    acc += (dx[b] * dw[b]) * np.float32(sumi)
+                    if order == ORDER_GEMV:  # repacked by llama.cpp: one FMA per block
+                        acc = fma32(np.float32(sumi), dw[b] * dx[b], acc)
+                    else:
+                        acc += (dx[b] * dw[b]) * np.float32(sumi)
                 out[t, r] = acc
 
 

@@ -4,7 +4,7 @@ Matmul kernels decode a weight row once into int8 quants and float block
 scales, then every token takes exact int32 block dots against its Q8_0/Q8_1
 activation (the row is read from memory once for all tokens).  The float combination
 follows llama.cpp's x86 vec_dot (and tinyBLAS): eight FMA lanes per row (_lanes_dot),
-except for Q4_0 weights llama.cpp repacks (kernels.ggml_order), summed per block.
+except for Q4_0 weights llama.cpp repacks (kernels.ggml_order): one FMA per block.
 
 Kernel signature: matmul_X(W, rows, group_rows, cols, qs, d, extra, out, order) with W
 the raw uint8 bytes (rows * row_bytes), qs/d/extra a QuantizedActivation's
@@ -108,10 +108,9 @@ def matmul_q4_0(W, rows, group_rows, cols, qs, d, extra, out, order):
                 if order == ORDER_LANES:
                     out[t, r] = _lanes_dot(wq, dw, x, dx, nb, lane_sums)
                     continue
-                acc = np.float32(0.0)
+                acc = np.float32(0.0)  # repacked by llama.cpp (ORDER_GEMV): one FMA per block
                 for b in range(nb):
-                    sumi = dot32(wq, b * 32, x, b * 32)
-                    acc += np.float32(sumi) * dw[b] * dx[b]
+                    acc = fma32(np.float32(dot32(wq, b * 32, x, b * 32)), dw[b] * dx[b], acc)
                 out[t, r] = acc
 
 

@@ -9,7 +9,8 @@ import numpy as np
 from gguf.quants import MXFP4
 from numba import njit, prange
 
-from ._jit import E8M0_HALF, PARALLEL, ROWS_PER_TASK, SERIAL, decode_pairs, dot32, nibble_pair_words, pair_order
+from ._jit import (E8M0_HALF, ORDER_GEMV, PARALLEL, ROWS_PER_TASK, SERIAL, decode_pairs, dot32, fma32,
+                   nibble_pair_words, pair_order)
 
 _KVALUES = np.array(MXFP4.kvalues, dtype=np.int8)
 _PAIRS = nibble_pair_words(_KVALUES)
@@ -40,7 +41,10 @@ def matmul_mxfp4(W, rows, group_rows, cols, qs, d, extra, out, order):
                 acc = np.float32(0.0)
                 for b in range(nb):
                     sumi = dot32(wq, b * 32, x, b * 32)
-                    acc += (dx[b] * dw[b]) * np.float32(sumi)
+                    if order == ORDER_GEMV:  # repacked by llama.cpp: one FMA per block
+                        acc = fma32(np.float32(sumi), dw[b] * dx[b], acc)
+                    else:
+                        acc += (dx[b] * dw[b]) * np.float32(sumi)
                 out[t, r] = acc
 
 
