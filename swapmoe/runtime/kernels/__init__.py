@@ -115,7 +115,7 @@ def ggml_order(ggml_type: int, rows: int, cols: int, n_tok: int, grouped: bool, 
     - Q4_0, IQ4_NL and MXFP4 with rows % 8 == 0 are repacked too: one FMA per block;
     - the other legacy types: vec_dot or tinyBLAS, which round alike (eight FMA lanes);
     - F32: tinyBLAS for >= 2 tokens when it takes the shape (rows % 4, cols % 16 == 0), else
-      vec_dot_f32.
+      vec_dot_f32 (always for stacked experts: MUL_MAT_ID does not use tinyBLAS).
     """
     ggml_type = int(ggml_type)
     if ggml_type in (T.Q4_K, T.Q2_K) and rows % 8 == 0 and not grouped:
@@ -126,7 +126,7 @@ def ggml_order(ggml_type: int, rows: int, cols: int, n_tok: int, grouped: bool, 
         return ORDER_TILED
     if ggml_type in (T.Q8_0, T.Q5_0, T.Q4_1, T.Q5_1, T.Q4_0):
         return ORDER_LANES
-    if ggml_type == T.F32 and cols % LANES == 0 and rows % 4 == 0 and n_tok >= 2:
+    if ggml_type == T.F32 and cols % LANES == 0 and rows % 4 == 0 and n_tok >= 2 and not stacked:
         return ORDER_LANES
     return ORDER_DOT
 
