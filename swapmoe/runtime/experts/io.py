@@ -4,9 +4,9 @@ Both work on whole expert slices given as byte ranges `(file, offset, length)` f
 sidecar index, and hand out zero-copy uint8 views for the kernels.
 
 mmap   The files are mapped. Expert regions get MADV_RANDOM, so a fault never drags in an 8 MiB
-       readahead window of neighbours. `load` populates exactly the slice's pages
-       (MADV_POPULATE_READ: one large read); `prefetch` asks for them asynchronously
-       (MADV_WILLNEED); `release` drops them from the mapping and the page cache.
+       readahead window of neighbours. `load` asks for exactly the slice's pages (MADV_WILLNEED:
+       large reads) and waits for them (MADV_POPULATE_READ); `prefetch` only asks;
+       `release` drops them from the mapping and the page cache.
 pread  swapmoe owns the memory: a pool of equal slots, one expert slice each, filled by
        `os.preadv` from worker threads (O_DIRECT where the file system allows, so the page
        cache neither doubles the memory nor competes with it). Reads run while numba
@@ -56,7 +56,11 @@ class MmapEngine:
         return [self._arrays[f][o:o + n] for f, o, n in ranges]
 
     def load(self, ranges: Ranges) -> list[np.ndarray]:
-        """Bring the ranges into RAM now (one read each) and return views of them."""
+        """Bring the ranges into RAM now and return views of them.  WILLNEED first queues each
+        range as large reads: on a MADV_RANDOM region, MADV_POPULATE_READ alone faults the pages
+        in one 4 KiB read at a time (measured 0.05 against 0.74 GB/s for 6 MiB ranges)."""
+        for f, o, n in ranges:
+            self._maps[f].madvise(mmap.MADV_WILLNEED, *_page_span(o, n))
         for f, o, n in ranges:
             start, span = _page_span(o, n)
             if self._populate:
@@ -65,7 +69,6 @@ class MmapEngine:
                     continue
                 except OSError:
                     self._populate = False
-            self._maps[f].madvise(mmap.MADV_WILLNEED, start, span)
             self._arrays[f][start:start + span:PAGE].sum()  # touch every page
         return self.views(ranges)
 
