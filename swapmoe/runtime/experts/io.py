@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 MADV_POPULATE_READ = 22  # Linux 5.14; older kernels answer EINVAL and we touch the pages instead
+WILLNEED_PIECE = 512 << 10  # 25 MiB experts: 2.1 GB/s in 512 KiB pieces, 0.08 GB/s in one call
 PAGE = mmap.PAGESIZE
 DIRECT_ALIGN = 4096  # O_DIRECT wants offsets, lengths and buffers aligned to the logical block size
 
@@ -56,11 +57,10 @@ class MmapEngine:
         return [self._arrays[f][o:o + n] for f, o, n in ranges]
 
     def load(self, ranges: Ranges) -> list[np.ndarray]:
-        """Bring the ranges into RAM now and return views of them.  WILLNEED first queues each
-        range as large reads: on a MADV_RANDOM region, MADV_POPULATE_READ alone faults the pages
-        in one 4 KiB read at a time (measured 0.05 against 0.74 GB/s for 6 MiB ranges)."""
-        for f, o, n in ranges:
-            self._maps[f].madvise(mmap.MADV_WILLNEED, *_page_span(o, n))
+        """Bring the ranges into RAM now and return views of them.  Asking first (`prefetch`)
+        queues each range as large reads: on a MADV_RANDOM region MADV_POPULATE_READ alone faults
+        the pages in one 4 KiB read at a time (0.06 GB/s here, against 2 GB/s)."""
+        self.prefetch(ranges)
         for f, o, n in ranges:
             start, span = _page_span(o, n)
             if self._populate:
@@ -73,8 +73,12 @@ class MmapEngine:
         return self.views(ranges)
 
     def prefetch(self, ranges: Ranges) -> None:
+        """MADV_WILLNEED in pieces: one call reads at most the device's readahead limit (8 MiB
+        here, often less), and the rest of a larger range would then come in page by page."""
         for f, o, n in ranges:
-            self._maps[f].madvise(mmap.MADV_WILLNEED, *_page_span(o, n))
+            start, span = _page_span(o, n)
+            for piece in range(start, start + span, WILLNEED_PIECE):
+                self._maps[f].madvise(mmap.MADV_WILLNEED, piece, min(WILLNEED_PIECE, start + span - piece))
 
     def release(self, ranges: Ranges) -> None:
         for f, o, n in ranges:
