@@ -3,8 +3,8 @@
 llama.cpp rounds the activation to the weight's type (F16/BF16, done in
 activation.py) and accumulates the products in float32 SIMD lanes.  We do the
 same: each weight row is widened to float32 once, then dotted with every
-token.  F32 rows are summed in ggml's order, bit for bit: tinyBLAS's for
-batches (ORDER_LANES), ggml_vec_dot_f32's for one token; F16/BF16 use a vectorized
+token.  F32 rows are summed in ggml's order, bit for bit: tinyBLAS's where
+llama.cpp uses it (ORDER_LANES), ggml_vec_dot_f32's otherwise; F16/BF16 use a vectorized
 float32 reduction whose order differs from ggml's (see docs/kernels.md).
 Products of two f16/bf16 values are exact in float32, so only the
 accumulation rounds.

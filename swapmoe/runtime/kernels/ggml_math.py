@@ -18,6 +18,8 @@ import math
 import numpy as np
 from numba import njit, prange
 
+from ._jit import fma32
+
 F32 = np.float32
 LANES = 16  # AVX-512 floats per vector: the tail of a row past a multiple of 16 uses libm's expf
 
@@ -33,11 +35,6 @@ _C5 = F32(float.fromhex("0x1.0e4020p-7"))
 
 
 @njit(inline="always", cache=True)
-def _fma(a, b, c):
-    return np.float32(np.float64(a) * np.float64(b) + np.float64(c))
-
-
-@njit(inline="always", cache=True)
 def _fnma(a, b, c):  # c - a*b, fused
     return np.float32(np.float64(c) - np.float64(a) * np.float64(b))
 
@@ -45,13 +42,13 @@ def _fnma(a, b, c):  # c - a*b, fused
 @njit(cache=True)
 def ggml_expf(x):
     """exp(x) for one float32, bit for bit as ggml_v_expf (AVX-512) computes it."""
-    z = _fma(x, _LOG2E, _SHIFT)
+    z = fma32(x, _LOG2E, _SHIFT)
     n = np.float32(z - _SHIFT)
     b = _fnma(n, _LN2_LO, _fnma(n, _LN2_HI, x))
     if abs(n) > 192:
         return np.float32(np.inf) if n > 0 else np.float32(0.0)
     u = np.float32(b * b)
-    j = _fma(_fma(_fma(_C5, b, _C4), u, _fma(_C3, b, _C2)), u, _fma(_C1, b, np.float32(1.0)))
+    j = fma32(fma32(fma32(_C5, b, _C4), u, fma32(_C3, b, _C2)), u, fma32(_C1, b, np.float32(1.0)))
     return np.float32(math.ldexp(j, int(n)))
 
 
@@ -166,7 +163,7 @@ def _hsum16(acc):
 
 
 # The FMA lanes below live in float64 scratch holding float32 values: each step is an exact double
-# product and sum rounded once to float32 (see _fma), and LLVM vectorizes that form.
+# product and sum rounded once to float32 (see _jit.fma32), and LLVM vectorizes that form.
 
 @njit(cache=True)
 def dot_sgemm(a, b, n, acc):
