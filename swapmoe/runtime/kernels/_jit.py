@@ -27,7 +27,9 @@ import os
 
 import numba
 import numpy as np
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
 
 numba.config.SLP_VECTORIZE = 1
 # Idle OpenMP workers spin briefly (about 10k polls) before they sleep.  Decode makes hundreds of
@@ -176,11 +178,23 @@ ORDER_GEMV = 3   # repacked, one token at a time (MUL_MAT_ID, batch remainders; 
 ORDER_LANES = 4  # SIMD lanes of FMAs, then a tree sum: tinyBLAS (F32 batches), the legacy types
 
 
+@intrinsic
+def _fma_f32(typingctx, a, b, c):
+    """LLVM's fused multiply-add on three float32 values: one vfmadd instruction on CPUs with FMA
+    (a library call elsewhere), rounded once, as ggml's FMA instructions round."""
+    sig = types.float32(types.float32, types.float32, types.float32)
+
+    def codegen(context, builder, signature, args):
+        f32 = ir.FloatType()
+        fma = builder.module.declare_intrinsic("llvm.fma", [f32], ir.FunctionType(f32, [f32, f32, f32]))
+        return builder.call(fma, args)
+    return sig, codegen
+
+
 @njit(**INLINE)
 def fma32(a, b, c):
-    """float32 a*b + c rounded once (exact product in double; differs from a true FMA only
-    in the rare case where the double sum rounds twice)."""
-    return np.float32(np.float64(a) * np.float64(b) + np.float64(c))
+    """float32 a*b + c rounded once."""
+    return _fma_f32(np.float32(a), np.float32(b), np.float32(c))
 
 
 @njit(**INLINE)
