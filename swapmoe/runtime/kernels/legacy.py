@@ -65,21 +65,19 @@ def _decode_q5(blk, o, offset, w64, wo):
 def _lanes_dot(wq, dw, x, dx, nb, lane_sums):
     """A row . token as llama.cpp's x86 vec_dot (and tinyBLAS, alike) rounds it for the legacy
     types: eight float lanes, lane l taking values 4l..4l+3 of every block (wq: the row's int8
-    values, dw its block scales) through an FMA with the block's scale product, then a tree sum.  The FMA is exact in double (a float times an
-    int below 2^17) followed by one rounding to float.  Eight named lanes rather than an array:
-    LLVM then keeps them in one vector register."""
+    values, dw its block scales) through an FMA with the block's scale product, then ggml's tree
+    sum.  Eight named lanes rather than an array: LLVM then keeps them in one vector register."""
     for k in range(nb * 8):
         lane_sums[k] = (np.int32(wq[4 * k]) * np.int32(x[4 * k]) + np.int32(wq[4 * k + 1]) * np.int32(x[4 * k + 1])
                         + np.int32(wq[4 * k + 2]) * np.int32(x[4 * k + 2])
                         + np.int32(wq[4 * k + 3]) * np.int32(x[4 * k + 3]))
-    f32, f64 = np.float32, np.float64
-    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = f64(0.0)
+    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = np.float32(0.0)
     for b in range(nb):
-        s, o = f64(dw[b] * dx[b]), b * 8
-        a0, a1 = f64(f32(s * f64(lane_sums[o]) + a0)), f64(f32(s * f64(lane_sums[o + 1]) + a1))
-        a2, a3 = f64(f32(s * f64(lane_sums[o + 2]) + a2)), f64(f32(s * f64(lane_sums[o + 3]) + a3))
-        a4, a5 = f64(f32(s * f64(lane_sums[o + 4]) + a4)), f64(f32(s * f64(lane_sums[o + 5]) + a5))
-        a6, a7 = f64(f32(s * f64(lane_sums[o + 6]) + a6)), f64(f32(s * f64(lane_sums[o + 7]) + a7))
+        s, o = dw[b] * dx[b], b * 8
+        a0, a1 = fma32(s, lane_sums[o], a0), fma32(s, lane_sums[o + 1], a1)
+        a2, a3 = fma32(s, lane_sums[o + 2], a2), fma32(s, lane_sums[o + 3], a3)
+        a4, a5 = fma32(s, lane_sums[o + 4], a4), fma32(s, lane_sums[o + 5], a5)
+        a6, a7 = fma32(s, lane_sums[o + 6], a6), fma32(s, lane_sums[o + 7], a7)
     return tree_sum8((a0, a1, a2, a3, a4, a5, a6, a7))
 
 
@@ -275,15 +273,15 @@ def matmul_q8_0(W, rows, group_rows, cols, qs, d, extra, out, order):
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         dw = np.empty(nb, np.float32)
         wq = np.empty(cols, np.int8)  # the row's quants without the block headers
+        w64 = wq.view(np.uint64)
         lane_sums = np.empty(cols // 4, np.int32)
         for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
             row = W[r * rb:(r + 1) * rb]
-            quants = row.view(np.int8)
             for b in range(nb):
                 o = b * 34
                 dw[b] = f16_to_f32(row[o], row[o + 1])
-                for j in range(32):
-                    wq[b * 32 + j] = quants[o + 2 + j]
+                for k in range(4):  # eight bytes per move: a byte-wise copy loop stays scalar
+                    w64[b * 4 + k] = u64(row, o + 2 + 8 * k)
             t0 = (r // group_rows) * n_tok
             for t in range(n_tok):
                 x = qs[t0 + t]
