@@ -81,6 +81,16 @@ def _lanes_dot(wq, dw, x, dx, nb, lane_sums):
     return tree_sum8((a0, a1, a2, a3, a4, a5, a6, a7))
 
 
+@njit(**INLINE)
+def _lanes_dot_with_mins(wq, dw, mw, x, dx, sx, nb, lane_sums):
+    """Q4_1/Q5_1: _lanes_dot plus the mins (block min times the activation block sum sx), one
+    FMA per block (GCC contracts m*s + summs), added after the lanes' tree sum."""
+    summs = np.float32(0.0)
+    for b in range(nb):
+        summs = fma32(mw[b], sx[b], summs)
+    return _lanes_dot(wq, dw, x, dx, nb, lane_sums) + summs
+
+
 # ---- Q4_0: d f16, 16 bytes of nibbles; value = nibble - 8 ------------------
 
 @njit(**PARALLEL)
@@ -150,13 +160,7 @@ def matmul_q4_1(W, rows, group_rows, cols, qs, d, extra, out, order):
                 _decode_q4(row, o + 4, 0, w64, b * 4)
             t0 = (r // group_rows) * n_tok
             for t in range(n_tok):
-                x = qs[t0 + t]
-                dx = d[t0 + t]
-                sx = extra[t0 + t]
-                summs = np.float32(0.0)  # the mins: one FMA per block (GCC contracts m*s + summs)
-                for b in range(nb):
-                    summs = fma32(mw[b], sx[b], summs)
-                out[t, r] = _lanes_dot(wq, dw, x, dx, nb, lane_sums) + summs
+                out[t, r] = _lanes_dot_with_mins(wq, dw, mw, qs[t0 + t], d[t0 + t], extra[t0 + t], nb, lane_sums)
 
 
 @njit(**SERIAL)
@@ -237,13 +241,7 @@ def matmul_q5_1(W, rows, group_rows, cols, qs, d, extra, out, order):
                 _decode_q5(row, o + 4, 0, w64, b * 4)
             t0 = (r // group_rows) * n_tok
             for t in range(n_tok):
-                x = qs[t0 + t]
-                dx = d[t0 + t]
-                sx = extra[t0 + t]
-                summs = np.float32(0.0)  # the mins: one FMA per block (GCC contracts m*s + summs)
-                for b in range(nb):
-                    summs = fma32(mw[b], sx[b], summs)
-                out[t, r] = _lanes_dot(wq, dw, x, dx, nb, lane_sums) + summs
+                out[t, r] = _lanes_dot_with_mins(wq, dw, mw, qs[t0 + t], d[t0 + t], extra[t0 + t], nb, lane_sums)
 
 
 @njit(**SERIAL)
