@@ -7,9 +7,10 @@ for the tail of a row. A one-ulp difference is harmless by itself, but the resul
 rounded to 8-bit activations for the next quantized matmul, and one value on the other side
 of a rounding boundary changes a logit by ~1e-2. Computing the same polynomial removes that.
 
-FMA is emulated exactly in double (a product of two floats is exact in double; the sum is
-then rounded once to double and once to float, which differs from a true fused multiply-add
-only in the rare double-rounding case).
+Fused multiply-adds are LLVM's (`_jit.fma32`, rounded once). The dot products' FMA lanes are
+computed in double (a product of two floats is exact there; the sum rounds once to double and
+once to float, which differs from a true FMA only in the rare double-rounding case), a form
+LLVM vectorizes.
 """
 from __future__ import annotations
 
@@ -34,17 +35,12 @@ _C4 = F32(float.fromhex("0x1.573e2ep-5"))
 _C5 = F32(float.fromhex("0x1.0e4020p-7"))
 
 
-@njit(inline="always", cache=True)
-def _fnma(a, b, c):  # c - a*b, fused
-    return np.float32(np.float64(c) - np.float64(a) * np.float64(b))
-
-
 @njit(cache=True)
 def ggml_expf(x):
     """exp(x) for one float32, bit for bit as ggml_v_expf (AVX-512) computes it."""
     z = fma32(x, _LOG2E, _SHIFT)
     n = np.float32(z - _SHIFT)
-    b = _fnma(n, _LN2_LO, _fnma(n, _LN2_HI, x))
+    b = fma32(-n, _LN2_LO, fma32(-n, _LN2_HI, x))
     if abs(n) > 192:
         return np.float32(np.inf) if n > 0 else np.float32(0.0)
     u = np.float32(b * b)
@@ -163,7 +159,7 @@ def _hsum16(acc):
 
 
 # The FMA lanes below live in float64 scratch holding float32 values: each step is an exact double
-# product and sum rounded once to float32 (see _jit.fma32), and LLVM vectorizes that form.
+# product, a double sum, then float32 (see the module docstring), and LLVM vectorizes that form.
 
 @njit(cache=True)
 def dot_sgemm(a, b, n, acc):
