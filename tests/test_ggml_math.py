@@ -16,15 +16,19 @@ def test_expf_within_its_documented_error():  # ggml: at most 1.45 ulp + 0.5 ulp
 
 
 @pytest.mark.parametrize("n", [16, 37, 256])
-def test_softmax_swiglu_sum_squares(n):
+def test_softmax_swiglu_rms_norm(n):
     x = (RNG.standard_normal((5, n)) * 3).astype(np.float32)
     g = RNG.standard_normal((5, n)).astype(np.float32)
     e = np.exp(x.astype(np.float64) - x.max(-1, keepdims=True))
     np.testing.assert_allclose(ggml_math.softmax(x), e / e.sum(-1, keepdims=True), rtol=3e-6, atol=1e-9)
     np.testing.assert_allclose(ggml_math.swiglu(x, g), x / (1 + np.exp(-x.astype(np.float64))) * g, rtol=3e-6,
                                atol=1e-7)
-    # squares rounded to float (as ggml does), summed in double
-    np.testing.assert_allclose(ggml_math.sum_squares(x)[:, 0], (x * x).astype(np.float64).sum(-1), rtol=1e-12)
+    # squares rounded to float (as ggml does), summed in double, the rest in float
+    w = RNG.standard_normal(n).astype(np.float32)
+    mean = ((x * x).astype(np.float64).sum(-1, keepdims=True) / n).astype(np.float32)
+    want = x * (np.float32(1) / np.sqrt(mean + np.float32(1e-6)))
+    np.testing.assert_array_equal(ggml_math.rms_norm(x, None, 1e-6), want)
+    np.testing.assert_array_equal(ggml_math.rms_norm(x, w, 1e-6), want * w)
     sinks = RNG.standard_normal(5).astype(np.float32)
     top = np.maximum(x.max(-1), sinks)[:, None]
     with_sink = np.exp(np.concatenate([x, sinks[:, None]], 1).astype(np.float64) - top)
@@ -61,3 +65,21 @@ def test_attention_paths_agree(monkeypatch):
     monkeypatch.setattr(layers, "EXACT_ORDER_LIMIT", 0)
     blas = layers.attention(q, k, v, np.arange(S - T, S), 0.125, window=3, sinks=sinks)
     np.testing.assert_allclose(exact, blas, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("neox", [False, True])
+def test_rope_rotate(neox):
+    """The first n_rot dims turn pairwise, x0*c - x1*s (first product fused), the rest stay."""
+    T, H, d, n_rot = 3, 2, 10, 8
+    x = RNG.standard_normal((T, H, d)).astype(np.float32)
+    angles = RNG.uniform(-3, 3, (T, n_rot // 2)).astype(np.float32)
+    cos, sin = np.cos(angles), np.sin(angles)
+    out = np.empty_like(x)
+    ggml_math.rope_rotate(x, cos, sin, n_rot, neox, out)
+    a = np.arange(n_rot // 2) if neox else np.arange(0, n_rot, 2)
+    b = a + n_rot // 2 if neox else a + 1
+    x0, x1 = x[..., a].astype(np.float64), x[..., b]
+    c, s = cos[:, None, :], sin[:, None, :]
+    np.testing.assert_array_equal(out[..., a], (x0 * c - (x1 * s).astype(np.float32)).astype(np.float32))
+    np.testing.assert_array_equal(out[..., b], (x0 * s + (x1 * c).astype(np.float32)).astype(np.float32))
+    np.testing.assert_array_equal(out[..., n_rot:], x[..., n_rot:])

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from numba import njit
 from gguf import GGML_QUANT_SIZES, quants
 from gguf import GGMLQuantizationType as T
 
 from swapmoe.runtime import kernels as K
+from swapmoe.runtime.kernels import simd
 
 ROWS, COLS = 5, 512  # odd row count, two 256-value super-blocks per row
 F32 = np.float32
@@ -402,9 +404,11 @@ def test_repacked_route_rounding(tp, gemm_step):
     W = random_weights(tp, rows, COLS, rng)
     X = random_activations(5, COLS, rng)
     batch = K.matmul(tp, W, rows, COLS, X)
-    experts = K.matmul_q(tp, W, rows, COLS, K.quantize_activation(tp, X), stacked=True)
+    # experts: up to 7 tokens Q4_K reads quants straight from the row, more share a decoded row
+    few = K.matmul_q(tp, W, rows, COLS, K.quantize_activation(tp, X), stacked=True)
+    many = K.matmul_q(tp, W, rows, COLS, K.quantize_activation(tp, np.tile(X, (2, 1))), stacked=True)
     for t in range(5):
-        for Y, step in ((batch, gemm_step if t < 4 else 256), (experts, 256)):
+        for Y, step in ((batch, gemm_step if t < 4 else 256), (few, 256), (many[5:], 256)):
             isum, summ, dw, dmin, dy = block_sums(tp, W, rows, X[t], step)
             acc, acc_min = np.zeros(rows, F32), np.zeros(rows, F32)
             for b in range(isum.shape[1]):
@@ -478,3 +482,48 @@ def test_repacked_block_types_rounding(tp):
         for b in range(isum.shape[1]):
             want = fma(isum[:, b], (dw[:, b] * dy[b]).astype(F32), want)
         np.testing.assert_array_equal(Y[t], want)
+
+
+# ---- the explicit SIMD helpers (kernels/simd.py), each code generator against numpy ----------
+
+@pytest.mark.parametrize("avx2", [False, True], ids=["generic", "x86-avx2"])
+def test_simd_q4_k_isum(avx2):
+    if avx2 and not simd.X86_AVX2:
+        pytest.skip("this CPU has no AVX2")  # the generic generator is checked on every host
+    isum = simd.Q4_K_ISUM[avx2]
+
+    @njit
+    def run(w, x, scales, out):
+        for i in range(out.size):
+            out[i] = isum(w, 5 + i * 128, x, i * 256, scales[i])
+
+    rng = np.random.default_rng(21)
+    n = 40
+    w = rng.integers(0, 256, 5 + n * 128, dtype=np.uint8)
+    x = rng.integers(-128, 128, n * 256, dtype=np.int8)
+    x[:256] = -128  # the extremes: largest nibbles, scales and activations
+    w[5:5 + 128] = 255
+    scales = rng.integers(0, 64, (n, 8), dtype=np.uint8)
+    scales[0] = 63
+    out = np.empty(n, np.int32)
+    run(w, x, scales.view(np.uint64).reshape(-1), out)
+    q = w[5:].reshape(n, 4, 32).astype(np.int64)
+    values = np.stack([q & 15, q >> 4], axis=2).reshape(n, 8, 32)  # 32 low nibbles, then 32 high
+    want = (values * scales[:, :, None] * x.reshape(n, 8, 32)).sum(axis=(1, 2))
+    np.testing.assert_array_equal(out, want)
+
+
+def test_simd_pair_sums_dot_bytes():
+    @njit
+    def run(v, weights, out):
+        for i in range(out.size):
+            out[i] = simd.pair_sums_dot_bytes(v, 3 + 16 * i, weights[i])
+
+    rng = np.random.default_rng(22)
+    n = 20
+    v = rng.integers(-32768, 32768, 3 + 16 * n).astype(np.int32)
+    weights = rng.integers(0, 64, (n, 8), dtype=np.uint8)
+    out = np.empty(n, np.int32)
+    run(v, weights.view(np.uint64).reshape(-1), out)
+    pairs = v[3:].reshape(n, 8, 2).sum(axis=2).astype(np.int64)
+    np.testing.assert_array_equal(out, (pairs * weights).sum(axis=1))

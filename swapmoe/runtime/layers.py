@@ -5,7 +5,7 @@ Shapes: activations are float32 [T, D] for T tokens; attention heads are [T, H, 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numba
 import numpy as np
@@ -20,10 +20,7 @@ EXACT_ORDER_LIMIT = 1 << 24
 
 def rms_norm(x: np.ndarray, weight: np.ndarray | None, eps: float) -> np.ndarray:
     """x / sqrt(mean(x^2) + eps) * weight over the last axis; the sum of squares in double, as ggml does."""
-    sum_sq = ggml_math.sum_squares(x)
-    mean = (sum_sq / x.shape[-1]).astype(F32)
-    y = x * (F32(1.0) / np.sqrt(mean + F32(eps)))
-    return y if weight is None else y * weight
+    return ggml_math.rms_norm(x, weight, eps)
 
 
 def softmax(x: np.ndarray) -> np.ndarray:
@@ -77,6 +74,7 @@ class Rope:
     beta_fast: float = 32.0
     beta_slow: float = 1.0
     freq_factors: np.ndarray | None = None
+    _latest: dict = field(default_factory=dict, compare=False, repr=False)  # the last tables made
 
     def _corr_dims(self) -> tuple[float, float]:
         def corr_dim(n_rot_pairs: float) -> float:
@@ -86,7 +84,17 @@ class Rope:
         return max(0.0, low), min(self.n_rot - 1.0, high)
 
     def tables(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """cos and sin [T, n_rot/2] for integer positions."""
+        """cos and sin [T, n_rot/2] for integer positions (read-only: every layer of a forward
+        pass asks for the same positions, so the last answer is kept)."""
+        key = positions.tobytes()
+        if key not in self._latest:
+            cos, sin = self._tables(positions)
+            cos.flags.writeable = sin.flags.writeable = False
+            self._latest.clear()
+            self._latest[key] = cos, sin
+        return self._latest[key]
+
+    def _tables(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         half = self.n_rot // 2
         theta_scale = F32(self.base) ** F32(-2.0 / self.n_rot)
         theta = positions.astype(F32)
@@ -112,19 +120,8 @@ class Rope:
 
     def apply(self, x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
         """Rotate the first n_rot dims of every head of x [T, H, d]; the rest pass through."""
-        out = x.copy()
-        c, s = cos[:, None, :].astype(np.float64), sin[:, None, :].astype(np.float64)
-        if self.neox:
-            half = self.n_rot // 2
-            x0, x1 = x[..., :half].astype(np.float64), x[..., half:self.n_rot]
-            first, second = slice(0, half), slice(half, self.n_rot)
-        else:
-            x0, x1 = x[..., 0:self.n_rot:2].astype(np.float64), x[..., 1:self.n_rot:2]
-            first, second = slice(0, self.n_rot, 2), slice(1, self.n_rot, 2)
-        # x0*c - x1*s with x0*c fused (ggml's C++ is compiled with FMA contraction); the product
-        # of two floats is exact in double, so this rounds as the fused operation does
-        out[..., first] = x0 * c - (x1 * sin[:, None, :]).astype(F32)
-        out[..., second] = x0 * s + (x1 * cos[:, None, :]).astype(F32)
+        out = np.empty(x.shape, F32)
+        ggml_math.rope_rotate(x, cos, sin, self.n_rot, self.neox, out)
         return out
 
 

@@ -55,9 +55,9 @@ def matmul_f32(W, rows, group_rows, cols, qs, d, extra, out, order):
         lanes = np.empty(4 * LANES, np.float64)
         for t in range(n_tok):
             if order == ORDER_LANES:
-                out[t, r] = dot_sgemm(w, qs[t0 + t], cols, lanes)
+                out[t, r] = dot_sgemm(w, qs[t0 + t], cols, lanes, cols)
             else:
-                out[t, r] = dot_vec(w, qs[t0 + t], cols, lanes)
+                out[t, r] = dot_vec(w, qs[t0 + t], cols, lanes, cols)
 
 
 @njit(**SERIAL)

@@ -99,23 +99,46 @@ def _softmax(x, sinks, vec, out):
 
 
 @njit(cache=True, nogil=True)
-def _sum_squares(x, out):
+def _rms_norm(x, weight, eps, out):
     rows, n = x.shape
     for r in range(rows):
         total = 0.0
         for i in range(n):  # in order: numpy's pairwise sum rounds differently
             total += np.float64(np.float32(x[r, i] * x[r, i]))
-        out[r] = total
+        mean = np.float32(total / n)
+        scale = np.float32(1.0) / np.float32(math.sqrt(np.float32(mean + eps)))
+        for i in range(n):
+            y = np.float32(x[r, i] * scale)
+            out[r, i] = y * weight[i] if weight.size else y
 
 
-def sum_squares(x: np.ndarray) -> np.ndarray:
-    """Σ x² over the last axis, each square in float, summed in double from left to right:
-    ggml's rms_norm, whose 1-ulp differences would otherwise move activations across the
-    rounding boundaries of the next quantized matmul."""
+def rms_norm(x: np.ndarray, weight: np.ndarray | None, eps: float) -> np.ndarray:
+    """x / sqrt(mean(x²) + eps) (times weight) over the last axis, as ggml's rms_norm: each
+    square in float, summed in double from left to right (its 1-ulp differences would otherwise
+    move activations across the rounding boundaries of the next quantized matmul), the rest in
+    float."""
     flat = np.ascontiguousarray(x, F32).reshape(-1, x.shape[-1])
-    out = np.empty(flat.shape[0], np.float64)
-    _sum_squares(flat, out)
-    return out.reshape(x.shape[:-1] + (1,))
+    out = np.empty_like(flat)
+    _rms_norm(flat, np.zeros(0, F32) if weight is None else weight, F32(eps), out)
+    return out.reshape(x.shape)
+
+
+@njit(cache=True, nogil=True)
+def rope_rotate(x, cos, sin, n_rot, neox, out):
+    """out = x [T, H, d] with the first n_rot dims of every head rotated by the angles whose
+    cos/sin [T, n_rot/2] are given: pairs (i, i + n_rot/2) for NEOX, (2i, 2i+1) otherwise.
+    x0*c - x1*s and x0*s + x1*c with the first product fused, as GCC contracts ggml's C++."""
+    T, H, d = x.shape
+    half = n_rot // 2
+    for t in range(T):
+        for h in range(H):
+            for i in range(n_rot, d):
+                out[t, h, i] = x[t, h, i]
+            for i in range(half):
+                a, b = (i, i + half) if neox else (2 * i, 2 * i + 1)
+                x0, x1, c, s = x[t, h, a], x[t, h, b], cos[t, i], sin[t, i]
+                out[t, h, a] = fma32(x0, c, -np.float32(x1 * s))
+                out[t, h, b] = fma32(x0, s, np.float32(x1 * c))
 
 
 def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
@@ -162,25 +185,27 @@ def _hsum16(acc):
 # product, a double sum, then float32 (see the module docstring), and LLVM vectorizes that form.
 
 @njit(cache=True)
-def dot_sgemm(a, b, n, acc):
+def dot_sgemm(a, b, n, acc, live):
     """One element of llamafile's tinyBLAS f32 GEMM: 16 lanes of FMA chains over n, then hsum.
-    acc: 16 float64 of scratch (the caller's, so that millions of calls allocate nothing)."""
+    acc: 16 float64 of scratch (the caller's, so that millions of calls allocate nothing).
+    live: a[live:n] and b[live:n] are zeros (padding): their products leave every lane as it is,
+    so the loops stop there."""
     acc[:LANES] = 0
-    for base in range(0, n, LANES):
+    for base in range(0, min(n, live + LANES - 1) // LANES * LANES, LANES):
         for j in range(LANES):
             acc[j] = np.float64(F32(np.float64(a[base + j]) * np.float64(b[base + j]) + acc[j]))
     return _hsum16(acc)
 
 
 @njit(cache=True)
-def dot_vec(a, b, n, acc):
+def dot_vec(a, b, n, acc, live):
     """ggml_vec_dot_f32 (AVX-512): 4 accumulators of 16 lanes over steps of 64, folded, hsum, then
     the leftovers added one by one in float.
-    acc: 64 float64 of scratch (accumulator r, lane j at r*16 + j)."""
+    acc: 64 float64 of scratch (accumulator r, lane j at r*16 + j). live: as for dot_sgemm."""
     step = 4 * LANES
     acc[:step] = 0
     whole = n - n % step
-    for base in range(0, whole, step):
+    for base in range(0, min(whole, live + step - 1) // step * step, step):
         for j in range(step):
             acc[j] = np.float64(F32(np.float64(a[base + j]) * np.float64(b[base + j]) + acc[j]))
     for j in range(LANES):
@@ -189,7 +214,7 @@ def dot_vec(a, b, n, acc):
     for j in range(LANES):
         acc[j] = F32(F32(acc[j]) + F32(acc[LANES + j]))
     total = _hsum16(acc)
-    for i in range(whole, n):  # leftovers: float products added to a float sum, no FMA
+    for i in range(whole, max(whole, min(n, live))):  # leftovers: float products added to a float sum, no FMA
         total = F32(total + F32(a[i] * b[i]))
     return total
 
@@ -205,25 +230,26 @@ def _attention_scores(q, k, out):
         acc = np.empty(4 * LANES, np.float64)
         for t in range(T):
             for s in range(S):
-                out[h, t, s] = dot_vec(q[t, h], k[s, g], d, acc)
+                out[h, t, s] = dot_vec(q[t, h], k[s, g], d, acc, d)
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def _attention_values(p, vt, out):
-    """out[t, h, c] = Σ_s p[h, t, s] vt[h // group, c, s] (vt: the V cache transposed and
-    zero-padded as llama.cpp pads it): a tinyBLAS dot over s for a batch of queries, vec_dot's
-    for a single one (llamafile takes only products of >= 2 columns)."""
+def _attention_values(p, vt, n, out):
+    """out[t, h, c] = Σ_s p[h, t, s] vt[h // group, c, s], summed as a dot over the n rows of
+    llama.cpp's padded V cache: a tinyBLAS dot for a batch of queries, vec_dot's for a single one
+    (llamafile takes only products of >= 2 columns).  vt: the V cache transposed, zero beyond
+    the S live rows and only as wide as the dots read (S rounded up to 64)."""
     H, T, S = p.shape
-    Hkv, dv, n = vt.shape
+    Hkv, dv, width = vt.shape
     group = H // Hkv
     for h in prange(H):
-        a = np.zeros(n, np.float32)
+        a = np.zeros(width, np.float32)
         acc = np.empty(4 * LANES, np.float64)
         g = h // group
         for t in range(T):
             a[:S] = p[h, t]
             for c in range(dv):
-                out[t, h, c] = dot_sgemm(a, vt[g, c], n, acc) if T > 1 else dot_vec(a, vt[g, c], n, acc)
+                out[t, h, c] = dot_sgemm(a, vt[g, c], n, acc, S) if T > 1 else dot_vec(a, vt[g, c], n, acc, S)
 
 
 def attention_scores(q: np.ndarray, k: np.ndarray) -> np.ndarray:
@@ -241,10 +267,10 @@ KV_PAD = 256  # llama.cpp's CPU KV cache holds a multiple of 256 rows; the paddi
 def attention_values(p: np.ndarray, v: np.ndarray) -> np.ndarray:
     """Σ p·v [T, H, dv] as llama.cpp sums it (the transposed V cache times the probabilities)."""
     S, Hkv, dv = v.shape
-    vt = np.zeros((Hkv, dv, -(-S // KV_PAD) * KV_PAD), F32)
+    vt = np.zeros((Hkv, dv, -(-S // (4 * LANES)) * 4 * LANES), F32)
     vt[:, :, :S] = v.transpose(1, 2, 0)
     out = np.empty((p.shape[1], p.shape[0], dv), F32)
-    _attention_values(np.ascontiguousarray(p, F32), vt, out)
+    _attention_values(np.ascontiguousarray(p, F32), vt, -(-S // KV_PAD) * KV_PAD, out)
     return out
 
 

@@ -16,6 +16,11 @@ from numba import njit, prange
 
 from ._jit import (INLINE, ORDER_GEMM, ORDER_GEMV, PARALLEL, ROWS_PER_TASK, SERIAL, block_sum, dot256,
                    f16_to_f32, fma32, u32)
+from .simd import pair_sums_dot_bytes, q4_k_isum
+
+# up to this many tokens per row, the Q4_K gemv route reads quants straight from the row bytes
+# (one pass per token) rather than decoding the row to int16 once and dotting each token with it
+STRAIGHT_TOKENS = 7
 
 _ZERO = np.float32(0.0)
 
@@ -340,7 +345,19 @@ def matmul_q4_k(W, rows, group_rows, cols, qs, d, extra, out, order):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 256
     rb = nb * 144
+    # ggml's repacked gemm takes the tokens four at a time, gemv the rest
+    gemm_tokens = n_tok - n_tok % 4 if order == ORDER_GEMM and n_tok > 3 else 0
+    # gemv alone, few tokens: straight from the quant bytes (simd.q4_k_isum); more tokens share
+    # one decoded int16 row
+    straight = (order == ORDER_GEMM or order == ORDER_GEMV) and gemm_tokens == 0 and n_tok <= STRAIGHT_TOKENS
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+        if straight:
+            for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
+                row = W[r * rb:(r + 1) * rb]
+                t0 = (r // group_rows) * n_tok
+                for t in range(n_tok):
+                    out[t, r] = _q4_k_gemv_dot(row, qs[t0 + t], d[t0 + t], extra[t0 + t], nb)
+            continue
         ws = np.empty(cols, np.int16)
         dw = np.empty(nb, np.float32)
         dmin = np.empty(nb, np.float32)
@@ -354,8 +371,6 @@ def matmul_q4_k(W, rows, group_rows, cols, qs, d, extra, out, order):
                 scales, mins[b] = _scales_mins_k4(row, o + 4)
                 _scaled_nibbles(row, o + 16, scales, ws, b * 256)
             t0 = (r // group_rows) * n_tok
-            # ggml's repacked gemm takes the tokens four at a time, gemv the rest
-            gemm_tokens = n_tok - n_tok % 4 if order == ORDER_GEMM and n_tok > 3 else 0
             for t in range(n_tok):
                 x = qs[t0 + t]
                 dx = d[t0 + t]
@@ -392,6 +407,22 @@ def _repacked_q4_k_dot(ws, x, dx, bsums, dw, dmin, mins, nb, gemm):
         else:
             acc = fma32(np.float32(dot256(ws, b * 256, x, b * 256)), scale, acc)
             acc_min = fma32(np.float32(_sum_mins_k4(bsums, b * 16, mins[b])), scale_min, acc_min)
+    return acc - acc_min
+
+
+@njit(**INLINE)
+def _q4_k_gemv_dot(row, x, dx, bsums, nb):
+    """_repacked_q4_k_dot's gemv order, with each block's integer sums taken straight from the
+    quant bytes."""
+    acc = np.float32(0.0)
+    acc_min = np.float32(0.0)
+    for b in range(nb):
+        o = b * 144
+        scales, mins = _scales_mins_k4(row, o + 4)
+        isum = q4_k_isum(row, o + 16, x, b * 256, scales)
+        summ = pair_sums_dot_bytes(bsums, b * 16, mins)
+        acc = fma32(np.float32(isum), f16_to_f32(row[o], row[o + 1]) * dx[b], acc)
+        acc_min = fma32(np.float32(summ), f16_to_f32(row[o + 2], row[o + 3]) * dx[b], acc_min)
     return acc - acc_min
 
 
