@@ -486,11 +486,12 @@ def test_repacked_block_types_rounding(tp):
 
 # ---- the explicit SIMD helpers (kernels/simd.py), each code generator against numpy ----------
 
-@pytest.mark.parametrize("avx2", [False, True], ids=["generic", "x86-avx2"])
-def test_simd_q4_k_isum(avx2):
-    if avx2 and not simd.X86_AVX2:
-        pytest.skip("this CPU has no AVX2")  # the generic generator is checked on every host
-    isum = simd.Q4_K_ISUM[avx2]
+@pytest.mark.parametrize("target", [simd.GENERIC, simd.AVX2, simd.AVX512])
+def test_simd_q4_k_isum(target):
+    order = [simd.GENERIC, simd.AVX2, simd.AVX512]
+    if order.index(target) > order.index(simd.TARGET):
+        pytest.skip(f"this CPU cannot run the {target} code")  # the generic one runs everywhere
+    isum = simd.Q4_K_ISUM[target]
 
     @njit
     def run(w, x, scales, out):
@@ -527,3 +528,26 @@ def test_simd_pair_sums_dot_bytes():
     run(v, weights.view(np.uint64).reshape(-1), out)
     pairs = v[3:].reshape(n, 8, 2).sum(axis=2).astype(np.int64)
     np.testing.assert_array_equal(out, (pairs * weights).sum(axis=1))
+
+
+def test_half_to_float_every_bit_pattern():
+    """Both half -> float conversions (the CPU instruction where there is one, the arithmetic
+    elsewhere) against numpy for all 65536 halves."""
+    from swapmoe.runtime.kernels._jit import half_bits_to_f32
+
+    def every_half(convert):
+        @njit
+        def run(out):
+            for h in range(65536):
+                out[h] = convert(h)
+        out = np.empty(65536, F32)
+        run(out)
+        return out
+
+    want = np.arange(65536, dtype=np.uint16).view(np.float16).astype(F32)
+    converters = [half_bits_to_f32] + ([simd.half_to_float] if simd.HW_HALF else [])
+    for convert in converters:
+        out = every_half(convert)
+        nan = np.isnan(want)
+        assert np.array_equal(np.isnan(out), nan)
+        np.testing.assert_array_equal(out[~nan].view(np.uint32), want[~nan].view(np.uint32))

@@ -77,7 +77,7 @@ def main() -> None:
         tp = T[name]
         bs, ts = GGML_QUANT_SIZES[tp]
         row_bytes = COLS // bs * ts
-        rows = max(8, (args.mib << 20) // row_bytes)
+        rows = max(8, (args.mib << 20) // row_bytes // 8 * 8)  # real tensors: rows % 8 == 0 (ggml repacks those)
         if tp == T.F32:
             W = rng.standard_normal(rows * COLS, dtype=np.float32).view(np.uint8)
         elif tp == T.F16:

@@ -6,13 +6,17 @@ where these run at 20).  The intrinsics here hand LLVM vector IR directly: load 
 <32 x i8>, split nibbles, multiply-add, reduce.  Every result is an exact int32 sum, the same
 integer the scalar loops compute, so rounding downstream is untouched.
 
-Two code generators per intrinsic: on x86 with AVX2 the products go through pmaddubsw
-(u8 x s8 -> pairs summed in int16) and pmaddwd (int16 pairs x scale -> int32), llama.cpp's
-instruction pair for these blocks; elsewhere portable vector IR (zext/sext, mul,
-vector.reduce.add) that LLVM lowers for any target (on AVX-512 VNNI it picks vpdpbusd).  No
-intermediate overflows: a pmaddubsw pair is at most 2 * 15 * 128 = 3840 here.
+Code generators per target, picked when numba compiles (the CPU it compiles for):
+* x86 with AVX-512BW: pmaddubsw (u8 x s8 -> pairs summed in int16) and pmaddwd (int16 pairs x
+  scale -> int32) on 64-byte vectors, llama.cpp's instruction pair for these blocks;
+* x86 with AVX2: the same on 32-byte vectors;
+* elsewhere: portable vector IR (zext/sext, mul, vector.reduce.add) that LLVM lowers for any
+  target.
+No intermediate overflows: a pmaddubsw pair is at most 2 * 15 * 128 = 3840 here.
 """
 from __future__ import annotations
+
+import platform
 
 import numba
 from llvmlite import binding as llvm_binding
@@ -33,7 +37,11 @@ def _target_features() -> set[str]:
     return {name for name, on in llvm_binding.get_host_cpu_features().items() if on}
 
 
-X86_AVX2 = "avx2" in _target_features()
+_FEATURES = _target_features()
+GENERIC, AVX2, AVX512 = "generic", "avx2", "avx512"
+TARGET = AVX512 if {"avx512f", "avx512bw"} <= _FEATURES else AVX2 if "avx2" in _FEATURES else GENERIC
+# half -> float in one instruction: F16C on x86, base ARMv8 (elsewhere LLVM would call a runtime helper)
+HW_HALF = "f16c" in _FEATURES or platform.machine().lower() in ("aarch64", "arm64")
 
 
 def _vec(t, n):
@@ -65,37 +73,54 @@ def _add_offset(builder, offset, k):
     return builder.add(offset, ir.Constant(offset.type, k))
 
 
-def _scaled_dot_avx2(builder, u, x, scale16):
-    """<8 x i32> lanes of sum(u[i] * x[i] * scale) for u <32 x u8> (values < 16), x <32 x s8>."""
-    pairs = _call(builder, "llvm.x86.avx2.pmadd.ub.sw", _vec(I16, 16), u, x)
-    return _call(builder, "llvm.x86.avx2.pmadd.wd", _vec(I32, 8), pairs, scale16)
+def _madd(builder, u, x, scale16, width):
+    """int32 lanes of sum(u[i] * x[i] * scale[i]) over pairs, for u <n x u8> (values < 16),
+    x <n x s8>, scale16 <n/2 x i16> (pmaddubsw then pmaddwd; n = 32 or 64)."""
+    n = u.type.count
+    name = "avx512.pmaddubs.w.512" if n == 64 else "avx2.pmadd.ub.sw"
+    pairs = _call(builder, f"llvm.x86.{name}", _vec(I16, n // 2), u, x)
+    name = "avx512.pmaddw.d.512" if n == 64 else "avx2.pmadd.wd"
+    return _call(builder, f"llvm.x86.{name}", _vec(I32, n // 4), pairs, scale16)
 
 
-def _nibble_blocks_isum(context, builder, signature, args, n_pairs, avx2):
-    """sum over k < n_pairs of scale[2k] * (low nibbles of w[wo+32k:+32] . x[xo+64k:+32])
-                          + scale[2k+1] * (high nibbles . x[xo+64k+32:+32])"""
+def _nibble_blocks_isum(context, builder, signature, args, target):
+    """sum over k < 4 of scale[2k] * (low nibbles of w[wo+32k:+32] . x[xo+64k:+32])
+                       + scale[2k+1] * (high nibbles . x[xo+64k+32:+32])"""
     w, wo, x, xo, scales = args
     wt, xt = signature.args[0], signature.args[2]
     scale_bytes = builder.bitcast(scales, _vec(I8, 8))
+    scale_words = builder.zext(scale_bytes, _vec(I16, 8))
+    low, high = (lambda q, n: builder.and_(q, _splat(I8, n, 15)),
+                 lambda q, n: builder.and_(builder.lshr(q, _splat(I8, n, 4)), _splat(I8, n, 15)))
     total = None
-    for k in range(n_pairs):
+    if target == AVX512:  # 64 quant bytes at a time: sub-blocks 4k+h and 4k+2+h side by side
+        for k in range(2):
+            q = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 64 * k), 64)
+            for h, nibbles in enumerate((low, high)):
+                xa = _load_bytes(context, builder, xt, x, _add_offset(builder, xo, 128 * k + 32 * h), 32)
+                xb = _load_bytes(context, builder, xt, x, _add_offset(builder, xo, 128 * k + 64 + 32 * h), 32)
+                xv = builder.shuffle_vector(xa, xb, ir.Constant(_vec(I32, 64), list(range(64))))
+                lanes = [4 * k + h] * 16 + [4 * k + 2 + h] * 16
+                s16 = builder.shuffle_vector(scale_words, scale_words, ir.Constant(_vec(I32, 32), lanes))
+                part = _madd(builder, nibbles(q, 64), xv, s16, 64)
+                total = part if total is None else builder.add(total, part)
+        return _reduce_add(builder, total)
+    for k in range(4):
         q = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 32 * k), 32)
-        halves = (builder.and_(q, _splat(I8, 32, 15)), builder.lshr(q, _splat(I8, 32, 4)))
-        for h, u in enumerate(halves):
+        for h, nibbles in enumerate((low, high)):
             xv = _load_bytes(context, builder, xt, x, _add_offset(builder, xo, 64 * k + 32 * h), 32)
-            scale = builder.extract_element(scale_bytes, ir.Constant(I32, 2 * k + h))
-            if avx2:  # int32 lanes, one reduction at the end
-                s16 = builder.insert_element(ir.Constant(_vec(I16, 16), None), builder.zext(scale, I16), ir.Constant(I32, 0))
-                s16 = builder.shuffle_vector(s16, s16, ir.Constant(_vec(I32, 16), [0] * 16))
-                part = _scaled_dot_avx2(builder, u, xv, s16)
+            if target == AVX2:  # int32 lanes, one reduction at the end
+                s16 = builder.shuffle_vector(scale_words, scale_words, ir.Constant(_vec(I32, 16), [2 * k + h] * 16))
+                part = _madd(builder, nibbles(q, 32), xv, s16, 32)
             else:
-                dot = _reduce_add(builder, builder.mul(builder.zext(u, _vec(I32, 32)), builder.sext(xv, _vec(I32, 32))))
-                part = builder.mul(dot, builder.zext(scale, I32))
+                products = builder.mul(builder.zext(nibbles(q, 32), _vec(I32, 32)), builder.sext(xv, _vec(I32, 32)))
+                scale = builder.extract_element(scale_bytes, ir.Constant(I32, 2 * k + h))
+                part = builder.mul(_reduce_add(builder, products), builder.zext(scale, I32))
             total = part if total is None else builder.add(total, part)
-    return _reduce_add(builder, total) if avx2 else total
+    return total if target == GENERIC else _reduce_add(builder, total)
 
 
-def _q4_k_isum(avx2: bool):
+def _q4_k_isum(target: str):
     @intrinsic
     def q4_k_isum(typingctx, w, wo, x, xo, scales):
         """Exact int32 sum of a Q4_K super-block's 256 quants times their sub-block scale times
@@ -106,14 +131,26 @@ def _q4_k_isum(avx2: bool):
         sig = types.int32(w, wo, x, xo, scales)
 
         def codegen(context, builder, signature, args):
-            return _nibble_blocks_isum(context, builder, signature, args, 4, avx2)
+            return _nibble_blocks_isum(context, builder, signature, args, target)
         return sig, codegen
     return q4_k_isum
 
 
-# both generators stay importable so tests can check each against numpy on any host
-Q4_K_ISUM = {avx2: _q4_k_isum(avx2) for avx2 in (False, True)}
-q4_k_isum = Q4_K_ISUM[X86_AVX2]
+# every generator stays importable, so tests check each one this CPU can run against numpy
+Q4_K_ISUM = {target: _q4_k_isum(target) for target in (GENERIC, AVX2, AVX512)}
+q4_k_isum = Q4_K_ISUM[TARGET]
+
+
+@intrinsic
+def half_to_float(typingctx, bits):
+    """IEEE half (its 16 bits in an integer) to float32 with the CPU's conversion instruction
+    (only where HW_HALF: elsewhere LLVM would call a runtime helper numba may not link)."""
+    sig = types.float32(bits)
+
+    def codegen(context, builder, signature, args):
+        half = builder.bitcast(builder.trunc(args[0], I16) if args[0].type.width > 16 else args[0], ir.HalfType())
+        return builder.fpext(half, ir.FloatType())
+    return sig, codegen
 
 
 @intrinsic
