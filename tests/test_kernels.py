@@ -551,3 +551,30 @@ def test_half_to_float_every_bit_pattern():
         nan = np.isnan(want)
         assert np.array_equal(np.isnan(out), nan)
         np.testing.assert_array_equal(out[~nan].view(np.uint32), want[~nan].view(np.uint32))
+
+
+@pytest.mark.parametrize("target", [simd.GENERIC, simd.AVX2, simd.AVX512])
+def test_simd_q6_k_isum(target):
+    order = [simd.GENERIC, simd.AVX2, simd.AVX512]
+    if order.index(target) > order.index(simd.TARGET):
+        pytest.skip(f"this CPU cannot run the {target} code")
+    isum = simd.Q6_K_ISUM[target]
+
+    @njit
+    def run(w, x, bsums, out):
+        for i in range(out.size):
+            out[i] = isum(w, i * 210, x, i * 256, bsums, i * 16)
+
+    rng = np.random.default_rng(23)
+    n = 30
+    blocks = rng.integers(0, 256, (n, 210), dtype=np.uint8)
+    blocks[0, :192] = 255  # the extremes: quants 31, scales -128, activations -128
+    blocks[0, 192:208] = 128
+    blocks[1, :192] = 0  # quants -32
+    x = rng.integers(-128, 128, n * 256, dtype=np.int8)
+    x[:512] = -128
+    bsums = x.reshape(-1, 16).sum(axis=1).astype(np.int32)
+    out = np.empty(n, np.int32)
+    run(blocks.reshape(-1), x, bsums, out)
+    scaled = integer_parts(T.Q6_K, blocks, o208=1.0)  # scale * (q - 32) per value
+    np.testing.assert_array_equal(out, (scaled * x.reshape(n, 256)).sum(axis=1).astype(np.int64))

@@ -16,10 +16,11 @@ from numba import njit, prange
 
 from ._jit import (INLINE, ORDER_GEMM, ORDER_GEMV, PARALLEL, ROWS_PER_TASK, SERIAL, block_sum, dot256,
                    f16_to_f32, fma32, u32)
-from .simd import pair_sums_dot_bytes, q4_k_isum
+from .simd import pair_sums_dot_bytes, q4_k_isum, q6_k_isum
 
-# up to this many tokens per row, the Q4_K gemv route reads quants straight from the row bytes
-# (one pass per token) rather than decoding the row to int16 once and dotting each token with it
+# up to this many tokens per row, Q4_K (gemv route) and Q6_K read quants straight from the row
+# bytes (one pass per token) rather than decoding the row to int16 once and dotting each token
+# with it
 STRAIGHT_TOKENS = 7
 
 _ZERO = np.float32(0.0)
@@ -535,6 +536,20 @@ def matmul_q6_k(W, rows, group_rows, cols, qs, d, extra, out, order):
     nb = cols // 256
     rb = nb * 210
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+        if n_tok <= STRAIGHT_TOKENS:  # as Q4_K
+            for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
+                row = W[r * rb:(r + 1) * rb]
+                t0 = (r // group_rows) * n_tok
+                for t in range(n_tok):
+                    x, dx, bsums = qs[t0 + t], d[t0 + t], extra[t0 + t]
+                    acc = np.float32(0.0)
+                    for b in range(nb):
+                        o = b * 210
+                        isum = q6_k_isum(row, o, x, b * 256, bsums, b * 16)
+                        acc = block_sum(order, acc, np.float32(isum), _ZERO, f16_to_f32(row[o + 208], row[o + 209]),
+                                        _ZERO, dx[b])
+                    out[t, r] = acc
+            continue
         ws = np.empty(cols, np.int16)
         dw = np.empty(nb, np.float32)
         for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):

@@ -141,6 +141,77 @@ Q4_K_ISUM = {target: _q4_k_isum(target) for target in (GENERIC, AVX2, AVX512)}
 q4_k_isum = Q4_K_ISUM[TARGET]
 
 
+def _q6_k_quants(context, builder, wt, w, wo, h, k):
+    """The 32 unsigned 6-bit quants (q + 32) of a Q6_K block's values 128h + 32k .. +32 as
+    <32 x i8>: low 4 bits from ql (ql[64h + 32(k % 2) + l], low nibble for k < 2), high 2
+    bits from qh[32h + l] (bits 2k, 2k+1)."""
+    ql = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 64 * h + 32 * (k % 2)), 32)
+    qh = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 128 + 32 * h), 32)
+    low = builder.and_(ql, _splat(I8, 32, 15)) if k < 2 else builder.lshr(ql, _splat(I8, 32, 4))
+    high = builder.and_(builder.lshr(qh, _splat(I8, 32, 2 * k)), _splat(I8, 32, 3)) if k else builder.and_(qh, _splat(I8, 32, 3))
+    return builder.or_(low, builder.shl(high, _splat(I8, 32, 4)))
+
+
+def _q6_k_block_isum(context, builder, signature, args, target):
+    """sum_j scale_j * sum over group j of (u - 32) * x, as sum_j scale_j * (u . x)_j minus
+    32 * sum_j scale_j * bsum_j (u = q + 32 >= 0, which pmaddubsw needs; llama.cpp does the
+    same)."""
+    w, wo, x, xo, bsums, bo = args
+    wt, xt, bt = signature.args[0], signature.args[2], signature.args[4]
+    scales = builder.sext(_load_bytes(context, builder, wt, w, _add_offset(builder, wo, 192), 16), _vec(I16, 16))
+    total = None
+    for h in range(2):
+        quants = [_q6_k_quants(context, builder, wt, w, wo, h, k) for k in range(4)]
+        if target == AVX512:  # values 128h + 0..64 and 128h + 64..128, contiguous in x
+            for pair in range(2):
+                u = builder.shuffle_vector(quants[2 * pair], quants[2 * pair + 1], ir.Constant(_vec(I32, 64), list(range(64))))
+                xv = _load_bytes(context, builder, xt, x, _add_offset(builder, xo, 128 * h + 64 * pair), 64)
+                groups = [8 * h + 4 * pair + lane // 8 for lane in range(32)]
+                part = _madd(builder, u, xv, builder.shuffle_vector(scales, scales, ir.Constant(_vec(I32, 32), groups)), 64)
+                total = part if total is None else builder.add(total, part)
+            continue
+        for k in range(4):
+            xv = _load_bytes(context, builder, xt, x, _add_offset(builder, xo, 128 * h + 32 * k), 32)
+            if target == AVX2:
+                groups = [8 * h + 2 * k + lane // 8 for lane in range(16)]
+                part = _madd(builder, quants[k], xv, builder.shuffle_vector(scales, scales, ir.Constant(_vec(I32, 16), groups)), 32)
+            else:
+                products = builder.mul(builder.zext(quants[k], _vec(I32, 32)), builder.sext(xv, _vec(I32, 32)))
+                part = None
+                for half in range(2):  # one scale per 16 values
+                    lanes = ir.Constant(_vec(I32, 16), list(range(16 * half, 16 * half + 16)))
+                    dot = _reduce_add(builder, builder.shuffle_vector(products, products, lanes))
+                    scaled = builder.mul(dot, builder.sext(builder.extract_element(scales, ir.Constant(I32, 8 * h + 2 * k + half)), I32))
+                    part = scaled if part is None else builder.add(part, scaled)
+            total = part if total is None else builder.add(total, part)
+    if target != GENERIC:
+        total = _reduce_add(builder, total)
+    data = context.make_array(bt)(context, builder, value=bsums).data
+    sums = builder.load(builder.bitcast(builder.gep(data, [bo]), _vec(I32, 16).as_pointer()), align=4)
+    offset = _reduce_add(builder, builder.mul(sums, builder.sext(scales, _vec(I32, 16))))
+    return builder.sub(total, builder.shl(offset, ir.Constant(I32, 5)))
+
+
+def _q6_k_isum(target: str):
+    @intrinsic
+    def q6_k_isum(typingctx, w, wo, x, xo, bsums, bo):
+        """Exact int32 sum of a Q6_K super-block's 256 quants (q - 32) times their int8 scale
+        (16 values each) times the int8 activation: the block's ql, qh and scales at w[wo:wo+208],
+        activations x[xo:xo+256] with their Q8_K block sums bsums[bo:bo+16]."""
+        if w.dtype != types.uint8 or x.dtype != types.int8 or bsums.dtype != types.int32:
+            return None
+        sig = types.int32(w, wo, x, xo, bsums, bo)
+
+        def codegen(context, builder, signature, args):
+            return _q6_k_block_isum(context, builder, signature, args, target)
+        return sig, codegen
+    return q6_k_isum
+
+
+Q6_K_ISUM = {target: _q6_k_isum(target) for target in (GENERIC, AVX2, AVX512)}
+q6_k_isum = Q6_K_ISUM[TARGET]
+
+
 @intrinsic
 def half_to_float(typingctx, bits):
     """IEEE half (its 16 bits in an integer) to float32 with the CPU's conversion instruction
