@@ -533,7 +533,7 @@ def test_simd_pair_sums_dot_bytes():
 def test_half_to_float_every_bit_pattern():
     """Both half -> float conversions (the CPU instruction where there is one, the arithmetic
     elsewhere) against numpy for all 65536 halves."""
-    from swapmoe.runtime.kernels._jit import half_bits_to_f32
+    from swapmoe.runtime.kernels.simd import half_bits_to_f32
 
     def every_half(convert):
         @njit

@@ -31,7 +31,7 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
-from .simd import HW_HALF, half_to_float
+from .simd import f16_to_f32  # noqa: F401  (the kernels take it from here)
 
 numba.config.SLP_VECTORIZE = 1
 # Idle OpenMP workers spin briefly (about 10k polls) before they sleep.  Decode makes hundreds of
@@ -52,32 +52,8 @@ INLINE = dict(nogil=True, cache=True, inline="always")
 ROWS_PER_TASK = 8
 
 
-# 2^(e - 25) for a half's exponent field e (1..30); entry 0 serves subnormals
-_F16_POW2 = np.array([2.0 ** (max(e, 1) - 25) for e in range(32)], np.float32)
 # ggml_e8m0_to_fp32_half: 0.5 * 2^(e - 127) for each exponent byte
 E8M0_HALF = np.array([2.0 ** (e - 128) for e in range(256)], np.float32)
-
-
-@njit(nogil=True, cache=True, inline="always")
-def half_bits_to_f32(h):
-    """IEEE half (its bits in an int32) to float32, exactly, in integer and float arithmetic."""
-    exponent = (h >> 10) & 0x1F
-    mantissa = h & 0x3FF
-    if exponent == 31:
-        value = np.float32(np.inf) if mantissa == 0 else np.float32(np.nan)
-    else:
-        # (implicit bit + mantissa) * 2^(e-25): exact, no libm call
-        value = np.float32(mantissa | (1024 if exponent else 0)) * _F16_POW2[exponent]
-    return -value if h & 0x8000 else value
-
-
-@njit(nogil=True, cache=True, inline="always")
-def f16_to_f32(lo, hi):
-    """IEEE half (two little-endian bytes) to float32, exactly."""
-    h = np.int32(lo) | (np.int32(hi) << 8)
-    if HW_HALF:  # one instruction: the arithmetic cost Q4_K's gemv a third of its speed
-        return half_to_float(np.uint16(h))
-    return half_bits_to_f32(h)
 
 
 @njit(**INLINE)

@@ -1,10 +1,10 @@
 """Legacy 32-value block types: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0.
 
-Matmul kernels decode a weight row once into int8 quants and float block
-scales, then every token takes exact int32 block dots against its Q8_0/Q8_1
-activation (the row is read from memory once for all tokens).  The float combination
-follows llama.cpp's x86 vec_dot (and tinyBLAS): eight FMA lanes per row (_lanes_dot),
-except for Q4_0 weights llama.cpp repacks (kernels.ggml_order): one FMA per block.
+Matmul kernels take each row . token in one call of a simd.LANES_DOT intrinsic: the blocks'
+values decoded in vector registers, exact int32 sums of four products per lane against the
+Q8_0/Q8_1 activation, and the float combination of llama.cpp's x86 vec_dot (and tinyBLAS):
+eight FMA lanes per row, except for Q4_0 weights llama.cpp repacks (kernels.ggml_order): one
+FMA per block.  The row's bytes come from memory once; the other tokens find them in cache.
 
 Kernel signature: matmul_X(W, rows, group_rows, cols, qs, d, extra, out, order) with W
 the raw uint8 bytes (rows * row_bytes), qs/d/extra a QuantizedActivation's
@@ -18,7 +18,10 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ._jit import INLINE, ORDER_LANES, PARALLEL, ROWS_PER_TASK, SERIAL, dot32, f16_to_f32, fma32, tree_sum8, u64
+from ._jit import INLINE, ORDER_LANES, PARALLEL, SERIAL, f16_to_f32, u64
+from .simd import LANES_DOT, q4_0_blocks_dot
+
+_Q4_0_LANES, _Q4_1_LANES, _Q5_0_LANES, _Q5_1_LANES, _Q8_0_LANES = (LANES_DOT[k] for k in ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0"))
 
 
 _LOW_NIBBLES = np.uint64(0x0F0F0F0F0F0F0F0F)
@@ -61,36 +64,6 @@ def _decode_q5(blk, o, offset, w64, wo):
     w64[wo + 3] = _minus(((hi >> np.uint64(4)) & _LOW_NIBBLES) | _FIFTH_BITS[blk[o + 3]], offset)
 
 
-@njit(**INLINE)
-def _lanes_dot(wq, dw, x, dx, nb, lane_sums):
-    """A row . token as llama.cpp's x86 vec_dot (and tinyBLAS, alike) rounds it for the legacy
-    types: eight float lanes, lane l taking values 4l..4l+3 of every block (wq: the row's int8
-    values, dw its block scales) through an FMA with the block's scale product, then ggml's tree
-    sum.  Eight named lanes rather than an array: LLVM then keeps them in one vector register."""
-    for k in range(nb * 8):
-        lane_sums[k] = (np.int32(wq[4 * k]) * np.int32(x[4 * k]) + np.int32(wq[4 * k + 1]) * np.int32(x[4 * k + 1])
-                        + np.int32(wq[4 * k + 2]) * np.int32(x[4 * k + 2])
-                        + np.int32(wq[4 * k + 3]) * np.int32(x[4 * k + 3]))
-    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = np.float32(0.0)
-    for b in range(nb):
-        s, o = dw[b] * dx[b], b * 8
-        a0, a1 = fma32(s, lane_sums[o], a0), fma32(s, lane_sums[o + 1], a1)
-        a2, a3 = fma32(s, lane_sums[o + 2], a2), fma32(s, lane_sums[o + 3], a3)
-        a4, a5 = fma32(s, lane_sums[o + 4], a4), fma32(s, lane_sums[o + 5], a5)
-        a6, a7 = fma32(s, lane_sums[o + 6], a6), fma32(s, lane_sums[o + 7], a7)
-    return tree_sum8((a0, a1, a2, a3, a4, a5, a6, a7))
-
-
-@njit(**INLINE)
-def _lanes_dot_with_mins(wq, dw, mw, x, dx, sx, nb, lane_sums):
-    """Q4_1/Q5_1: _lanes_dot plus the mins (block min times the activation block sum sx), one
-    FMA per block (GCC contracts m*s + summs), added after the lanes' tree sum."""
-    summs = np.float32(0.0)
-    for b in range(nb):
-        summs = fma32(mw[b], sx[b], summs)
-    return _lanes_dot(wq, dw, x, dx, nb, lane_sums) + summs
-
-
 # ---- Q4_0: d f16, 16 bytes of nibbles; value = nibble - 8 ------------------
 
 @njit(**PARALLEL)
@@ -98,28 +71,14 @@ def matmul_q4_0(W, rows, group_rows, cols, qs, d, extra, out, order):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 32
     rb = nb * 18
-    for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        wq = np.empty(cols, np.int8)
-        w64 = wq.view(np.uint64)
-        dw = np.empty(nb, np.float32)
-        lane_sums = np.empty(cols // 4, np.int32)
-        for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
-            row = W[r * rb:(r + 1) * rb]
-            for b in range(nb):
-                o = b * 18
-                dw[b] = f16_to_f32(row[o], row[o + 1])
-                _decode_q4(row, o + 2, 8, w64, b * 4)
-            t0 = (r // group_rows) * n_tok
-            for t in range(n_tok):
-                x = qs[t0 + t]
-                dx = d[t0 + t]
-                if order == ORDER_LANES:
-                    out[t, r] = _lanes_dot(wq, dw, x, dx, nb, lane_sums)
-                    continue
-                acc = np.float32(0.0)  # repacked by llama.cpp (ORDER_GEMV): one FMA per block
-                for b in range(nb):
-                    acc = fma32(np.float32(dot32(wq, b * 32, x, b * 32)), dw[b] * dx[b], acc)
-                out[t, r] = acc
+    for r in prange(rows):
+        row = W[r * rb:(r + 1) * rb]
+        t0 = (r // group_rows) * n_tok
+        for t in range(n_tok):
+            if order != ORDER_LANES:  # repacked by llama.cpp (ORDER_GEMV): one FMA per block
+                out[t, r] = q4_0_blocks_dot(row, qs[t0 + t], d[t0 + t], d[t0 + t], nb)
+                continue
+            out[t, r] = _Q4_0_LANES(row, qs[t0 + t], d[t0 + t], d[t0 + t], nb)
 
 
 @njit(**SERIAL)
@@ -145,22 +104,11 @@ def matmul_q4_1(W, rows, group_rows, cols, qs, d, extra, out, order):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 32
     rb = nb * 20
-    for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        wq = np.empty(cols, np.int8)
-        w64 = wq.view(np.uint64)
-        dw = np.empty(nb, np.float32)
-        mw = np.empty(nb, np.float32)
-        lane_sums = np.empty(cols // 4, np.int32)
-        for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
-            row = W[r * rb:(r + 1) * rb]
-            for b in range(nb):
-                o = b * 20
-                dw[b] = f16_to_f32(row[o], row[o + 1])
-                mw[b] = f16_to_f32(row[o + 2], row[o + 3])
-                _decode_q4(row, o + 4, 0, w64, b * 4)
-            t0 = (r // group_rows) * n_tok
-            for t in range(n_tok):
-                out[t, r] = _lanes_dot_with_mins(wq, dw, mw, qs[t0 + t], d[t0 + t], extra[t0 + t], nb, lane_sums)
+    for r in prange(rows):
+        row = W[r * rb:(r + 1) * rb]
+        t0 = (r // group_rows) * n_tok
+        for t in range(n_tok):
+            out[t, r] = _Q4_1_LANES(row, qs[t0 + t], d[t0 + t], extra[t0 + t], nb)
 
 
 @njit(**SERIAL)
@@ -187,20 +135,11 @@ def matmul_q5_0(W, rows, group_rows, cols, qs, d, extra, out, order):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 32
     rb = nb * 22
-    for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        wq = np.empty(cols, np.int8)
-        w64 = wq.view(np.uint64)
-        dw = np.empty(nb, np.float32)
-        lane_sums = np.empty(cols // 4, np.int32)
-        for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
-            row = W[r * rb:(r + 1) * rb]
-            for b in range(nb):
-                o = b * 22
-                dw[b] = f16_to_f32(row[o], row[o + 1])
-                _decode_q5(row, o + 2, 16, w64, b * 4)
-            t0 = (r // group_rows) * n_tok
-            for t in range(n_tok):
-                out[t, r] = _lanes_dot(wq, dw, qs[t0 + t], d[t0 + t], nb, lane_sums)
+    for r in prange(rows):
+        row = W[r * rb:(r + 1) * rb]
+        t0 = (r // group_rows) * n_tok
+        for t in range(n_tok):
+            out[t, r] = _Q5_0_LANES(row, qs[t0 + t], d[t0 + t], d[t0 + t], nb)
 
 
 @njit(**SERIAL)
@@ -226,22 +165,11 @@ def matmul_q5_1(W, rows, group_rows, cols, qs, d, extra, out, order):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 32
     rb = nb * 24
-    for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        wq = np.empty(cols, np.int8)
-        w64 = wq.view(np.uint64)
-        dw = np.empty(nb, np.float32)
-        mw = np.empty(nb, np.float32)
-        lane_sums = np.empty(cols // 4, np.int32)
-        for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
-            row = W[r * rb:(r + 1) * rb]
-            for b in range(nb):
-                o = b * 24
-                dw[b] = f16_to_f32(row[o], row[o + 1])
-                mw[b] = f16_to_f32(row[o + 2], row[o + 3])
-                _decode_q5(row, o + 4, 0, w64, b * 4)
-            t0 = (r // group_rows) * n_tok
-            for t in range(n_tok):
-                out[t, r] = _lanes_dot_with_mins(wq, dw, mw, qs[t0 + t], d[t0 + t], extra[t0 + t], nb, lane_sums)
+    for r in prange(rows):
+        row = W[r * rb:(r + 1) * rb]
+        t0 = (r // group_rows) * n_tok
+        for t in range(n_tok):
+            out[t, r] = _Q5_1_LANES(row, qs[t0 + t], d[t0 + t], extra[t0 + t], nb)
 
 
 @njit(**SERIAL)
@@ -268,23 +196,11 @@ def matmul_q8_0(W, rows, group_rows, cols, qs, d, extra, out, order):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 32
     rb = nb * 34
-    for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        dw = np.empty(nb, np.float32)
-        wq = np.empty(cols, np.int8)  # the row's quants without the block headers
-        w64 = wq.view(np.uint64)
-        lane_sums = np.empty(cols // 4, np.int32)
-        for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
-            row = W[r * rb:(r + 1) * rb]
-            for b in range(nb):
-                o = b * 34
-                dw[b] = f16_to_f32(row[o], row[o + 1])
-                for k in range(4):  # eight bytes per move: a byte-wise copy loop stays scalar
-                    w64[b * 4 + k] = u64(row, o + 2 + 8 * k)
-            t0 = (r // group_rows) * n_tok
-            for t in range(n_tok):
-                x = qs[t0 + t]
-                dx = d[t0 + t]
-                out[t, r] = _lanes_dot(wq, dw, x, dx, nb, lane_sums)
+    for r in prange(rows):
+        row = W[r * rb:(r + 1) * rb]
+        t0 = (r // group_rows) * n_tok
+        for t in range(n_tok):
+            out[t, r] = _Q8_0_LANES(row, qs[t0 + t], d[t0 + t], d[t0 + t], nb)
 
 
 @njit(**SERIAL)

@@ -19,9 +19,10 @@ from __future__ import annotations
 import platform
 
 import numba
+import numpy as np
 from llvmlite import binding as llvm_binding
 from llvmlite import ir
-from numba import types
+from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
@@ -212,6 +213,113 @@ Q6_K_ISUM = {target: _q6_k_isum(target) for target in (GENERIC, AVX2, AVX512)}
 q6_k_isum = Q6_K_ISUM[TARGET]
 
 
+# ---- legacy 32-value blocks: a whole row . token in llama.cpp's eight FMA lanes -------------
+
+# block layout per type: bytes per block, offset of the f16 min (None: no min), offset of the
+# u32 of 5th bits (None: 4-bit), offset of the quants, value offset subtracted (signed types)
+LEGACY_BLOCKS = {
+    "q8_0": (34, None, None, 2, 0),
+    "q4_0": (18, None, None, 2, 8),
+    "q5_0": (22, None, 2, 6, 16),
+    "q4_1": (20, 2, None, 4, 0),
+    "q5_1": (24, 2, 4, 8, 0),
+}
+
+
+def _legacy_values(context, builder, row_ptr, o, kind):
+    """The 32 values of the legacy block at byte o of the row, as <32 x i8> (ggml order: the
+    low nibbles are values 0..15, the high ones 16..31; 5th bits from a u32, bit j for value j)."""
+    size, min_at, high_at, quants_at, offset = LEGACY_BLOCKS[kind]
+    at = lambda k: builder.gep(row_ptr, [builder.add(o, ir.Constant(o.type, k))])  # noqa: E731
+    if kind == "q8_0":
+        return builder.load(builder.bitcast(at(quants_at), _vec(I8, 32).as_pointer()), align=1)
+    q = builder.load(builder.bitcast(at(quants_at), _vec(I8, 16).as_pointer()), align=1)
+    values = builder.shuffle_vector(builder.and_(q, _splat(I8, 16, 15)), builder.lshr(q, _splat(I8, 16, 4)),
+                                    ir.Constant(_vec(I32, 32), list(range(32))))
+    if high_at is not None:
+        # byte j of the 4 takes values 8j..8j+7: spread each byte over its 8 values, test its bit
+        bits = builder.load(builder.bitcast(at(high_at), _vec(I8, 4).as_pointer()), align=1)
+        spread = builder.shuffle_vector(bits, bits, ir.Constant(_vec(I32, 32), [j // 8 for j in range(32)]))
+        masks = ir.Constant(_vec(I8, 32), [1 << (j % 8) for j in range(32)])
+        set_ = builder.icmp_unsigned("!=", builder.and_(spread, masks), _splat(I8, 32, 0))
+        values = builder.or_(values, builder.select(set_, _splat(I8, 32, 16), _splat(I8, 32, 0)))
+    return builder.sub(values, _splat(I8, 32, offset)) if offset else values
+
+
+def _legacy_dot(context, builder, signature, args, kind, per_block):
+    row, x, dx, sx, nb = args
+    rowt, xt, dxt, sxt = signature.args[:4]
+    size, min_at = LEGACY_BLOCKS[kind][:2]
+    row_ptr = context.make_array(rowt)(context, builder, value=row).data
+    x_ptr = context.make_array(xt)(context, builder, value=x).data
+    dx_ptr = context.make_array(dxt)(context, builder, value=dx).data
+    sx_ptr = context.make_array(sxt)(context, builder, value=sx).data
+    f32, v8f = ir.FloatType(), _vec(ir.FloatType(), 8)
+    lanes = cgutils.alloca_once_value(builder, ir.Constant(v8f, [0.0] * 8))
+    acc = cgutils.alloca_once_value(builder, ir.Constant(f32, 0.0))
+    mins = cgutils.alloca_once_value(builder, ir.Constant(f32, 0.0))
+    fma8 = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v8f, [v8f] * 3), "llvm.fma.v8f32")
+    fma1 = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f32, [f32] * 3), "llvm.fma.f32")
+    half = lambda o: context.compile_internal(  # noqa: E731
+        builder, _half_at_scalar, types.float32(types.uint8, types.uint8),
+        [builder.load(builder.gep(row_ptr, [o])), builder.load(builder.gep(row_ptr, [builder.add(o, ir.Constant(o.type, 1))]))])
+    with cgutils.for_range(builder, nb) as loop:
+        b = loop.index
+        o = builder.mul(b, ir.Constant(b.type, size))
+        w = _legacy_values(context, builder, row_ptr, o, kind)
+        xv = builder.load(builder.bitcast(builder.gep(x_ptr, [builder.mul(b, ir.Constant(b.type, 32))]), _vec(I8, 32).as_pointer()), align=1)
+        extend = builder.sext if kind in ("q8_0", "q4_0", "q5_0") else builder.zext
+        products = builder.mul(extend(w, _vec(I32, 32)), builder.sext(xv, _vec(I32, 32)))
+        quads = None
+        for j in range(4):  # lane l: values 4l .. 4l+3
+            part = builder.shuffle_vector(products, products, ir.Constant(_vec(I32, 8), [4 * l + j for l in range(8)]))
+            quads = part if quads is None else builder.add(quads, part)
+        scale = builder.fmul(half(o), builder.load(builder.gep(dx_ptr, [b])))
+        if per_block:
+            isum = builder.sitofp(_reduce_add(builder, quads), f32)
+            builder.store(builder.call(fma1, [isum, scale, builder.load(acc)]), acc)
+        else:
+            splat = builder.shuffle_vector(builder.insert_element(ir.Constant(v8f, None), scale, ir.Constant(I32, 0)),
+                                           ir.Constant(v8f, None), ir.Constant(_vec(I32, 8), [0] * 8))
+            builder.store(builder.call(fma8, [splat, builder.sitofp(quads, v8f), builder.load(lanes)]), lanes)
+        if min_at is not None:  # m * s summed apart, one FMA per block (GCC contracts m*s + summs)
+            m = half(builder.add(o, ir.Constant(o.type, min_at)))
+            builder.store(builder.call(fma1, [m, builder.load(builder.gep(sx_ptr, [b])), builder.load(mins)]), mins)
+    if per_block:
+        return builder.load(acc)
+    v = builder.load(lanes)
+    e = [builder.extract_element(v, ir.Constant(I32, i)) for i in range(8)]
+    # ggml's hsum of 8 floats: ((v0+v4)+(v2+v6)) + ((v1+v5)+(v3+v7))
+    total = builder.fadd(builder.fadd(builder.fadd(e[0], e[4]), builder.fadd(e[2], e[6])),
+                         builder.fadd(builder.fadd(e[1], e[5]), builder.fadd(e[3], e[7])))
+    return builder.fadd(total, builder.load(mins)) if min_at is not None else total
+
+
+def _half_at_scalar(lo, hi):
+    return f16_to_f32(lo, hi)
+
+
+def _legacy_row_dot(kind: str, per_block: bool):
+    @intrinsic
+    def legacy_row_dot(typingctx, row, x, dx, sx, nb):
+        """A legacy-type row (its nb blocks' bytes) . token (int8 x, per-block float32 scales dx
+        and, for Q4_1/Q5_1, block sums sx), rounded as llama.cpp's x86 routes round it:
+        per_block=False (vec_dot and tinyBLAS alike): eight float lanes, lane l taking values
+        4l..4l+3 of every block (exact int32 sums) through an FMA with the block's dw*dx, then
+        ggml's tree sum; Q4_1/Q5_1 add their mins (min * sx, one FMA chain) after it.
+        per_block=True (a repacked Q4_0): one FMA of the block's int32 sum per block."""
+        sig = types.float32(row, x, dx, sx, nb)
+
+        def codegen(context, builder, signature, args):
+            return _legacy_dot(context, builder, signature, args, kind, per_block)
+        return sig, codegen
+    return legacy_row_dot
+
+
+LANES_DOT = {kind: _legacy_row_dot(kind, False) for kind in LEGACY_BLOCKS}
+q4_0_blocks_dot = _legacy_row_dot("q4_0", True)
+
+
 @intrinsic
 def half_to_float(typingctx, bits):
     """IEEE half (its 16 bits in an integer) to float32 with the CPU's conversion instruction
@@ -241,3 +349,29 @@ def pair_sums_dot_bytes(typingctx, v, vo, weights):
         mins = builder.zext(builder.bitcast(w_, _vec(I8, 8)), _vec(I32, 8))
         return _reduce_add(builder, builder.mul(builder.add(even, odd), mins))
     return sig, codegen
+
+
+# 2^(e - 25) for a half's exponent field e (1..30); entry 0 serves subnormals
+_F16_POW2 = np.array([2.0 ** (max(e, 1) - 25) for e in range(32)], np.float32)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def half_bits_to_f32(h):
+    """IEEE half (its bits in an int32) to float32, exactly, in integer and float arithmetic."""
+    exponent = (h >> 10) & 0x1F
+    mantissa = h & 0x3FF
+    if exponent == 31:
+        value = np.float32(np.inf) if mantissa == 0 else np.float32(np.nan)
+    else:
+        # (implicit bit + mantissa) * 2^(e-25): exact, no libm call
+        value = np.float32(mantissa | (1024 if exponent else 0)) * _F16_POW2[exponent]
+    return -value if h & 0x8000 else value
+
+
+@njit(nogil=True, cache=True, inline="always")
+def f16_to_f32(lo, hi):
+    """IEEE half (two little-endian bytes) to float32, exactly."""
+    h = np.int32(lo) | (np.int32(hi) << 8)
+    if HW_HALF:  # one instruction: the arithmetic cost Q4_K's gemv a third of its speed
+        return half_to_float(np.uint16(h))
+    return half_bits_to_f32(h)
