@@ -19,17 +19,40 @@ memory map; never copied), rows are ggml rows (outputs), cols the row length.
 """
 from __future__ import annotations
 
+import hashlib
+import os
+from pathlib import Path
 from typing import Callable, NamedTuple
 
+import numba
 import numpy as np
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as T
 
-from . import float as _float
-from . import iquants, kquants, legacy, mxfp4
-from ._jit import ORDER_DOT, ORDER_GEMM, ORDER_GEMV, ORDER_LANES, ORDER_TILED
-from .ggml_math import LANES
-from .activation import QUANTIZERS, QuantizedActivation
+
+def _versioned_numba_cache() -> None:
+    """Point numba's on-disk cache at a directory named by a hash of these kernel sources.
+
+    numba checks a cached function against its own source file only, not the helpers it inlines
+    from other modules (simd.py, _jit.py): after an upgrade that changed only those, it would
+    run stale machine code.  Runs before any kernel module is imported; a NUMBA_CACHE_DIR the
+    user set is left alone."""
+    if os.environ.get("NUMBA_CACHE_DIR"):
+        return
+    sources = b"".join(p.read_bytes() for p in sorted(Path(__file__).parent.glob("*.py")))
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "swapmoe" / "numba"
+    path = str(base / hashlib.sha256(sources).hexdigest()[:16])
+    os.environ["NUMBA_CACHE_DIR"] = path  # numba re-reads its NUMBA_* variables now and then
+    numba.config.CACHE_DIR = path
+
+
+_versioned_numba_cache()
+
+from . import float as _float  # noqa: E402  (kernel modules: after the cache directory is set)
+from . import iquants, kquants, legacy, mxfp4  # noqa: E402
+from ._jit import ORDER_DOT, ORDER_GEMM, ORDER_GEMV, ORDER_LANES, ORDER_TILED  # noqa: E402
+from .ggml_math import LANES  # noqa: E402
+from .activation import QUANTIZERS, QuantizedActivation  # noqa: E402
 
 
 class Kernel(NamedTuple):
