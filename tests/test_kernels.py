@@ -578,3 +578,31 @@ def test_simd_q6_k_isum(target):
     run(blocks.reshape(-1), x, bsums, out)
     scaled = integer_parts(T.Q6_K, blocks, o208=1.0)  # scale * (q - 32) per value
     np.testing.assert_array_equal(out, (scaled * x.reshape(n, 256)).sum(axis=1).astype(np.int64))
+
+
+@pytest.mark.parametrize("target", [simd.GENERIC, simd.AVX2, simd.AVX512])
+def test_simd_q2_k_isum(target):
+    order = [simd.GENERIC, simd.AVX2, simd.AVX512]
+    if order.index(target) > order.index(simd.TARGET):
+        pytest.skip(f"this CPU cannot run the {target} code")
+    isum = simd.Q2_K_ISUM[target]
+
+    @njit
+    def run(w, x, bsums, out, mins):
+        for i in range(out.size):
+            out[i] = isum(w, i * 84, x, i * 256)
+            mins[i] = simd.high_nibbles_dot(w, i * 84, bsums, i * 16)
+
+    rng = np.random.default_rng(24)
+    n = 30
+    blocks = rng.integers(0, 256, (n, 84), dtype=np.uint8)
+    blocks[0, :80] = 255  # the extremes: quants 3, scales and mins 15, activations -128
+    x = rng.integers(-128, 128, n * 256, dtype=np.int8)
+    x[:256] = -128
+    bsums = x.reshape(-1, 16).sum(axis=1).astype(np.int32)
+    out, mins = np.empty(n, np.int32), np.empty(n, np.int32)
+    run(blocks.reshape(-1), x, bsums, out, mins)
+    scaled = integer_parts(T.Q2_K, blocks, o80=1.0, o82=0.0)  # (scale & 15) * q per value
+    np.testing.assert_array_equal(out, (scaled * x.reshape(n, 256)).sum(axis=1).astype(np.int64))
+    want_mins = ((blocks[:, :16] >> 4).astype(np.int64) * bsums.reshape(n, 16)).sum(axis=1)
+    np.testing.assert_array_equal(mins, want_mins)

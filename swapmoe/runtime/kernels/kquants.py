@@ -16,9 +16,9 @@ from numba import njit, prange
 
 from ._jit import (INLINE, ORDER_GEMM, ORDER_GEMV, PARALLEL, ROWS_PER_TASK, SERIAL, block_sum, dot256,
                    f16_to_f32, fma32, u32)
-from .simd import pair_sums_dot_bytes, q4_k_isum, q6_k_isum
+from .simd import high_nibbles_dot, pair_sums_dot_bytes, q2_k_isum, q4_k_isum, q6_k_isum
 
-# up to this many tokens per row, Q4_K (gemv route) and Q6_K read quants straight from the row
+# up to this many tokens per row, Q2_K and Q4_K (gemv route) and Q6_K read quants straight from the row
 # bytes (one pass per token) rather than decoding the row to int16 once and dotting each token
 # with it
 STRAIGHT_TOKENS = 7
@@ -195,7 +195,16 @@ def matmul_q2_k(W, rows, group_rows, cols, qs, d, extra, out, order):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 256
     rb = nb * 84
+    gemm_tokens = n_tok - n_tok % 4 if order == ORDER_GEMM and n_tok > 3 else 0
+    straight = gemm_tokens == 0 and n_tok <= STRAIGHT_TOKENS  # as Q4_K
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+        if straight:
+            for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
+                row = W[r * rb:(r + 1) * rb]
+                t0 = (r // group_rows) * n_tok
+                for t in range(n_tok):
+                    out[t, r] = _q2_k_straight_dot(row, qs[t0 + t], d[t0 + t], extra[t0 + t], nb, order)
+            continue
         ws = np.empty(cols, np.int16)
         dw = np.empty(nb, np.float32)
         dmin = np.empty(nb, np.float32)
@@ -207,7 +216,6 @@ def matmul_q2_k(W, rows, group_rows, cols, qs, d, extra, out, order):
                 dmin[b] = f16_to_f32(row[o + 82], row[o + 83])
                 _scaled_q2_k(row, o, ws, b * 256)
             t0 = (r // group_rows) * n_tok
-            gemm_tokens = n_tok - n_tok % 4 if order == ORDER_GEMM and n_tok > 3 else 0
             for t in range(n_tok):
                 x = qs[t0 + t]
                 dx = d[t0 + t]
@@ -221,6 +229,25 @@ def matmul_q2_k(W, rows, group_rows, cols, qs, d, extra, out, order):
                     summ = _sum_mins_q2_k(bsums, b * 16, row, b * 84)
                     acc = block_sum(order, acc, np.float32(isum), np.float32(summ), dw[b], dmin[b], dx[b])
                 out[t, r] = acc
+
+
+@njit(**INLINE)
+def _q2_k_straight_dot(row, x, dx, bsums, nb, order):
+    """A Q2_K row . token with each block's integer sums taken straight from its bytes, rounded
+    as the route `order` rounds it (the repacked gemv's two FMA chains, or block_sum)."""
+    acc = np.float32(0.0)
+    acc_min = np.float32(0.0)
+    for b in range(nb):
+        o = b * 84
+        isum = np.float32(q2_k_isum(row, o, x, b * 256))
+        summ = np.float32(high_nibbles_dot(row, o, bsums, b * 16))
+        dw, dmin = f16_to_f32(row[o + 80], row[o + 81]), f16_to_f32(row[o + 82], row[o + 83])
+        if order == ORDER_GEMM or order == ORDER_GEMV:
+            acc = fma32(isum, dw * dx[b], acc)
+            acc_min = fma32(summ, dmin * dx[b], acc_min)
+        else:
+            acc = block_sum(order, acc, isum, summ, dw, dmin, dx[b])
+    return acc - acc_min
 
 
 @njit(**INLINE)

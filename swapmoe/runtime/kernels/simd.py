@@ -213,6 +213,77 @@ Q6_K_ISUM = {target: _q6_k_isum(target) for target in (GENERIC, AVX2, AVX512)}
 q6_k_isum = Q6_K_ISUM[TARGET]
 
 
+def _q2_k_block_isum(context, builder, signature, args, target):
+    """sum_j (scales[j] & 15) * sum over group j of q * x for a Q2_K block: scales[16] at w[wo],
+    2-bit quants at w[wo+16:wo+80] (value 128h + 32c + l is bits 2c of byte 32h + l)."""
+    w, wo, x, xo = args
+    wt, xt = signature.args[0], signature.args[2]
+    scales = builder.zext(builder.and_(_load_bytes(context, builder, wt, w, wo, 16), _splat(I8, 16, 15)), _vec(I16, 16))
+    total = None
+    for h in range(2):
+        q = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 16 + 32 * h), 32)
+        crumbs = [builder.and_(builder.lshr(q, _splat(I8, 32, 2 * c)), _splat(I8, 32, 3)) for c in range(4)]
+        if target == AVX512:  # values 128h + 64p .. +64, contiguous in x
+            for p in range(2):
+                u = builder.shuffle_vector(crumbs[2 * p], crumbs[2 * p + 1], ir.Constant(_vec(I32, 64), list(range(64))))
+                xv = _load_bytes(context, builder, xt, x, _add_offset(builder, xo, 128 * h + 64 * p), 64)
+                groups = [8 * h + 4 * p + lane // 8 for lane in range(32)]
+                part = _madd(builder, u, xv, builder.shuffle_vector(scales, scales, ir.Constant(_vec(I32, 32), groups)), 64)
+                total = part if total is None else builder.add(total, part)
+            continue
+        for c in range(4):
+            xv = _load_bytes(context, builder, xt, x, _add_offset(builder, xo, 128 * h + 32 * c), 32)
+            if target == AVX2:
+                groups = [8 * h + 2 * c + lane // 8 for lane in range(16)]
+                part = _madd(builder, crumbs[c], xv, builder.shuffle_vector(scales, scales, ir.Constant(_vec(I32, 16), groups)), 32)
+            else:
+                products = builder.mul(builder.zext(crumbs[c], _vec(I32, 32)), builder.sext(xv, _vec(I32, 32)))
+                part = None
+                for half in range(2):
+                    lanes = ir.Constant(_vec(I32, 16), list(range(16 * half, 16 * half + 16)))
+                    dot = _reduce_add(builder, builder.shuffle_vector(products, products, lanes))
+                    scale = builder.zext(builder.extract_element(scales, ir.Constant(I32, 8 * h + 2 * c + half)), I32)
+                    part = builder.add(part, builder.mul(dot, scale)) if part is not None else builder.mul(dot, scale)
+            total = part if total is None else builder.add(total, part)
+    return total if target == GENERIC else _reduce_add(builder, total)
+
+
+def _q2_k_isum(target: str):
+    @intrinsic
+    def q2_k_isum(typingctx, w, wo, x, xo):
+        """Exact int32 sum of a Q2_K super-block's 256 quants times their 4-bit scale times the
+        int8 activation x[xo:xo+256]; the block (scales, then quants) starts at w[wo]."""
+        if w.dtype != types.uint8 or x.dtype != types.int8:
+            return None
+        sig = types.int32(w, wo, x, xo)
+
+        def codegen(context, builder, signature, args):
+            return _q2_k_block_isum(context, builder, signature, args, target)
+        return sig, codegen
+    return q2_k_isum
+
+
+Q2_K_ISUM = {target: _q2_k_isum(target) for target in (GENERIC, AVX2, AVX512)}
+q2_k_isum = Q2_K_ISUM[TARGET]
+
+
+@intrinsic
+def high_nibbles_dot(typingctx, w, wo, v, vo):
+    """sum_j (w[wo+j] >> 4) * v[vo+j] for j < 16: a Q2_K block's mins times its Q8_K block sums."""
+    if w.dtype != types.uint8 or v.dtype != types.int32:
+        return None
+    sig = types.int32(w, wo, v, vo)
+
+    def codegen(context, builder, signature, args):
+        w_, wo_, v_, vo_ = args
+        mins = builder.zext(builder.lshr(_load_bytes(context, builder, signature.args[0], w_, wo_, 16), _splat(I8, 16, 4)),
+                            _vec(I32, 16))
+        data = context.make_array(signature.args[2])(context, builder, value=v_).data
+        sums = builder.load(builder.bitcast(builder.gep(data, [vo_]), _vec(I32, 16).as_pointer()), align=4)
+        return _reduce_add(builder, builder.mul(mins, sums))
+    return sig, codegen
+
+
 # ---- legacy 32-value blocks: a whole row . token in llama.cpp's eight FMA lanes -------------
 
 # block layout per type: bytes per block, offset of the f16 min (None: no min), offset of the
