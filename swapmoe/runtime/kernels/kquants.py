@@ -14,14 +14,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ._jit import (INLINE, ORDER_GEMM, ORDER_GEMV, PARALLEL, ROWS_PER_TASK, SERIAL, block_sum, dot256,
-                   f16_to_f32, fma32, u32)
+from ._jit import (INLINE, ORDER_GEMM, ORDER_GEMV, PARALLEL, ROWS_PER_TASK, SERIAL, STRAIGHT_TOKENS, block_sum,
+                   dot256, f16_to_f32, fma32, u32)
 from .simd import high_nibbles_dot, pair_sums_dot_bytes, q2_k_isum, q4_k_isum, q6_k_isum
-
-# up to this many tokens per row, Q2_K and Q4_K (gemv route) and Q6_K read quants straight from the row
-# bytes (one pass per token) rather than decoding the row to int16 once and dotting each token
-# with it
-STRAIGHT_TOKENS = 7
 
 _ZERO = np.float32(0.0)
 

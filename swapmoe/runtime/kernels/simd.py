@@ -284,6 +284,64 @@ def high_nibbles_dot(typingctx, w, wo, v, vo):
     return sig, codegen
 
 
+def _iq2_xxs_block_isum(context, builder, signature, args, target):
+    """A block's 8 sub-blocks of 32: 4 grid bytes, then a u32 of 4 x 7-bit sign indices and a
+    4-bit scale s.  The magnitudes come from the grid (8 unsigned bytes per entry, 2 KiB), the
+    signs as byte masks (0 or -1 per value, 1 KiB) applied to x instead: (x ^ m) - m.  That
+    negation needs x > -128, which Q8_K activations are (|q| <= 127).  Then pmaddubsw pairs and
+    pmaddwd with the sub-block's weight 2s + 1."""
+    w, wo, x, xo, grid, signs = args
+    wt, xt, gt, st = signature.args[0], signature.args[2], signature.args[4], signature.args[5]
+    w_ptr = context.make_array(wt)(context, builder, value=w).data
+    g_ptr = context.make_array(gt)(context, builder, value=grid).data
+    s_ptr = context.make_array(st)(context, builder, value=signs).data
+    i64 = ir.IntType(64)
+    total = None
+    for ib in range(8):
+        p = _add_offset(builder, wo, 2 + 8 * ib)
+        aux = builder.load(builder.bitcast(builder.gep(w_ptr, [_add_offset(builder, p, 4)]), I32.as_pointer()), align=1)
+        words = masks = ir.Constant(_vec(i64, 4), None)
+        for l in range(4):
+            byte = builder.zext(builder.load(builder.gep(w_ptr, [_add_offset(builder, p, l)])), i64)
+            words = builder.insert_element(words, builder.load(builder.gep(g_ptr, [byte])), ir.Constant(I32, l))
+            index = builder.zext(builder.and_(builder.lshr(aux, ir.Constant(I32, 7 * l)), ir.Constant(I32, 127)), i64)
+            masks = builder.insert_element(masks, builder.load(builder.gep(s_ptr, [index])), ir.Constant(I32, l))
+        magnitudes, m = builder.bitcast(words, _vec(I8, 32)), builder.bitcast(masks, _vec(I8, 32))
+        xv = _load_bytes(context, builder, xt, x, _add_offset(builder, xo, 32 * ib), 32)
+        signed_x = builder.sub(builder.xor(xv, m), m)
+        scale = builder.trunc(builder.add(builder.shl(builder.lshr(aux, ir.Constant(I32, 28)), ir.Constant(I32, 1)), ir.Constant(I32, 1)), I16)
+        if target == GENERIC:
+            products = builder.mul(builder.zext(magnitudes, _vec(I32, 32)), builder.sext(signed_x, _vec(I32, 32)))
+            part = builder.mul(_reduce_add(builder, products), builder.zext(scale, I32))
+        else:
+            splat = builder.shuffle_vector(builder.insert_element(ir.Constant(_vec(I16, 16), None), scale, ir.Constant(I32, 0)),
+                                           ir.Constant(_vec(I16, 16), None), ir.Constant(_vec(I32, 16), [0] * 16))
+            part = _madd(builder, magnitudes, signed_x, splat, 32)
+        total = part if total is None else builder.add(total, part)
+    return total if target == GENERIC else _reduce_add(builder, total)
+
+
+def _iq2_xxs_isum(target: str):
+    @intrinsic
+    def iq2_xxs_isum(typingctx, w, wo, x, xo, grid, signs):
+        """Exact int32 sum of an IQ2_XXS super-block's 256 values times their odd sub-block scale
+        (2s + 1) times the int8 activation x[xo:xo+256] (each > -128, as Q8_K's are); the block
+        starts at w[wo]; `grid`: uint64 [256], eight unsigned values per entry; `signs`: uint64
+        [128], per 7-bit sign index eight byte masks (0xFF where the value is negative)."""
+        if w.dtype != types.uint8 or x.dtype != types.int8 or grid.dtype != types.uint64:
+            return None
+        sig = types.int32(w, wo, x, xo, grid, signs)
+
+        def codegen(context, builder, signature, args):
+            return _iq2_xxs_block_isum(context, builder, signature, args, target)
+        return sig, codegen
+    return iq2_xxs_isum
+
+
+IQ2_XXS_ISUM = {target: _iq2_xxs_isum(target) for target in (GENERIC, AVX2, AVX512)}
+iq2_xxs_isum = IQ2_XXS_ISUM[TARGET]
+
+
 # ---- legacy 32-value blocks: a whole row . token in llama.cpp's eight FMA lanes -------------
 
 # block layout per type: bytes per block, offset of the f16 min (None: no min), offset of the
