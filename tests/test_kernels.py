@@ -632,3 +632,28 @@ def test_simd_iq2_xxs_isum(target):
     # gguf: d * (0.5 + s) * 0.25 * value; with d = 8 that is (2s + 1) * value
     scaled = integer_parts(T.IQ2_XXS, blocks, o0=8.0)
     np.testing.assert_array_equal(out, (scaled * x.reshape(n, 256)).sum(axis=1).astype(np.int64))
+
+
+@pytest.mark.parametrize("target", [simd.GENERIC, simd.AVX2, simd.AVX512])
+def test_simd_nibble_table_dot(target):
+    order = [simd.GENERIC, simd.AVX2, simd.AVX512]
+    if order.index(target) > order.index(simd.TARGET):
+        pytest.skip(f"this CPU cannot run the {target} code")
+    dot = simd.NIBBLE_TABLE_DOT[target]
+
+    @njit
+    def run(w, x, table, out):
+        for i in range(out.size):
+            out[i] = dot(w, 3 + i * 16, x, i * 32, table)
+
+    rng = np.random.default_rng(26)
+    n = 40
+    w = rng.integers(0, 256, 3 + n * 16, dtype=np.uint8)
+    x = rng.integers(-127, 128, n * 32, dtype=np.int8)
+    x[:32] = -127
+    for table in (np.array(quants.IQ4_NL.kvalues, np.int8), np.array(quants.MXFP4.kvalues, np.int8)):
+        out = np.empty(n, np.int32)
+        run(w, x, table, out)
+        q = w[3:].reshape(n, 16).astype(np.int64)
+        values = table[np.concatenate([q & 15, q >> 4], axis=1)].astype(np.int64)
+        np.testing.assert_array_equal(out, (values * x.reshape(n, 32)).sum(axis=1))

@@ -199,6 +199,16 @@ def block_sum(order, acc, isum, summ, dw, dmin, dx):
 
 
 @njit(**INLINE)
+def block_fma(order, acc, sumi, dw, dx):
+    """acc plus a 32-value block's share (int32 sum sumi, scales dw, dx) for Q4_0-like types
+    (IQ4_NL, MXFP4): one FMA per block where llama.cpp repacks them (ORDER_GEMV), vec_dot's
+    (dx * dw) * sumi added in float otherwise."""
+    if order == ORDER_GEMV:
+        return fma32(sumi, dw * dx, acc)
+    return acc + (dx * dw) * sumi
+
+
+@njit(**INLINE)
 def tree_sum8(v):
     """v[0] + ... + v[7] (float32 values, possibly held in a float64 array) in the order of
     ggml's hsum of an 8-float vector."""

@@ -17,9 +17,9 @@ import numpy as np
 from gguf import quants as gq
 from numba import njit, prange
 
-from ._jit import (INLINE, ORDER_GEMV, PARALLEL, ROWS_PER_TASK, SERIAL, STRAIGHT_TOKENS, block_sum, decode_pairs,
-                   dot32, dot256, f16_to_f32, fma32, nibble_pair_words, pair_order, u32, widen4, widen8)
-from .simd import iq2_xxs_isum
+from ._jit import (INLINE, PARALLEL, ROWS_PER_TASK, SERIAL, STRAIGHT_TOKENS, block_fma, block_sum, decode_pairs,
+                   dot32, dot256, f16_to_f32, nibble_pair_words, pair_order, u32, widen4, widen8)
+from .simd import iq2_xxs_isum, nibble_table_dot
 
 _ZERO = np.float32(0.0)
 
@@ -71,37 +71,24 @@ _IQ1_DELTA = np.float32(0.125)
 
 
 # ---- IQ4_NL: d f16, 16 bytes of indices into a 16-value table (Q8_0 acts) ---
-# Weights are decoded in pair order (_jit.decode_pairs) and dotted with pair-ordered activations.
 
 @njit(**PARALLEL)
 def matmul_iq4_nl(W, rows, group_rows, cols, qs, d, extra, out, order):
+    """Values looked up in registers (simd.nibble_table_dot), every token straight from the row
+    bytes: 2.5-4x faster than decoding the row once for a batch, even for 64 tokens."""
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 32
     rb = nb * 18
-    xp = pair_order(qs)
-    for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        wq = np.empty(cols, np.int8)
-        w64 = wq.view(np.uint64)
-        dw = np.empty(nb, np.float32)
-        for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
-            row = W[r * rb:(r + 1) * rb]
+    for r in prange(rows):
+        row = W[r * rb:(r + 1) * rb]
+        t0 = (r // group_rows) * n_tok
+        for t in range(n_tok):
+            x, dx = qs[t0 + t], d[t0 + t]
+            acc = np.float32(0.0)
             for b in range(nb):
                 o = b * 18
-                dw[b] = f16_to_f32(row[o], row[o + 1])
-                for k in range(4):
-                    w64[b * 4 + k] = decode_pairs(_IQ4_PAIRS, row, o + 2 + 4 * k)
-            t0 = (r // group_rows) * n_tok
-            for t in range(n_tok):
-                x = xp[t0 + t]
-                dx = d[t0 + t]
-                acc = np.float32(0.0)
-                for b in range(nb):
-                    sumi = dot32(wq, b * 32, x, b * 32)
-                    if order == ORDER_GEMV:  # repacked by llama.cpp: one FMA per block
-                        acc = fma32(np.float32(sumi), dw[b] * dx[b], acc)
-                    else:
-                        acc += (dx[b] * dw[b]) * np.float32(sumi)
-                out[t, r] = acc
+                acc = block_fma(order, acc, np.float32(nibble_table_dot(row, o + 2, x, b * 32, _IQ4_VALUES)), f16_to_f32(row[o], row[o + 1]), dx[b])
+            out[t, r] = acc
 
 
 @njit(**SERIAL)
@@ -132,8 +119,25 @@ def matmul_iq4_xs(W, rows, group_rows, cols, qs, d, extra, out, order):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 256
     rb = nb * 136
-    xp = pair_order(qs)
+    straight = n_tok <= STRAIGHT_TOKENS  # values looked up in registers (simd.nibble_table_dot)
+    xp = pair_order(qs[:0] if straight else qs)  # (a conditional array here would lose its C layout)
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+        if straight:
+            for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
+                row = W[r * rb:(r + 1) * rb]
+                t0 = (r // group_rows) * n_tok
+                for t in range(n_tok):
+                    x, dx = qs[t0 + t], d[t0 + t]
+                    acc = np.float32(0.0)
+                    for b in range(nb):
+                        o = b * 136
+                        sumi = np.int32(0)
+                        for ib in range(8):
+                            dot = nibble_table_dot(row, o + 8 + 16 * ib, x, b * 256 + 32 * ib, _IQ4_VALUES)
+                            sumi += _scale_iq4_xs(row, o, ib) * dot
+                        acc = block_sum(order, acc, np.float32(sumi), _ZERO, f16_to_f32(row[o], row[o + 1]), _ZERO, dx[b])
+                    out[t, r] = acc
+            continue
         ws = np.empty(cols, np.int16)
         dw = np.empty(nb, np.float32)
         for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):

@@ -342,6 +342,55 @@ IQ2_XXS_ISUM = {target: _iq2_xxs_isum(target) for target in (GENERIC, AVX2, AVX5
 iq2_xxs_isum = IQ2_XXS_ISUM[TARGET]
 
 
+def _nibble_table_block_dot(context, builder, signature, args, target):
+    """32 values table[nibble] (the 16 low nibbles of w[wo:wo+16] are values 0..15, the high ones
+    16..31) dotted with x[xo:xo+32].  x86: pshufb looks the values up in registers, as two
+    tables: magnitudes (unsigned) and sign masks, the signs applied to x ((x ^ m) - m, which
+    needs x > -128: Q8_0 activations are), then pmaddubsw and pmaddwd."""
+    w, wo, x, xo, table = args
+    wt, xt, tt = signature.args[0], signature.args[2], signature.args[4]
+    q = _load_bytes(context, builder, wt, w, wo, 16)
+    nibbles = builder.shuffle_vector(builder.and_(q, _splat(I8, 16, 15)), builder.lshr(q, _splat(I8, 16, 4)),
+                                     ir.Constant(_vec(I32, 32), list(range(32))))
+    values16 = _load_bytes(context, builder, tt, table, ir.Constant(I32, 0), 16)
+    xv = _load_bytes(context, builder, xt, x, xo, 32)
+    if target == GENERIC:
+        values = ir.Constant(_vec(I8, 32), None)
+        for j in range(32):
+            v = builder.extract_element(values16, builder.extract_element(nibbles, ir.Constant(I32, j)))
+            values = builder.insert_element(values, v, ir.Constant(I32, j))
+        return _reduce_add(builder, builder.mul(builder.sext(values, _vec(I32, 32)), builder.sext(xv, _vec(I32, 32))))
+    both_lanes = ir.Constant(_vec(I32, 32), list(range(16)) * 2)
+    table32 = builder.shuffle_vector(values16, values16, both_lanes)  # pshufb looks up within 16-byte lanes
+    negative = builder.icmp_signed("<", table32, _splat(I8, 32, 0))
+    magnitudes = builder.select(negative, builder.neg(table32), table32)
+    masks = builder.sext(negative, _vec(I8, 32))
+    mag = _call(builder, "llvm.x86.avx2.pshuf.b", _vec(I8, 32), magnitudes, nibbles)
+    m = _call(builder, "llvm.x86.avx2.pshuf.b", _vec(I8, 32), masks, nibbles)
+    signed_x = builder.sub(builder.xor(xv, m), m)
+    return _reduce_add(builder, _madd(builder, mag, signed_x, _splat(I16, 16, 1), 32))
+
+
+def _nibble_table_dot(target: str):
+    @intrinsic
+    def nibble_table_dot(typingctx, w, wo, x, xo, table):
+        """Exact int32 dot of a 32-value block whose values are table[nibble] (IQ4_NL, IQ4_XS,
+        MXFP4: table int8 [16], |value| <= 127) with the int8 activation x[xo:xo+32] (each > -128,
+        as Q8_0's are); the 16 nibble bytes at w[wo]."""
+        if w.dtype != types.uint8 or x.dtype != types.int8 or table.dtype != types.int8:
+            return None
+        sig = types.int32(w, wo, x, xo, table)
+
+        def codegen(context, builder, signature, args):
+            return _nibble_table_block_dot(context, builder, signature, args, target)
+        return sig, codegen
+    return nibble_table_dot
+
+
+NIBBLE_TABLE_DOT = {target: _nibble_table_dot(target) for target in (GENERIC, AVX2, AVX512)}
+nibble_table_dot = NIBBLE_TABLE_DOT[TARGET]
+
+
 # ---- legacy 32-value blocks: a whole row . token in llama.cpp's eight FMA lanes -------------
 
 # block layout per type: bytes per block, offset of the f16 min (None: no min), offset of the
