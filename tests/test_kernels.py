@@ -657,3 +657,36 @@ def test_simd_nibble_table_dot(target):
         q = w[3:].reshape(n, 16).astype(np.int64)
         values = table[np.concatenate([q & 15, q >> 4], axis=1)].astype(np.int64)
         np.testing.assert_array_equal(out, (values * x.reshape(n, 32)).sum(axis=1))
+
+
+@pytest.mark.parametrize("target", [simd.GENERIC, simd.AVX2, simd.AVX512])
+@pytest.mark.parametrize("tp", [T.Q4_K, T.Q5_K], ids=["Q4_K", "Q5_K"])
+def test_simd_k4_isum_real_layout(tp, target):
+    """q4_k_isum / q5_k_isum on whole blocks against gguf's integer parts (scale x quant)."""
+    order = [simd.GENERIC, simd.AVX2, simd.AVX512]
+    if order.index(target) > order.index(simd.TARGET):
+        pytest.skip(f"this CPU cannot run the {target} code")
+    from swapmoe.runtime.kernels.kquants import _scales_mins_k4
+    size = GGML_QUANT_SIZES[tp][1]
+    isum = simd.Q4_K_ISUM[target] if tp == T.Q4_K else simd.Q5_K_ISUM[target]
+
+    @njit
+    def run(w, x, out):
+        for i in range(out.size):
+            o = i * size
+            scales, _ = _scales_mins_k4(w, o + 4)
+            if size == 144:
+                out[i] = isum(w, o + 16, x, i * 256, scales)
+            else:
+                out[i] = isum(w, o + 48, x, i * 256, scales, o + 16)
+
+    rng = np.random.default_rng(27)
+    n = 30
+    blocks = rng.integers(0, 256, (n, size), dtype=np.uint8)
+    blocks[0, 4:] = 255  # largest scales and quants
+    x = rng.integers(-128, 128, n * 256, dtype=np.int8)
+    x[:256] = -128
+    out = np.empty(n, np.int32)
+    run(blocks.reshape(-1), x, out)
+    scaled = integer_parts(tp, blocks, o0=1.0, o2=0.0)
+    np.testing.assert_array_equal(out, (scaled * x.reshape(n, 256)).sum(axis=1).astype(np.int64))

@@ -86,35 +86,45 @@ def _madd(builder, u, x, scale16, width):
 
 def _nibble_blocks_isum(context, builder, signature, args, target):
     """sum over k < 4 of scale[2k] * (low nibbles of w[wo+32k:+32] . x[xo+64k:+32])
-                       + scale[2k+1] * (high nibbles . x[xo+64k+32:+32])"""
-    w, wo, x, xo, scales = args
+                       + scale[2k+1] * (high nibbles . x[xo+64k+32:+32]),
+    for Q5_K (a sixth argument: the offset of its qh[32]) each value with a fifth bit: bit 2k
+    (low nibbles) or 2k+1 (high) of qh[l]."""
+    w, wo, x, xo, scales = args[:5]
     wt, xt = signature.args[0], signature.args[2]
+    qh = _load_bytes(context, builder, wt, w, args[5], 32) if len(args) > 5 else None
     scale_bytes = builder.bitcast(scales, _vec(I8, 8))
     scale_words = builder.zext(scale_bytes, _vec(I16, 8))
-    low, high = (lambda q, n: builder.and_(q, _splat(I8, n, 15)),
-                 lambda q, n: builder.and_(builder.lshr(q, _splat(I8, n, 4)), _splat(I8, n, 15)))
+
+    def values(q, n, h, groups):  # nibble h of q's bytes, plus the fifth bits of `groups` (64 values each)
+        v = builder.and_(builder.lshr(q, _splat(I8, n, 4)) if h else q, _splat(I8, n, 15))
+        if qh is None:
+            return v
+        bits = [builder.and_(builder.lshr(qh, _splat(I8, 32, 2 * g + h)), _splat(I8, 32, 1)) for g in groups]
+        fifth = bits[0] if n == 32 else builder.shuffle_vector(bits[0], bits[1], ir.Constant(_vec(I32, 64), list(range(64))))
+        return builder.or_(v, builder.shl(fifth, _splat(I8, n, 4)))
+
     total = None
     if target == AVX512:  # 64 quant bytes at a time: sub-blocks 4k+h and 4k+2+h side by side
         for k in range(2):
             q = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 64 * k), 64)
-            for h, nibbles in enumerate((low, high)):
+            for h in range(2):
                 xa = _load_bytes(context, builder, xt, x, _add_offset(builder, xo, 128 * k + 32 * h), 32)
                 xb = _load_bytes(context, builder, xt, x, _add_offset(builder, xo, 128 * k + 64 + 32 * h), 32)
                 xv = builder.shuffle_vector(xa, xb, ir.Constant(_vec(I32, 64), list(range(64))))
                 lanes = [4 * k + h] * 16 + [4 * k + 2 + h] * 16
                 s16 = builder.shuffle_vector(scale_words, scale_words, ir.Constant(_vec(I32, 32), lanes))
-                part = _madd(builder, nibbles(q, 64), xv, s16, 64)
+                part = _madd(builder, values(q, 64, h, (2 * k, 2 * k + 1)), xv, s16, 64)
                 total = part if total is None else builder.add(total, part)
         return _reduce_add(builder, total)
     for k in range(4):
         q = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 32 * k), 32)
-        for h, nibbles in enumerate((low, high)):
+        for h in range(2):
             xv = _load_bytes(context, builder, xt, x, _add_offset(builder, xo, 64 * k + 32 * h), 32)
             if target == AVX2:  # int32 lanes, one reduction at the end
                 s16 = builder.shuffle_vector(scale_words, scale_words, ir.Constant(_vec(I32, 16), [2 * k + h] * 16))
-                part = _madd(builder, nibbles(q, 32), xv, s16, 32)
+                part = _madd(builder, values(q, 32, h, (k,)), xv, s16, 32)
             else:
-                products = builder.mul(builder.zext(nibbles(q, 32), _vec(I32, 32)), builder.sext(xv, _vec(I32, 32)))
+                products = builder.mul(builder.zext(values(q, 32, h, (k,)), _vec(I32, 32)), builder.sext(xv, _vec(I32, 32)))
                 scale = builder.extract_element(scale_bytes, ir.Constant(I32, 2 * k + h))
                 part = builder.mul(_reduce_add(builder, products), builder.zext(scale, I32))
             total = part if total is None else builder.add(total, part)
@@ -137,9 +147,25 @@ def _q4_k_isum(target: str):
     return q4_k_isum
 
 
+def _q5_k_isum(target: str):
+    @intrinsic
+    def q5_k_isum(typingctx, w, wo, x, xo, scales, qho):
+        """As q4_k_isum for Q5_K: the fifth bits of the values in qh = w[qho:qho+32]."""
+        if w.dtype != types.uint8 or x.dtype != types.int8:
+            return None
+        sig = types.int32(w, wo, x, xo, scales, qho)
+
+        def codegen(context, builder, signature, args):
+            return _nibble_blocks_isum(context, builder, signature, args, target)
+        return sig, codegen
+    return q5_k_isum
+
+
 # every generator stays importable, so tests check each one this CPU can run against numpy
 Q4_K_ISUM = {target: _q4_k_isum(target) for target in (GENERIC, AVX2, AVX512)}
 q4_k_isum = Q4_K_ISUM[TARGET]
+Q5_K_ISUM = {target: _q5_k_isum(target) for target in (GENERIC, AVX2, AVX512)}
+q5_k_isum = Q5_K_ISUM[TARGET]
 
 
 def _q6_k_quants(context, builder, wt, w, wo, h, k):
