@@ -690,3 +690,29 @@ def test_simd_k4_isum_real_layout(tp, target):
     run(blocks.reshape(-1), x, out)
     scaled = integer_parts(tp, blocks, o0=1.0, o2=0.0)
     np.testing.assert_array_equal(out, (scaled * x.reshape(n, 256)).sum(axis=1).astype(np.int64))
+
+
+@pytest.mark.parametrize("target", [simd.GENERIC, simd.AVX2, simd.AVX512])
+def test_simd_q3_k_isum(target):
+    order = [simd.GENERIC, simd.AVX2, simd.AVX512]
+    if order.index(target) > order.index(simd.TARGET):
+        pytest.skip(f"this CPU cannot run the {target} code")
+    isum = simd.Q3_K_ISUM[target]
+
+    @njit
+    def run(w, x, bsums, out):
+        for i in range(out.size):
+            out[i] = isum(w, i * 110, x, i * 256, bsums, i * 16)
+
+    rng = np.random.default_rng(28)
+    n = 30
+    blocks = rng.integers(0, 256, (n, 110), dtype=np.uint8)
+    blocks[0, :108] = 0  # the extremes: values -4 with scales -32, activations -128
+    blocks[1, :108] = 255
+    x = rng.integers(-128, 128, n * 256, dtype=np.int8)
+    x[:512] = -128
+    bsums = x.reshape(-1, 16).sum(axis=1).astype(np.int32)
+    out = np.empty(n, np.int32)
+    run(blocks.reshape(-1), x, bsums, out)
+    scaled = integer_parts(T.Q3_K, blocks, o108=1.0)
+    np.testing.assert_array_equal(out, (scaled * x.reshape(n, 256)).sum(axis=1).astype(np.int64))

@@ -16,7 +16,7 @@ from numba import njit, prange
 
 from ._jit import (INLINE, ORDER_GEMM, ORDER_GEMV, PARALLEL, ROWS_PER_TASK, SERIAL, STRAIGHT_TOKENS, block_sum,
                    dot256, f16_to_f32, fma32, u32)
-from .simd import high_nibbles_dot, pair_sums_dot_bytes, q2_k_isum, q4_k_isum, q5_k_isum, q6_k_isum
+from .simd import high_nibbles_dot, pair_sums_dot_bytes, q2_k_isum, q3_k_isum, q4_k_isum, q5_k_isum, q6_k_isum
 
 _ZERO = np.float32(0.0)
 
@@ -321,6 +321,20 @@ def matmul_q3_k(W, rows, group_rows, cols, qs, d, extra, out, order):
     nb = cols // 256
     rb = nb * 110
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+        if n_tok <= STRAIGHT_TOKENS:  # as Q4_K
+            for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
+                row = W[r * rb:(r + 1) * rb]
+                t0 = (r // group_rows) * n_tok
+                for t in range(n_tok):
+                    x, dx, bsums = qs[t0 + t], d[t0 + t], extra[t0 + t]
+                    acc = np.float32(0.0)
+                    for b in range(nb):
+                        o = b * 110
+                        isum = q3_k_isum(row, o, x, b * 256, bsums, b * 16)
+                        acc = block_sum(order, acc, np.float32(isum), _ZERO, f16_to_f32(row[o + 108], row[o + 109]),
+                                        _ZERO, dx[b])
+                    out[t, r] = acc
+            continue
         sc = np.empty(16, np.int32)
         ws = np.empty(cols, np.int16)
         dw = np.empty(nb, np.float32)

@@ -168,6 +168,46 @@ Q5_K_ISUM = {target: _q5_k_isum(target) for target in (GENERIC, AVX2, AVX512)}
 q5_k_isum = Q5_K_ISUM[TARGET]
 
 
+def _groups16_isum(context, builder, target, xt, x, xo, quants, scales):
+    """sum over the 16 groups j of 16 values of scales[j] * (u . x)_j, for a 256-value block
+    whose unsigned values u (< 64) for 128h + 32c .. +32 are quants[h][c] (<32 x i8>) and whose
+    scales are <16 x i16> (signed); x the int8 activation x[xo:xo+256].  Q2_K, Q3_K, Q6_K."""
+    total = None
+    for h in range(2):
+        if target == AVX512:  # values 128h + 64p .. +64, contiguous in x
+            for p in range(2):
+                u = builder.shuffle_vector(quants[h][2 * p], quants[h][2 * p + 1], ir.Constant(_vec(I32, 64), list(range(64))))
+                xv = _load_bytes(context, builder, xt, x, _add_offset(builder, xo, 128 * h + 64 * p), 64)
+                groups = ir.Constant(_vec(I32, 32), [8 * h + 4 * p + lane // 8 for lane in range(32)])
+                part = _madd(builder, u, xv, builder.shuffle_vector(scales, scales, groups), 64)
+                total = part if total is None else builder.add(total, part)
+            continue
+        for c in range(4):
+            xv = _load_bytes(context, builder, xt, x, _add_offset(builder, xo, 128 * h + 32 * c), 32)
+            if target == AVX2:
+                groups = ir.Constant(_vec(I32, 16), [8 * h + 2 * c + lane // 8 for lane in range(16)])
+                part = _madd(builder, quants[h][c], xv, builder.shuffle_vector(scales, scales, groups), 32)
+            else:
+                products = builder.mul(builder.zext(quants[h][c], _vec(I32, 32)), builder.sext(xv, _vec(I32, 32)))
+                part = None
+                for half in range(2):  # one scale per 16 values
+                    lanes = ir.Constant(_vec(I32, 16), list(range(16 * half, 16 * half + 16)))
+                    dot = _reduce_add(builder, builder.shuffle_vector(products, products, lanes))
+                    scale = builder.sext(builder.extract_element(scales, ir.Constant(I32, 8 * h + 2 * c + half)), I32)
+                    part = builder.add(part, builder.mul(dot, scale)) if part is not None else builder.mul(dot, scale)
+            total = part if total is None else builder.add(total, part)
+    return total if target == GENERIC else _reduce_add(builder, total)
+
+
+def _minus_offset(context, builder, total, bt, bsums, bo, scales, offset):
+    """total - offset * sum_j scales[j] * bsums[bo+j]: the unsigned values' offset taken off
+    through the Q8_K block sums (llama.cpp does the same)."""
+    data = context.make_array(bt)(context, builder, value=bsums).data
+    sums = builder.load(builder.bitcast(builder.gep(data, [bo]), _vec(I32, 16).as_pointer()), align=4)
+    weighted = _reduce_add(builder, builder.mul(sums, builder.sext(scales, _vec(I32, 16))))
+    return builder.sub(total, builder.mul(weighted, ir.Constant(I32, offset)))
+
+
 def _q6_k_quants(context, builder, wt, w, wo, h, k):
     """The 32 unsigned 6-bit quants (q + 32) of a Q6_K block's values 128h + 32k .. +32 as
     <32 x i8>: low 4 bits from ql (ql[64h + 32(k % 2) + l], low nibble for k < 2), high 2
@@ -180,43 +220,14 @@ def _q6_k_quants(context, builder, wt, w, wo, h, k):
 
 
 def _q6_k_block_isum(context, builder, signature, args, target):
-    """sum_j scale_j * sum over group j of (u - 32) * x, as sum_j scale_j * (u . x)_j minus
-    32 * sum_j scale_j * bsum_j (u = q + 32 >= 0, which pmaddubsw needs; llama.cpp does the
-    same)."""
+    """sum_j scale_j * sum over group j of (u - 32) * x, with u = q + 32 >= 0 (pmaddubsw
+    needs unsigned values)."""
     w, wo, x, xo, bsums, bo = args
     wt, xt, bt = signature.args[0], signature.args[2], signature.args[4]
     scales = builder.sext(_load_bytes(context, builder, wt, w, _add_offset(builder, wo, 192), 16), _vec(I16, 16))
-    total = None
-    for h in range(2):
-        quants = [_q6_k_quants(context, builder, wt, w, wo, h, k) for k in range(4)]
-        if target == AVX512:  # values 128h + 0..64 and 128h + 64..128, contiguous in x
-            for pair in range(2):
-                u = builder.shuffle_vector(quants[2 * pair], quants[2 * pair + 1], ir.Constant(_vec(I32, 64), list(range(64))))
-                xv = _load_bytes(context, builder, xt, x, _add_offset(builder, xo, 128 * h + 64 * pair), 64)
-                groups = [8 * h + 4 * pair + lane // 8 for lane in range(32)]
-                part = _madd(builder, u, xv, builder.shuffle_vector(scales, scales, ir.Constant(_vec(I32, 32), groups)), 64)
-                total = part if total is None else builder.add(total, part)
-            continue
-        for k in range(4):
-            xv = _load_bytes(context, builder, xt, x, _add_offset(builder, xo, 128 * h + 32 * k), 32)
-            if target == AVX2:
-                groups = [8 * h + 2 * k + lane // 8 for lane in range(16)]
-                part = _madd(builder, quants[k], xv, builder.shuffle_vector(scales, scales, ir.Constant(_vec(I32, 16), groups)), 32)
-            else:
-                products = builder.mul(builder.zext(quants[k], _vec(I32, 32)), builder.sext(xv, _vec(I32, 32)))
-                part = None
-                for half in range(2):  # one scale per 16 values
-                    lanes = ir.Constant(_vec(I32, 16), list(range(16 * half, 16 * half + 16)))
-                    dot = _reduce_add(builder, builder.shuffle_vector(products, products, lanes))
-                    scaled = builder.mul(dot, builder.sext(builder.extract_element(scales, ir.Constant(I32, 8 * h + 2 * k + half)), I32))
-                    part = scaled if part is None else builder.add(part, scaled)
-            total = part if total is None else builder.add(total, part)
-    if target != GENERIC:
-        total = _reduce_add(builder, total)
-    data = context.make_array(bt)(context, builder, value=bsums).data
-    sums = builder.load(builder.bitcast(builder.gep(data, [bo]), _vec(I32, 16).as_pointer()), align=4)
-    offset = _reduce_add(builder, builder.mul(sums, builder.sext(scales, _vec(I32, 16))))
-    return builder.sub(total, builder.shl(offset, ir.Constant(I32, 5)))
+    quants = [[_q6_k_quants(context, builder, wt, w, wo, h, c) for c in range(4)] for h in range(2)]
+    total = _groups16_isum(context, builder, target, xt, x, xo, quants, scales)
+    return _minus_offset(context, builder, total, bt, bsums, bo, scales, 32)
 
 
 def _q6_k_isum(target: str):
@@ -245,33 +256,11 @@ def _q2_k_block_isum(context, builder, signature, args, target):
     w, wo, x, xo = args
     wt, xt = signature.args[0], signature.args[2]
     scales = builder.zext(builder.and_(_load_bytes(context, builder, wt, w, wo, 16), _splat(I8, 16, 15)), _vec(I16, 16))
-    total = None
+    quants = []
     for h in range(2):
         q = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 16 + 32 * h), 32)
-        crumbs = [builder.and_(builder.lshr(q, _splat(I8, 32, 2 * c)), _splat(I8, 32, 3)) for c in range(4)]
-        if target == AVX512:  # values 128h + 64p .. +64, contiguous in x
-            for p in range(2):
-                u = builder.shuffle_vector(crumbs[2 * p], crumbs[2 * p + 1], ir.Constant(_vec(I32, 64), list(range(64))))
-                xv = _load_bytes(context, builder, xt, x, _add_offset(builder, xo, 128 * h + 64 * p), 64)
-                groups = [8 * h + 4 * p + lane // 8 for lane in range(32)]
-                part = _madd(builder, u, xv, builder.shuffle_vector(scales, scales, ir.Constant(_vec(I32, 32), groups)), 64)
-                total = part if total is None else builder.add(total, part)
-            continue
-        for c in range(4):
-            xv = _load_bytes(context, builder, xt, x, _add_offset(builder, xo, 128 * h + 32 * c), 32)
-            if target == AVX2:
-                groups = [8 * h + 2 * c + lane // 8 for lane in range(16)]
-                part = _madd(builder, crumbs[c], xv, builder.shuffle_vector(scales, scales, ir.Constant(_vec(I32, 16), groups)), 32)
-            else:
-                products = builder.mul(builder.zext(crumbs[c], _vec(I32, 32)), builder.sext(xv, _vec(I32, 32)))
-                part = None
-                for half in range(2):
-                    lanes = ir.Constant(_vec(I32, 16), list(range(16 * half, 16 * half + 16)))
-                    dot = _reduce_add(builder, builder.shuffle_vector(products, products, lanes))
-                    scale = builder.zext(builder.extract_element(scales, ir.Constant(I32, 8 * h + 2 * c + half)), I32)
-                    part = builder.add(part, builder.mul(dot, scale)) if part is not None else builder.mul(dot, scale)
-            total = part if total is None else builder.add(total, part)
-    return total if target == GENERIC else _reduce_add(builder, total)
+        quants.append([builder.and_(builder.lshr(q, _splat(I8, 32, 2 * c)), _splat(I8, 32, 3)) for c in range(4)])
+    return _groups16_isum(context, builder, target, xt, x, xo, quants, scales)
 
 
 def _q2_k_isum(target: str):
@@ -291,6 +280,56 @@ def _q2_k_isum(target: str):
 
 Q2_K_ISUM = {target: _q2_k_isum(target) for target in (GENERIC, AVX2, AVX512)}
 q2_k_isum = Q2_K_ISUM[TARGET]
+
+
+def _q3_k_block_isum(context, builder, signature, args, target):
+    """sum_j sc[j] * sum over group j of (u - 4) * x for a Q3_K block (hmask[32] at w[wo], 2-bit
+    quants at w[wo+32:wo+96]; value 128h + 32c + l: u = bits 2c of byte 32h + l, plus 4 if bit
+    4h + c of hmask[l] is set).  The 16 6-bit scales (minus 32) at w[wo+96:wo+108]: low 4 bits
+    from the nibbles of bytes 96..103 (low nibbles for j < 8), high 2 bits from byte
+    104 + j % 4, bits 2 * (j // 4)."""
+    w, wo, x, xo, bsums, bo = args
+    wt, xt, bt = signature.args[0], signature.args[2], signature.args[4]
+    nibbles = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 96), 8)
+    low = builder.shuffle_vector(builder.and_(nibbles, _splat(I8, 8, 15)), builder.lshr(nibbles, _splat(I8, 8, 4)),
+                                 ir.Constant(_vec(I32, 16), list(range(16))))
+    tops = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 104), 4)
+    tops = builder.shuffle_vector(tops, tops, ir.Constant(_vec(I32, 16), [j % 4 for j in range(16)]))
+    high = builder.and_(builder.lshr(tops, ir.Constant(_vec(I8, 16), [2 * (j // 4) for j in range(16)])), _splat(I8, 16, 3))
+    scales = builder.sext(builder.sub(builder.or_(low, builder.shl(high, _splat(I8, 16, 4))), _splat(I8, 16, 32)),
+                          _vec(I16, 16))
+    hmask = _load_bytes(context, builder, wt, w, wo, 32)
+    quants = []
+    for h in range(2):
+        q = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 32 + 32 * h), 32)
+        row = []
+        for c in range(4):
+            low2 = builder.and_(builder.lshr(q, _splat(I8, 32, 2 * c)), _splat(I8, 32, 3))
+            bit = builder.and_(builder.lshr(hmask, _splat(I8, 32, 4 * h + c)), _splat(I8, 32, 1))
+            row.append(builder.or_(low2, builder.shl(bit, _splat(I8, 32, 2))))
+        quants.append(row)
+    total = _groups16_isum(context, builder, target, xt, x, xo, quants, scales)
+    return _minus_offset(context, builder, total, bt, bsums, bo, scales, 4)
+
+
+def _q3_k_isum(target: str):
+    @intrinsic
+    def q3_k_isum(typingctx, w, wo, x, xo, bsums, bo):
+        """Exact int32 sum of a Q3_K super-block's 256 values (u - 4) times their 6-bit scale
+        (16 values each) times the int8 activation x[xo:xo+256] with its Q8_K block sums
+        bsums[bo:bo+16]; the block starts at w[wo]."""
+        if w.dtype != types.uint8 or x.dtype != types.int8 or bsums.dtype != types.int32:
+            return None
+        sig = types.int32(w, wo, x, xo, bsums, bo)
+
+        def codegen(context, builder, signature, args):
+            return _q3_k_block_isum(context, builder, signature, args, target)
+        return sig, codegen
+    return q3_k_isum
+
+
+Q3_K_ISUM = {target: _q3_k_isum(target) for target in (GENERIC, AVX2, AVX512)}
+q3_k_isum = Q3_K_ISUM[TARGET]
 
 
 @intrinsic
