@@ -7,7 +7,11 @@ Writes a synthetic qwen3moe of the Qwen3-30B-A3B shape, scaled to --size-gb (a f
 once and kept in --dir), reads it once so it is cached, then measures side by side in one
 run: rounds alternate between swapmoe (prompt of --prompt tokens, then --decode greedy
 tokens, streaming off) and, when a llama.cpp build is given or found, one `llama-bench`
-round on the same file with the same thread count.  Prints tok/s of every round, each
+round on the same file with the same thread count.  Each llama-bench run allocates and frees
+its own copy of the weights (it repacks them); on a VM that hands freed RAM back to its host
+that costs the next few seconds, so the next swapmoe round waits --settle seconds (measured
+here: swapmoe decode 24-33 tok/s right after a 4 GB allocation was freed, 40-47 five seconds
+later).  Prints tok/s of every round, each
 round's ratio, and the median ratio (the machine may be shared and noisy: a pair of
 neighbouring rounds sees about the same noise).
 """
@@ -16,6 +20,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -59,6 +64,7 @@ def main():
     default_bin = os.environ.get("SWAPMOE_LLAMA_BIN", str(Path.home() / ".cache/swapmoe-ref/llama-build/bin"))
     ap.add_argument("--llama-bin", type=Path, default=Path(default_bin))
     ap.add_argument("--llama-args", default="", help="extra llama-bench arguments")
+    ap.add_argument("--settle", type=float, default=10.0, help="seconds to wait after each llama-bench run")
     args = ap.parse_args()
     import swapmoe
 
@@ -81,6 +87,7 @@ def main():
             lpp, ltg = llama_speed(args.llama_bin, path, args.prompt, args.decode, args.threads,
                                    args.llama_args.split())
             ratios.append((pp / lpp, tg / ltg))
+            time.sleep(args.settle)
             line += f"   llama.cpp prompt {lpp:7.1f} decode {ltg:6.2f} tok/s   ratio {pp / lpp:.2f} {tg / ltg:.2f}"
         print(line, flush=True)
     if ratios:
