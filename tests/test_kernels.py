@@ -716,3 +716,20 @@ def test_simd_q3_k_isum(target):
     run(blocks.reshape(-1), x, bsums, out)
     scaled = integer_parts(T.Q3_K, blocks, o108=1.0)
     np.testing.assert_array_equal(out, (scaled * x.reshape(n, 256)).sum(axis=1).astype(np.int64))
+
+
+def test_numba_configuration_survives_a_reload():
+    """The kernels need LLVM's SLP vectorizer (numba's default is off) and a cache directory keyed
+    by their sources; numba re-reads NUMBA_* variables on every compile after one changed, so
+    both must live in the environment, not only on numba.config."""
+    import os
+
+    import numba
+    os.environ["NUMBA_SWAPMOE_TEST_PROBE"] = "1"  # any change makes numba re-read its variables
+    try:
+        numba.config.reload_config()
+        assert numba.config.SLP_VECTORIZE == 1
+        assert numba.config.CACHE_DIR == os.environ["NUMBA_CACHE_DIR"] != ""
+    finally:
+        del os.environ["NUMBA_SWAPMOE_TEST_PROBE"]
+        numba.config.reload_config()

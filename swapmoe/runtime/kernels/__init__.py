@@ -30,23 +30,25 @@ from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as T
 
 
-def _versioned_numba_cache() -> None:
-    """Point numba's on-disk cache at a directory named by a hash of these kernel sources.
+def _configure_numba() -> None:
+    """Before any kernel module is imported: LLVM's SLP vectorizer on (numba leaves it off; the
+    kernels' short fixed-length loops only become SIMD code through it), and numba's on-disk
+    cache in a directory named by a hash of these kernel sources.
 
     numba checks a cached function against its own source file only, not the helpers it inlines
-    from other modules (simd.py, _jit.py): after an upgrade that changed only those, it would
-    run stale machine code.  Runs before any kernel module is imported; a NUMBA_CACHE_DIR the
-    user set is left alone."""
-    if os.environ.get("NUMBA_CACHE_DIR"):
-        return
-    sources = b"".join(p.read_bytes() for p in sorted(Path(__file__).parent.glob("*.py")))
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "swapmoe" / "numba"
-    path = str(base / hashlib.sha256(sources).hexdigest()[:16])
-    os.environ["NUMBA_CACHE_DIR"] = path  # numba re-reads its NUMBA_* variables now and then
-    numba.config.CACHE_DIR = path
+    from other modules (simd.py, _jit.py): after an upgrade that changed only those, it would run
+    stale machine code.  A NUMBA_CACHE_DIR the user set is left alone.  Both go through the
+    environment: numba re-reads every NUMBA_* variable whenever one of them changed, resetting
+    values set only on numba.config (which once turned the vectorizer off mid-session)."""
+    os.environ["NUMBA_SLP_VECTORIZE"] = "1"
+    if not os.environ.get("NUMBA_CACHE_DIR"):
+        sources = b"".join(p.read_bytes() for p in sorted(Path(__file__).parent.glob("*.py")))
+        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "swapmoe" / "numba"
+        os.environ["NUMBA_CACHE_DIR"] = str(base / hashlib.sha256(sources).hexdigest()[:16])
+    numba.config.reload_config()
 
 
-_versioned_numba_cache()
+_configure_numba()
 
 from . import float as _float  # noqa: E402  (kernel modules: after the cache directory is set)
 from . import iquants, kquants, legacy, mxfp4  # noqa: E402

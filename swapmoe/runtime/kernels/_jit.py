@@ -5,9 +5,9 @@ values times their integer sub-block scale) and then takes exact integer dot
 products with the quantized activation.  What makes that fast in numba:
 
 * Those short fixed-length loops only become SIMD code through LLVM's SLP
-  vectorizer, which numba leaves off by default; we turn it on for the process
-  before any kernel is compiled (it only changes how code is vectorized, never
-  what it computes).
+  vectorizer, which numba leaves off by default; kernels/__init__.py turns it on
+  for the process before any kernel is compiled (it only changes how code is
+  vectorized, never what it computes).
 * No array slices or views inside block loops (each one costs atomic refcount
   calls), and helpers are inlined at numba level (inline="always") so LLVM
   sees non-negative loop-derived offsets and drops the negative-index checks.
@@ -33,7 +33,6 @@ from numba.extending import intrinsic
 
 from .simd import f16_to_f32  # noqa: F401  (the kernels take it from here)
 
-numba.config.SLP_VECTORIZE = 1
 # Idle OpenMP workers spin briefly (about 10k polls) before they sleep.  Decode makes hundreds of
 # short kernel calls per token: waking sleeping workers (OMP_WAIT_POLICY=passive) cost ~30 us per
 # call and made decode 39% slower on an idle machine (17.3 against 28.2 tok/s, 4 GB qwen3moe,
