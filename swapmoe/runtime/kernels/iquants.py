@@ -87,7 +87,8 @@ def matmul_iq4_nl(W, rows, group_rows, cols, qs, d, extra, out, order):
             acc = np.float32(0.0)
             for b in range(nb):
                 o = b * 18
-                acc = block_fma(order, acc, np.float32(nibble_table_dot(row, o + 2, x, b * 32, _IQ4_VALUES)), f16_to_f32(row[o], row[o + 1]), dx[b])
+                sumi = np.float32(nibble_table_dot(row, o + 2, x, b * 32, _IQ4_VALUES))
+                acc = block_fma(order, acc, sumi, f16_to_f32(row[o], row[o + 1]), dx[b])
             out[t, r] = acc
 
 
@@ -135,7 +136,8 @@ def matmul_iq4_xs(W, rows, group_rows, cols, qs, d, extra, out, order):
                         for ib in range(8):
                             dot = nibble_table_dot(row, o + 8 + 16 * ib, x, b * 256 + 32 * ib, _IQ4_VALUES)
                             sumi += _scale_iq4_xs(row, o, ib) * dot
-                        acc = block_sum(order, acc, np.float32(sumi), _ZERO, f16_to_f32(row[o], row[o + 1]), _ZERO, dx[b])
+                        dw = f16_to_f32(row[o], row[o + 1])
+                        acc = block_sum(order, acc, np.float32(sumi), _ZERO, dw, _ZERO, dx[b])
                     out[t, r] = acc
             continue
         ws = np.empty(cols, np.int16)
@@ -211,7 +213,8 @@ def matmul_iq2_xxs(W, rows, group_rows, cols, qs, d, extra, out, order):
                     for b in range(nb):
                         o = b * 66
                         isum = iq2_xxs_isum(row, o, x, b * 256, _GRID8_IQ2_XXS, _SIGN_MASKS)
-                        acc = block_sum(order, acc, np.float32(isum), _ZERO, f16_to_f32(row[o], row[o + 1]), _ZERO, dx[b])
+                        dw = f16_to_f32(row[o], row[o + 1])
+                        acc = block_sum(order, acc, np.float32(isum), _ZERO, dw, _ZERO, dx[b])
                     out[t, r] = np.float32(0.125) * acc
             continue
         ws = np.empty(cols, np.int16)

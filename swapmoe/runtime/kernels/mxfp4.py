@@ -30,7 +30,8 @@ def matmul_mxfp4(W, rows, group_rows, cols, qs, d, extra, out, order):
             acc = np.float32(0.0)
             for b in range(nb):
                 o = b * 17
-                acc = block_fma(order, acc, np.float32(nibble_table_dot(row, o + 1, x, b * 32, _KVALUES)), E8M0_HALF[row[o]], dx[b])
+                sumi = np.float32(nibble_table_dot(row, o + 1, x, b * 32, _KVALUES))
+                acc = block_fma(order, acc, sumi, E8M0_HALF[row[o]], dx[b])
             out[t, r] = acc
 
 

@@ -74,7 +74,24 @@ def _add_offset(builder, offset, k):
     return builder.add(offset, ir.Constant(offset.type, k))
 
 
-def _madd(builder, u, x, scale16, width):
+def _pick(builder, v, lanes):
+    """The lanes of v listed in `lanes`, as a new vector (a constant shuffle)."""
+    return builder.shuffle_vector(v, v, ir.Constant(_vec(I32, len(lanes)), list(lanes)))
+
+
+def _concat(builder, a, b):
+    """a then b (two vectors of the same type) as one vector twice as long."""
+    n = a.type.count
+    return builder.shuffle_vector(a, b, ir.Constant(_vec(I32, 2 * n), list(range(2 * n))))
+
+
+def _broadcast(builder, scalar, n):
+    """<n x type> with every lane = scalar."""
+    v = builder.insert_element(ir.Constant(_vec(scalar.type, n), None), scalar, ir.Constant(I32, 0))
+    return _pick(builder, v, [0] * n)
+
+
+def _madd(builder, u, x, scale16):
     """int32 lanes of sum(u[i] * x[i] * scale[i]) over pairs, for u <n x u8> (values < 16),
     x <n x s8>, scale16 <n/2 x i16> (pmaddubsw then pmaddwd; n = 32 or 64)."""
     n = u.type.count
@@ -100,7 +117,7 @@ def _nibble_blocks_isum(context, builder, signature, args, target):
         if qh is None:
             return v
         bits = [builder.and_(builder.lshr(qh, _splat(I8, 32, 2 * g + h)), _splat(I8, 32, 1)) for g in groups]
-        fifth = bits[0] if n == 32 else builder.shuffle_vector(bits[0], bits[1], ir.Constant(_vec(I32, 64), list(range(64))))
+        fifth = bits[0] if n == 32 else _concat(builder, bits[0], bits[1])
         return builder.or_(v, builder.shl(fifth, _splat(I8, n, 4)))
 
     total = None
@@ -110,10 +127,10 @@ def _nibble_blocks_isum(context, builder, signature, args, target):
             for h in range(2):
                 xa = _load_bytes(context, builder, xt, x, _add_offset(builder, xo, 128 * k + 32 * h), 32)
                 xb = _load_bytes(context, builder, xt, x, _add_offset(builder, xo, 128 * k + 64 + 32 * h), 32)
-                xv = builder.shuffle_vector(xa, xb, ir.Constant(_vec(I32, 64), list(range(64))))
+                xv = _concat(builder, xa, xb)
                 lanes = [4 * k + h] * 16 + [4 * k + 2 + h] * 16
-                s16 = builder.shuffle_vector(scale_words, scale_words, ir.Constant(_vec(I32, 32), lanes))
-                part = _madd(builder, values(q, 64, h, (2 * k, 2 * k + 1)), xv, s16, 64)
+                s16 = _pick(builder, scale_words, lanes)
+                part = _madd(builder, values(q, 64, h, (2 * k, 2 * k + 1)), xv, s16)
                 total = part if total is None else builder.add(total, part)
         return _reduce_add(builder, total)
     for k in range(4):
@@ -121,10 +138,11 @@ def _nibble_blocks_isum(context, builder, signature, args, target):
         for h in range(2):
             xv = _load_bytes(context, builder, xt, x, _add_offset(builder, xo, 64 * k + 32 * h), 32)
             if target == AVX2:  # int32 lanes, one reduction at the end
-                s16 = builder.shuffle_vector(scale_words, scale_words, ir.Constant(_vec(I32, 16), [2 * k + h] * 16))
-                part = _madd(builder, values(q, 32, h, (k,)), xv, s16, 32)
+                s16 = _pick(builder, scale_words, [2 * k + h] * 16)
+                part = _madd(builder, values(q, 32, h, (k,)), xv, s16)
             else:
-                products = builder.mul(builder.zext(values(q, 32, h, (k,)), _vec(I32, 32)), builder.sext(xv, _vec(I32, 32)))
+                u = values(q, 32, h, (k,))
+                products = builder.mul(builder.zext(u, _vec(I32, 32)), builder.sext(xv, _vec(I32, 32)))
                 scale = builder.extract_element(scale_bytes, ir.Constant(I32, 2 * k + h))
                 part = builder.mul(_reduce_add(builder, products), builder.zext(scale, I32))
             total = part if total is None else builder.add(total, part)
@@ -176,23 +194,22 @@ def _groups16_isum(context, builder, target, xt, x, xo, quants, scales):
     for h in range(2):
         if target == AVX512:  # values 128h + 64p .. +64, contiguous in x
             for p in range(2):
-                u = builder.shuffle_vector(quants[h][2 * p], quants[h][2 * p + 1], ir.Constant(_vec(I32, 64), list(range(64))))
+                u = _concat(builder, quants[h][2 * p], quants[h][2 * p + 1])
                 xv = _load_bytes(context, builder, xt, x, _add_offset(builder, xo, 128 * h + 64 * p), 64)
-                groups = ir.Constant(_vec(I32, 32), [8 * h + 4 * p + lane // 8 for lane in range(32)])
-                part = _madd(builder, u, xv, builder.shuffle_vector(scales, scales, groups), 64)
+                groups = [8 * h + 4 * p + lane // 8 for lane in range(32)]
+                part = _madd(builder, u, xv, _pick(builder, scales, groups))
                 total = part if total is None else builder.add(total, part)
             continue
         for c in range(4):
             xv = _load_bytes(context, builder, xt, x, _add_offset(builder, xo, 128 * h + 32 * c), 32)
             if target == AVX2:
-                groups = ir.Constant(_vec(I32, 16), [8 * h + 2 * c + lane // 8 for lane in range(16)])
-                part = _madd(builder, quants[h][c], xv, builder.shuffle_vector(scales, scales, groups), 32)
+                groups = [8 * h + 2 * c + lane // 8 for lane in range(16)]
+                part = _madd(builder, quants[h][c], xv, _pick(builder, scales, groups))
             else:
                 products = builder.mul(builder.zext(quants[h][c], _vec(I32, 32)), builder.sext(xv, _vec(I32, 32)))
                 part = None
                 for half in range(2):  # one scale per 16 values
-                    lanes = ir.Constant(_vec(I32, 16), list(range(16 * half, 16 * half + 16)))
-                    dot = _reduce_add(builder, builder.shuffle_vector(products, products, lanes))
+                    dot = _reduce_add(builder, _pick(builder, products, range(16 * half, 16 * half + 16)))
                     scale = builder.sext(builder.extract_element(scales, ir.Constant(I32, 8 * h + 2 * c + half)), I32)
                     part = builder.add(part, builder.mul(dot, scale)) if part is not None else builder.mul(dot, scale)
             total = part if total is None else builder.add(total, part)
@@ -215,7 +232,7 @@ def _q6_k_quants(context, builder, wt, w, wo, h, k):
     ql = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 64 * h + 32 * (k % 2)), 32)
     qh = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 128 + 32 * h), 32)
     low = builder.and_(ql, _splat(I8, 32, 15)) if k < 2 else builder.lshr(ql, _splat(I8, 32, 4))
-    high = builder.and_(builder.lshr(qh, _splat(I8, 32, 2 * k)), _splat(I8, 32, 3)) if k else builder.and_(qh, _splat(I8, 32, 3))
+    high = builder.and_(builder.lshr(qh, _splat(I8, 32, 2 * k)), _splat(I8, 32, 3))
     return builder.or_(low, builder.shl(high, _splat(I8, 32, 4)))
 
 
@@ -291,11 +308,11 @@ def _q3_k_block_isum(context, builder, signature, args, target):
     w, wo, x, xo, bsums, bo = args
     wt, xt, bt = signature.args[0], signature.args[2], signature.args[4]
     nibbles = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 96), 8)
-    low = builder.shuffle_vector(builder.and_(nibbles, _splat(I8, 8, 15)), builder.lshr(nibbles, _splat(I8, 8, 4)),
-                                 ir.Constant(_vec(I32, 16), list(range(16))))
+    low = _concat(builder, builder.and_(nibbles, _splat(I8, 8, 15)), builder.lshr(nibbles, _splat(I8, 8, 4)))
     tops = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 104), 4)
-    tops = builder.shuffle_vector(tops, tops, ir.Constant(_vec(I32, 16), [j % 4 for j in range(16)]))
-    high = builder.and_(builder.lshr(tops, ir.Constant(_vec(I8, 16), [2 * (j // 4) for j in range(16)])), _splat(I8, 16, 3))
+    tops = _pick(builder, tops, [j % 4 for j in range(16)])
+    shifts = ir.Constant(_vec(I8, 16), [2 * (j // 4) for j in range(16)])
+    high = builder.and_(builder.lshr(tops, shifts), _splat(I8, 16, 3))
     scales = builder.sext(builder.sub(builder.or_(low, builder.shl(high, _splat(I8, 16, 4))), _splat(I8, 16, 32)),
                           _vec(I16, 16))
     hmask = _load_bytes(context, builder, wt, w, wo, 32)
@@ -341,8 +358,8 @@ def high_nibbles_dot(typingctx, w, wo, v, vo):
 
     def codegen(context, builder, signature, args):
         w_, wo_, v_, vo_ = args
-        mins = builder.zext(builder.lshr(_load_bytes(context, builder, signature.args[0], w_, wo_, 16), _splat(I8, 16, 4)),
-                            _vec(I32, 16))
+        mins = builder.lshr(_load_bytes(context, builder, signature.args[0], w_, wo_, 16), _splat(I8, 16, 4))
+        mins = builder.zext(mins, _vec(I32, 16))
         data = context.make_array(signature.args[2])(context, builder, value=v_).data
         sums = builder.load(builder.bitcast(builder.gep(data, [vo_]), _vec(I32, 16).as_pointer()), align=4)
         return _reduce_add(builder, builder.mul(mins, sums))
@@ -374,14 +391,13 @@ def _iq2_xxs_block_isum(context, builder, signature, args, target):
         magnitudes, m = builder.bitcast(words, _vec(I8, 32)), builder.bitcast(masks, _vec(I8, 32))
         xv = _load_bytes(context, builder, xt, x, _add_offset(builder, xo, 32 * ib), 32)
         signed_x = builder.sub(builder.xor(xv, m), m)
-        scale = builder.trunc(builder.add(builder.shl(builder.lshr(aux, ir.Constant(I32, 28)), ir.Constant(I32, 1)), ir.Constant(I32, 1)), I16)
+        scale = builder.trunc(builder.or_(builder.shl(builder.lshr(aux, ir.Constant(I32, 28)), ir.Constant(I32, 1)),
+                                          ir.Constant(I32, 1)), I16)  # 2s + 1
         if target == GENERIC:
             products = builder.mul(builder.zext(magnitudes, _vec(I32, 32)), builder.sext(signed_x, _vec(I32, 32)))
             part = builder.mul(_reduce_add(builder, products), builder.zext(scale, I32))
         else:
-            splat = builder.shuffle_vector(builder.insert_element(ir.Constant(_vec(I16, 16), None), scale, ir.Constant(I32, 0)),
-                                           ir.Constant(_vec(I16, 16), None), ir.Constant(_vec(I32, 16), [0] * 16))
-            part = _madd(builder, magnitudes, signed_x, splat, 32)
+            part = _madd(builder, magnitudes, signed_x, _broadcast(builder, scale, 16))
         total = part if total is None else builder.add(total, part)
     return total if target == GENERIC else _reduce_add(builder, total)
 
@@ -415,8 +431,7 @@ def _nibble_table_block_dot(context, builder, signature, args, target):
     w, wo, x, xo, table = args
     wt, xt, tt = signature.args[0], signature.args[2], signature.args[4]
     q = _load_bytes(context, builder, wt, w, wo, 16)
-    nibbles = builder.shuffle_vector(builder.and_(q, _splat(I8, 16, 15)), builder.lshr(q, _splat(I8, 16, 4)),
-                                     ir.Constant(_vec(I32, 32), list(range(32))))
+    nibbles = _concat(builder, builder.and_(q, _splat(I8, 16, 15)), builder.lshr(q, _splat(I8, 16, 4)))
     values16 = _load_bytes(context, builder, tt, table, ir.Constant(I32, 0), 16)
     xv = _load_bytes(context, builder, xt, x, xo, 32)
     if target == GENERIC:
@@ -425,15 +440,14 @@ def _nibble_table_block_dot(context, builder, signature, args, target):
             v = builder.extract_element(values16, builder.extract_element(nibbles, ir.Constant(I32, j)))
             values = builder.insert_element(values, v, ir.Constant(I32, j))
         return _reduce_add(builder, builder.mul(builder.sext(values, _vec(I32, 32)), builder.sext(xv, _vec(I32, 32))))
-    both_lanes = ir.Constant(_vec(I32, 32), list(range(16)) * 2)
-    table32 = builder.shuffle_vector(values16, values16, both_lanes)  # pshufb looks up within 16-byte lanes
+    table32 = _concat(builder, values16, values16)  # pshufb looks up within 16-byte lanes
     negative = builder.icmp_signed("<", table32, _splat(I8, 32, 0))
     magnitudes = builder.select(negative, builder.neg(table32), table32)
     masks = builder.sext(negative, _vec(I8, 32))
     mag = _call(builder, "llvm.x86.avx2.pshuf.b", _vec(I8, 32), magnitudes, nibbles)
     m = _call(builder, "llvm.x86.avx2.pshuf.b", _vec(I8, 32), masks, nibbles)
     signed_x = builder.sub(builder.xor(xv, m), m)
-    return _reduce_add(builder, _madd(builder, mag, signed_x, _splat(I16, 16, 1), 32))
+    return _reduce_add(builder, _madd(builder, mag, signed_x, _splat(I16, 16, 1)))
 
 
 def _nibble_table_dot(target: str):
@@ -477,12 +491,11 @@ def _legacy_values(context, builder, row_ptr, o, kind):
     if kind == "q8_0":
         return builder.load(builder.bitcast(at(quants_at), _vec(I8, 32).as_pointer()), align=1)
     q = builder.load(builder.bitcast(at(quants_at), _vec(I8, 16).as_pointer()), align=1)
-    values = builder.shuffle_vector(builder.and_(q, _splat(I8, 16, 15)), builder.lshr(q, _splat(I8, 16, 4)),
-                                    ir.Constant(_vec(I32, 32), list(range(32))))
+    values = _concat(builder, builder.and_(q, _splat(I8, 16, 15)), builder.lshr(q, _splat(I8, 16, 4)))
     if high_at is not None:
         # byte j of the 4 takes values 8j..8j+7: spread each byte over its 8 values, test its bit
         bits = builder.load(builder.bitcast(at(high_at), _vec(I8, 4).as_pointer()), align=1)
-        spread = builder.shuffle_vector(bits, bits, ir.Constant(_vec(I32, 32), [j // 8 for j in range(32)]))
+        spread = _pick(builder, bits, [j // 8 for j in range(32)])
         masks = ir.Constant(_vec(I8, 32), [1 << (j % 8) for j in range(32)])
         set_ = builder.icmp_unsigned("!=", builder.and_(spread, masks), _splat(I8, 32, 0))
         values = builder.or_(values, builder.select(set_, _splat(I8, 32, 16), _splat(I8, 32, 0)))
@@ -505,26 +518,26 @@ def _legacy_dot(context, builder, signature, args, kind, per_block):
     fma1 = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f32, [f32] * 3), "llvm.fma.f32")
     half = lambda o: context.compile_internal(  # noqa: E731
         builder, _half_at_scalar, types.float32(types.uint8, types.uint8),
-        [builder.load(builder.gep(row_ptr, [o])), builder.load(builder.gep(row_ptr, [builder.add(o, ir.Constant(o.type, 1))]))])
+        [builder.load(builder.gep(row_ptr, [o])), builder.load(builder.gep(row_ptr, [_add_offset(builder, o, 1)]))])
     with cgutils.for_range(builder, nb) as loop:
         b = loop.index
         o = builder.mul(b, ir.Constant(b.type, size))
         w = _legacy_values(context, builder, row_ptr, o, kind)
-        xv = builder.load(builder.bitcast(builder.gep(x_ptr, [builder.mul(b, ir.Constant(b.type, 32))]), _vec(I8, 32).as_pointer()), align=1)
+        x_at = builder.gep(x_ptr, [builder.mul(b, ir.Constant(b.type, 32))])
+        xv = builder.load(builder.bitcast(x_at, _vec(I8, 32).as_pointer()), align=1)
         extend = builder.sext if kind in ("q8_0", "q4_0", "q5_0") else builder.zext
         products = builder.mul(extend(w, _vec(I32, 32)), builder.sext(xv, _vec(I32, 32)))
         quads = None
         for j in range(4):  # lane l: values 4l .. 4l+3
-            part = builder.shuffle_vector(products, products, ir.Constant(_vec(I32, 8), [4 * l + j for l in range(8)]))
+            part = _pick(builder, products, [4 * lane + j for lane in range(8)])
             quads = part if quads is None else builder.add(quads, part)
         scale = builder.fmul(half(o), builder.load(builder.gep(dx_ptr, [b])))
         if per_block:
             isum = builder.sitofp(_reduce_add(builder, quads), f32)
             builder.store(builder.call(fma1, [isum, scale, builder.load(acc)]), acc)
         else:
-            splat = builder.shuffle_vector(builder.insert_element(ir.Constant(v8f, None), scale, ir.Constant(I32, 0)),
-                                           ir.Constant(v8f, None), ir.Constant(_vec(I32, 8), [0] * 8))
-            builder.store(builder.call(fma8, [splat, builder.sitofp(quads, v8f), builder.load(lanes)]), lanes)
+            fma = builder.call(fma8, [_broadcast(builder, scale, 8), builder.sitofp(quads, v8f), builder.load(lanes)])
+            builder.store(fma, lanes)
         if min_at is not None:  # m * s summed apart, one FMA per block (GCC contracts m*s + summs)
             m = half(builder.add(o, ir.Constant(o.type, min_at)))
             builder.store(builder.call(fma1, [m, builder.load(builder.gep(sx_ptr, [b])), builder.load(mins)]), mins)
@@ -587,8 +600,7 @@ def pair_sums_dot_bytes(typingctx, v, vo, weights):
         v_, vo_, w_ = args
         data = context.make_array(signature.args[0])(context, builder, value=v_).data
         sums = builder.load(builder.bitcast(builder.gep(data, [vo_]), _vec(I32, 16).as_pointer()), align=4)
-        even = builder.shuffle_vector(sums, sums, ir.Constant(_vec(I32, 8), list(range(0, 16, 2))))
-        odd = builder.shuffle_vector(sums, sums, ir.Constant(_vec(I32, 8), list(range(1, 16, 2))))
+        even, odd = _pick(builder, sums, range(0, 16, 2)), _pick(builder, sums, range(1, 16, 2))
         mins = builder.zext(builder.bitcast(w_, _vec(I8, 8)), _vec(I32, 8))
         return _reduce_add(builder, builder.mul(builder.add(even, odd), mins))
     return sig, codegen
