@@ -37,14 +37,20 @@ def _configure_numba() -> None:
 
     numba checks a cached function against its own source file only, not the helpers it inlines
     from other modules (simd.py, _jit.py): after an upgrade that changed only those, it would run
-    stale machine code.  A NUMBA_CACHE_DIR the user set is left alone.  Both go through the
+    stale machine code.  A NUMBA_CACHE_DIR the user set is left alone, and so is numba's default
+    when the directory cannot be made.  Both go through the
     environment: numba re-reads every NUMBA_* variable whenever one of them changed, resetting
     values set only on numba.config (which once turned the vectorizer off mid-session)."""
     os.environ["NUMBA_SLP_VECTORIZE"] = "1"
     if not os.environ.get("NUMBA_CACHE_DIR"):
         sources = b"".join(p.read_bytes() for p in sorted(Path(__file__).parent.glob("*.py")))
         base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "swapmoe" / "numba"
-        os.environ["NUMBA_CACHE_DIR"] = str(base / hashlib.sha256(sources).hexdigest()[:16])
+        path = base / hashlib.sha256(sources).hexdigest()[:16]
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            os.environ["NUMBA_CACHE_DIR"] = str(path)
+        except OSError:  # no writable home: numba's own choice (next to the sources, or none)
+            pass
     numba.config.reload_config()
 
 
