@@ -609,28 +609,33 @@ def test_simd_q2_k_isum(target):
 
 
 @pytest.mark.parametrize("target", [simd.GENERIC, simd.AVX2, simd.AVX512])
-def test_simd_iq2_xxs_isum(target):
+@pytest.mark.parametrize("tp", [T.IQ2_XXS, T.IQ2_XS, T.IQ3_XXS], ids=["IQ2_XXS", "IQ2_XS", "IQ3_XXS"])
+def test_simd_grid_isum(tp, target):
     order = [simd.GENERIC, simd.AVX2, simd.AVX512]
     if order.index(target) > order.index(simd.TARGET):
         pytest.skip(f"this CPU cannot run the {target} code")
-    from swapmoe.runtime.kernels.iquants import _GRID8_IQ2_XXS, _SIGN_MASKS
-    isum = simd.IQ2_XXS_ISUM[target]
+    from swapmoe.runtime.kernels import iquants
+    isum, grid, d_scale = {T.IQ2_XXS: (simd.IQ2_XXS_ISUM, iquants._GRID8_IQ2_XXS, 8.0),
+                           T.IQ2_XS: (simd.IQ2_XS_ISUM, iquants._GRID8_IQ2_XS, 8.0),
+                           T.IQ3_XXS: (simd.IQ3_XXS_ISUM, iquants._GRID4_IQ3_XXS, 4.0)}[tp]
+    isum = isum[target]
+    size = GGML_QUANT_SIZES[tp][1]
 
     @njit
     def run(w, x, grid, signs, out):
         for i in range(out.size):
-            out[i] = isum(w, i * 66, x, i * 256, grid, signs)
+            out[i] = isum(w, i * size, x, i * 256, grid, signs)
 
     rng = np.random.default_rng(25)
     n = 30
-    blocks = rng.integers(0, 256, (n, 66), dtype=np.uint8)
+    blocks = rng.integers(0, 256, (n, size), dtype=np.uint8)
     blocks[0, 2:] = 255  # the extremes: largest scales, activations -127 (Q8_K's least)
     x = rng.integers(-127, 128, n * 256, dtype=np.int8)
     x[:256] = -127
     out = np.empty(n, np.int32)
-    run(blocks.reshape(-1), x, _GRID8_IQ2_XXS, _SIGN_MASKS, out)
-    # gguf: d * (0.5 + s) * 0.25 * value; with d = 8 that is (2s + 1) * value
-    scaled = integer_parts(T.IQ2_XXS, blocks, o0=8.0)
+    run(blocks.reshape(-1), x, grid, iquants._SIGN_MASKS, out)
+    # gguf: d * (0.5 + s) * 0.25 (IQ2) or 0.5 (IQ3) * value; with d = 8 or 4 that is (2s + 1) * value
+    scaled = integer_parts(tp, blocks, o0=d_scale)
     np.testing.assert_array_equal(out, (scaled * x.reshape(n, 256)).sum(axis=1).astype(np.int64))
 
 

@@ -366,61 +366,141 @@ def high_nibbles_dot(typingctx, w, wo, v, vo):
     return sig, codegen
 
 
-def _iq2_xxs_block_isum(context, builder, signature, args, target):
-    """A block's 8 sub-blocks of 32: 4 grid bytes, then a u32 of 4 x 7-bit sign indices and a
-    4-bit scale s.  The magnitudes come from the grid (8 unsigned bytes per entry, 2 KiB), the
-    signs as byte masks (0 or -1 per value, 1 KiB) applied to x instead: (x ^ m) - m.  That
-    negation needs x > -128, which Q8_K activations are (|q| <= 127).  Then pmaddubsw pairs and
-    pmaddwd with the sub-block's weight 2s + 1."""
-    w, wo, x, xo, grid, signs = args
-    wt, xt, gt, st = signature.args[0], signature.args[2], signature.args[4], signature.args[5]
-    w_ptr = context.make_array(wt)(context, builder, value=w).data
-    g_ptr = context.make_array(gt)(context, builder, value=grid).data
-    s_ptr = context.make_array(st)(context, builder, value=signs).data
-    i64 = ir.IntType(64)
+def _gather(builder, table_ptr, indices):
+    """Table entries (i64 or i32 each) at the given i64 indices, as one vector of bytes."""
+    entries = ir.Constant(_vec(table_ptr.type.pointee, len(indices)), None)
+    for lane, index in enumerate(indices):
+        entries = builder.insert_element(entries, builder.load(builder.gep(table_ptr, [index])), ir.Constant(I32, lane))
+    return builder.bitcast(entries, _vec(I8, 32))
+
+
+def _signed_grid_isum(context, builder, target, xt, x, xo, sub_blocks):
+    """sum over 32-value sub-blocks of scale * (magnitudes . signed x): sub_blocks yields, per
+    sub-block ib, its grid magnitudes (<32 x u8>), sign masks (<32 x i8>, -1 = negative) and its
+    scales as two i16 (values 0..15, 16..31).  The signs go onto x, (x ^ m) - m, which needs
+    x > -128: Q8_K activations are (|q| <= 127).  Then pmaddubsw pairs and pmaddwd by scale."""
     total = None
-    for ib in range(8):
-        p = _add_offset(builder, wo, 2 + 8 * ib)
-        aux = builder.load(builder.bitcast(builder.gep(w_ptr, [_add_offset(builder, p, 4)]), I32.as_pointer()), align=1)
-        words = masks = ir.Constant(_vec(i64, 4), None)
-        for l in range(4):
-            byte = builder.zext(builder.load(builder.gep(w_ptr, [_add_offset(builder, p, l)])), i64)
-            words = builder.insert_element(words, builder.load(builder.gep(g_ptr, [byte])), ir.Constant(I32, l))
-            index = builder.zext(builder.and_(builder.lshr(aux, ir.Constant(I32, 7 * l)), ir.Constant(I32, 127)), i64)
-            masks = builder.insert_element(masks, builder.load(builder.gep(s_ptr, [index])), ir.Constant(I32, l))
-        magnitudes, m = builder.bitcast(words, _vec(I8, 32)), builder.bitcast(masks, _vec(I8, 32))
+    for ib, (magnitudes, m, scale_a, scale_b) in enumerate(sub_blocks):
         xv = _load_bytes(context, builder, xt, x, _add_offset(builder, xo, 32 * ib), 32)
         signed_x = builder.sub(builder.xor(xv, m), m)
-        scale = builder.trunc(builder.or_(builder.shl(builder.lshr(aux, ir.Constant(I32, 28)), ir.Constant(I32, 1)),
-                                          ir.Constant(I32, 1)), I16)  # 2s + 1
         if target == GENERIC:
             products = builder.mul(builder.zext(magnitudes, _vec(I32, 32)), builder.sext(signed_x, _vec(I32, 32)))
-            part = builder.mul(_reduce_add(builder, products), builder.zext(scale, I32))
+            if scale_a is scale_b:
+                # one scale for all 32 (IQ2_XXS, IQ3_XXS): also the form LLVM 22 gets right here; the
+                # two-half form below with one shared scale came out wrong inside a loop over blocks
+                part = builder.mul(_reduce_add(builder, products), builder.zext(scale_a, I32))
+            else:
+                part = None
+                for half, scale in enumerate((scale_a, scale_b)):
+                    dot = _reduce_add(builder, _pick(builder, products, range(16 * half, 16 * half + 16)))
+                    scaled = builder.mul(dot, builder.zext(scale, I32))
+                    part = scaled if part is None else builder.add(part, scaled)
         else:
-            part = _madd(builder, magnitudes, signed_x, _broadcast(builder, scale, 16))
+            scales = _concat(builder, _broadcast(builder, scale_a, 8), _broadcast(builder, scale_b, 8))
+            part = _madd(builder, magnitudes, signed_x, scales)
         total = part if total is None else builder.add(total, part)
     return total if target == GENERIC else _reduce_add(builder, total)
 
 
-def _iq2_xxs_isum(target: str):
+def _odd_scale(builder, field):
+    """2 * field + 1 as i16 (field: i32 of a 4-bit scale)."""
+    return builder.trunc(builder.or_(builder.shl(field, ir.Constant(I32, 1)), ir.Constant(I32, 1)), I16)
+
+
+def _data(context, builder, signature, args, *positions):
+    """The data pointers of the array arguments at `positions`."""
+    return [context.make_array(signature.args[i])(context, builder, value=args[i]).data for i in positions]
+
+
+def _byte_at(builder, ptr, offset, k, ty):
+    return builder.zext(builder.load(builder.gep(ptr, [_add_offset(builder, offset, k)])), ty)
+
+
+def _sign_indices(builder, aux):
+    """The four 7-bit sign indices of a u32 (bits 0..27) as i64."""
+    i64 = ir.IntType(64)
+    return [builder.zext(builder.and_(builder.lshr(aux, ir.Constant(I32, 7 * l)), ir.Constant(I32, 127)), i64)
+            for l in range(4)]
+
+
+def _u32_at(builder, ptr, offset, k):
+    return builder.load(builder.bitcast(builder.gep(ptr, [_add_offset(builder, offset, k)]), I32.as_pointer()), align=1)
+
+
+def _iq2_xxs_block_isum(context, builder, signature, args, target):
+    """IQ2_XXS: 8 sub-blocks of 4 grid bytes (8-value entries) and a u32 of 4 x 7-bit sign
+    indices plus a 4-bit scale s (weight 2s + 1)."""
+    wo, x, xo = args[1:4]
+    w_ptr, g_ptr, s_ptr = _data(context, builder, signature, args, 0, 4, 5)
+    i64 = ir.IntType(64)
+
+    def sub_blocks():
+        for ib in range(8):
+            aux = _u32_at(builder, w_ptr, wo, 2 + 8 * ib + 4)
+            grid = [_byte_at(builder, w_ptr, wo, 2 + 8 * ib + l, i64) for l in range(4)]
+            scale = _odd_scale(builder, builder.lshr(aux, ir.Constant(I32, 28)))
+            yield _gather(builder, g_ptr, grid), _gather(builder, s_ptr, _sign_indices(builder, aux)), scale, scale
+    return _signed_grid_isum(context, builder, target, signature.args[2], x, xo, sub_blocks())
+
+
+def _iq3_xxs_block_isum(context, builder, signature, args, target):
+    """IQ3_XXS: 64 grid bytes (4-value entries, 8 per sub-block) at wo+2, then per sub-block a u32
+    at wo+66+4ib of 4 x 7-bit sign indices (8 values each) and a 4-bit scale s (weight 2s + 1)."""
+    wo, x, xo = args[1:4]
+    w_ptr, g_ptr, s_ptr = _data(context, builder, signature, args, 0, 4, 5)
+    i64 = ir.IntType(64)
+
+    def sub_blocks():
+        for ib in range(8):
+            aux = _u32_at(builder, w_ptr, wo, 66 + 4 * ib)
+            grid = [_byte_at(builder, w_ptr, wo, 2 + 8 * ib + l, i64) for l in range(8)]
+            scale = _odd_scale(builder, builder.lshr(aux, ir.Constant(I32, 28)))
+            yield _gather(builder, g_ptr, grid), _gather(builder, s_ptr, _sign_indices(builder, aux)), scale, scale
+    return _signed_grid_isum(context, builder, target, signature.args[2], x, xo, sub_blocks())
+
+
+def _iq2_xs_block_isum(context, builder, signature, args, target):
+    """IQ2_XS: 32 u16 at wo+2 (9-bit grid index of an 8-value entry, 7-bit sign index), 4-bit
+    scales s at wo+66, two per byte, one per 16 values (weight 2s + 1)."""
+    wo, x, xo = args[1:4]
+    w_ptr, g_ptr, s_ptr = _data(context, builder, signature, args, 0, 4, 5)
+    i64 = ir.IntType(64)
+
+    def sub_blocks():
+        for ib in range(8):
+            codes = [builder.zext(builder.or_(_byte_at(builder, w_ptr, wo, 2 + 8 * ib + 2 * l, I32),
+                                              builder.shl(_byte_at(builder, w_ptr, wo, 3 + 8 * ib + 2 * l, I32),
+                                                          ir.Constant(I32, 8))), i64) for l in range(4)]
+            grid = [builder.and_(c, ir.Constant(i64, 511)) for c in codes]
+            signs = [builder.lshr(c, ir.Constant(i64, 9)) for c in codes]
+            byte = _byte_at(builder, w_ptr, wo, 66 + ib, I32)
+            scale_a = _odd_scale(builder, builder.and_(byte, ir.Constant(I32, 15)))
+            scale_b = _odd_scale(builder, builder.lshr(byte, ir.Constant(I32, 4)))
+            yield _gather(builder, g_ptr, grid), _gather(builder, s_ptr, signs), scale_a, scale_b
+    return _signed_grid_isum(context, builder, target, signature.args[2], x, xo, sub_blocks())
+
+
+def _grid_isum(name: str, block_isum, target: str):
     @intrinsic
-    def iq2_xxs_isum(typingctx, w, wo, x, xo, grid, signs):
-        """Exact int32 sum of an IQ2_XXS super-block's 256 values times their odd sub-block scale
-        (2s + 1) times the int8 activation x[xo:xo+256] (each > -128, as Q8_K's are); the block
-        starts at w[wo]; `grid`: uint64 [256], eight unsigned values per entry; `signs`: uint64
-        [128], per 7-bit sign index eight byte masks (0xFF where the value is negative)."""
-        if w.dtype != types.uint8 or x.dtype != types.int8 or grid.dtype != types.uint64:
+    def grid_isum(typingctx, w, wo, x, xo, grid, signs):
+        if w.dtype != types.uint8 or x.dtype != types.int8 or signs.dtype != types.uint64:
             return None
         sig = types.int32(w, wo, x, xo, grid, signs)
 
         def codegen(context, builder, signature, args):
-            return _iq2_xxs_block_isum(context, builder, signature, args, target)
+            return block_isum(context, builder, signature, args, target)
         return sig, codegen
-    return iq2_xxs_isum
+    grid_isum.__doc__ = f"""Exact int32 sum of an {name} super-block's 256 values times their odd sub-block
+    scale (2s + 1) times the int8 activation x[xo:xo+256] (each > -128, as Q8_K's are); the block
+    starts at w[wo]; `grid`: the type's grid as one unsigned integer entry per index; `signs`:
+    uint64 [128], per 7-bit sign index eight byte masks (0xFF where the value is negative)."""
+    return grid_isum
 
 
-IQ2_XXS_ISUM = {target: _iq2_xxs_isum(target) for target in (GENERIC, AVX2, AVX512)}
-iq2_xxs_isum = IQ2_XXS_ISUM[TARGET]
+IQ2_XXS_ISUM = {t: _grid_isum("IQ2_XXS", _iq2_xxs_block_isum, t) for t in (GENERIC, AVX2, AVX512)}
+IQ3_XXS_ISUM = {t: _grid_isum("IQ3_XXS", _iq3_xxs_block_isum, t) for t in (GENERIC, AVX2, AVX512)}
+IQ2_XS_ISUM = {t: _grid_isum("IQ2_XS", _iq2_xs_block_isum, t) for t in (GENERIC, AVX2, AVX512)}
+iq2_xxs_isum, iq3_xxs_isum, iq2_xs_isum = IQ2_XXS_ISUM[TARGET], IQ3_XXS_ISUM[TARGET], IQ2_XS_ISUM[TARGET]
 
 
 def _nibble_table_block_dot(context, builder, signature, args, target):
