@@ -609,15 +609,19 @@ def test_simd_q2_k_isum(target):
 
 
 @pytest.mark.parametrize("target", [simd.GENERIC, simd.AVX2, simd.AVX512])
-@pytest.mark.parametrize("tp", [T.IQ2_XXS, T.IQ2_XS, T.IQ3_XXS], ids=["IQ2_XXS", "IQ2_XS", "IQ3_XXS"])
+@pytest.mark.parametrize("tp", [T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S],
+                         ids=["IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S"])
 def test_simd_grid_isum(tp, target):
     order = [simd.GENERIC, simd.AVX2, simd.AVX512]
     if order.index(target) > order.index(simd.TARGET):
         pytest.skip(f"this CPU cannot run the {target} code")
     from swapmoe.runtime.kernels import iquants
-    isum, grid, d_scale = {T.IQ2_XXS: (simd.IQ2_XXS_ISUM, iquants._GRID8_IQ2_XXS, 8.0),
-                           T.IQ2_XS: (simd.IQ2_XS_ISUM, iquants._GRID8_IQ2_XS, 8.0),
-                           T.IQ3_XXS: (simd.IQ3_XXS_ISUM, iquants._GRID4_IQ3_XXS, 4.0)}[tp]
+    isum, grid, signs, d_scale = {
+        T.IQ2_XXS: (simd.IQ2_XXS_ISUM, iquants._GRID8_IQ2_XXS, iquants._SIGN_MASKS, 8.0),
+        T.IQ2_XS: (simd.IQ2_XS_ISUM, iquants._GRID8_IQ2_XS, iquants._SIGN_MASKS, 8.0),
+        T.IQ2_S: (simd.IQ2_S_ISUM, iquants._GRID8_IQ2_S, iquants._BYTE_MASKS, 8.0),
+        T.IQ3_XXS: (simd.IQ3_XXS_ISUM, iquants._GRID4_IQ3_XXS, iquants._SIGN_MASKS, 4.0),
+        T.IQ3_S: (simd.IQ3_S_ISUM, iquants._GRID4_IQ3_S, iquants._BYTE_MASKS, 1.0)}[tp]
     isum = isum[target]
     size = GGML_QUANT_SIZES[tp][1]
 
@@ -633,8 +637,8 @@ def test_simd_grid_isum(tp, target):
     x = rng.integers(-127, 128, n * 256, dtype=np.int8)
     x[:256] = -127
     out = np.empty(n, np.int32)
-    run(blocks.reshape(-1), x, grid, iquants._SIGN_MASKS, out)
-    # gguf: d * (0.5 + s) * 0.25 (IQ2) or 0.5 (IQ3) * value; with d = 8 or 4 that is (2s + 1) * value
+    run(blocks.reshape(-1), x, grid, signs, out)
+    # gguf: d * (0.5 + s) * 0.25 (IQ2) or 0.5 (IQ3_XXS) or d * (2s + 1) (IQ3_S) times the value
     scaled = integer_parts(tp, blocks, o0=d_scale)
     np.testing.assert_array_equal(out, (scaled * x.reshape(n, 256)).sum(axis=1).astype(np.int64))
 

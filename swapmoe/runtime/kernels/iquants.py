@@ -19,7 +19,7 @@ from numba import njit, prange
 
 from ._jit import (INLINE, PARALLEL, ROWS_PER_TASK, SERIAL, STRAIGHT_TOKENS, block_fma, block_sum, decode_pairs,
                    dot32, dot256, f16_to_f32, nibble_pair_words, pair_order, u32, widen4, widen8)
-from .simd import iq2_xs_isum, iq2_xxs_isum, iq3_xxs_isum, nibble_table_dot
+from .simd import iq2_s_isum, iq2_xs_isum, iq2_xxs_isum, iq3_s_isum, iq3_xxs_isum, nibble_table_dot
 
 _ZERO = np.float32(0.0)
 
@@ -65,8 +65,12 @@ _GRID8_IQ1_S = _GRID_IQ1_S.view(np.uint64).reshape(-1)
 _GRID8_IQ2_XXS = _GRID_IQ2_XXS.view(np.uint64).reshape(-1)
 _GRID8_IQ2_XS = _GRID_IQ2_XS.view(np.uint64).reshape(-1)
 _GRID4_IQ3_XXS = _GRID_IQ3_XXS.view(np.uint32).reshape(-1)
+_GRID8_IQ2_S = _GRID_IQ2_S.view(np.uint64).reshape(-1)
+_GRID4_IQ3_S = _GRID_IQ3_S.view(np.uint32).reshape(-1)
 # 7-bit sign index -> eight byte masks (0xFF: negate that value), for simd's IQ2/IQ3 grid sums
 _SIGN_MASKS = np.ascontiguousarray(np.where(_SIGNS[_KSIGNS] < 0, 0xFF, 0).astype(np.uint8)).view(np.uint64).reshape(-1)
+# sign byte -> eight byte masks (bit j set: negate value j), for IQ2_S and IQ3_S
+_BYTE_MASKS = np.ascontiguousarray(np.where(_SIGNS < 0, 0xFF, 0).astype(np.uint8)).view(np.uint64).reshape(-1)
 _IQ4_VALUES = np.array(gq.IQ4_NL.kvalues, dtype=np.int8)
 _IQ4_PAIRS = nibble_pair_words(_IQ4_VALUES)
 _IQ1_DELTA = np.float32(0.125)
@@ -347,6 +351,20 @@ def matmul_iq2_s(W, rows, group_rows, cols, qs, d, extra, out, order):
     nb = cols // 256
     rb = nb * 82
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+        if n_tok <= STRAIGHT_TOKENS:  # as IQ2_XXS
+            for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
+                row = W[r * rb:(r + 1) * rb]
+                t0 = (r // group_rows) * n_tok
+                for t in range(n_tok):
+                    x, dx = qs[t0 + t], d[t0 + t]
+                    acc = np.float32(0.0)
+                    for b in range(nb):
+                        o = b * 82
+                        isum = iq2_s_isum(row, o, x, b * 256, _GRID8_IQ2_S, _BYTE_MASKS)
+                        dw = f16_to_f32(row[o], row[o + 1])
+                        acc = block_sum(order, acc, np.float32(isum), _ZERO, dw, _ZERO, dx[b])
+                    out[t, r] = np.float32(0.125) * acc
+            continue
         ws = np.empty(cols, np.int16)
         dw = np.empty(nb, np.float32)
         for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
@@ -480,6 +498,20 @@ def matmul_iq3_s(W, rows, group_rows, cols, qs, d, extra, out, order):
     nb = cols // 256
     rb = nb * 110
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+        if n_tok <= STRAIGHT_TOKENS:  # as IQ2_XXS
+            for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
+                row = W[r * rb:(r + 1) * rb]
+                t0 = (r // group_rows) * n_tok
+                for t in range(n_tok):
+                    x, dx = qs[t0 + t], d[t0 + t]
+                    acc = np.float32(0.0)
+                    for b in range(nb):
+                        o = b * 110
+                        isum = iq3_s_isum(row, o, x, b * 256, _GRID4_IQ3_S, _BYTE_MASKS)
+                        dw = f16_to_f32(row[o], row[o + 1])
+                        acc = block_sum(order, acc, np.float32(isum), _ZERO, dw, _ZERO, dx[b])
+                    out[t, r] = acc
+            continue
         ws = np.empty(cols, np.int16)
         dw = np.empty(nb, np.float32)
         for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):

@@ -480,6 +480,50 @@ def _iq2_xs_block_isum(context, builder, signature, args, target):
     return _signed_grid_isum(context, builder, target, signature.args[2], x, xo, sub_blocks())
 
 
+def _iq3_s_block_isum(context, builder, signature, args, target):
+    """IQ3_S: per sub-block ib, eight 9-bit grid indices of 4-value entries (qs bytes at
+    wo+2+8ib, ninth bits from qh = w[wo+66+ib], bit j for index j), sign bytes at wo+74+4ib (bit
+    j of byte l: value 8l + j negative) and a 4-bit scale s (weight 2s + 1) at wo+106, two per
+    byte."""
+    wo, x, xo = args[1:4]
+    w_ptr, g_ptr, s_ptr = _data(context, builder, signature, args, 0, 4, 5)
+    i64 = ir.IntType(64)
+
+    def sub_blocks():
+        for ib in range(8):
+            qh = _byte_at(builder, w_ptr, wo, 66 + ib, i64)
+            grid = [builder.or_(_byte_at(builder, w_ptr, wo, 2 + 8 * ib + j, i64),
+                                builder.shl(builder.and_(builder.lshr(qh, ir.Constant(i64, j)), ir.Constant(i64, 1)),
+                                            ir.Constant(i64, 8))) for j in range(8)]
+            signs = [_byte_at(builder, w_ptr, wo, 74 + 4 * ib + l, i64) for l in range(4)]
+            byte = _byte_at(builder, w_ptr, wo, 106 + ib // 2, I32)
+            scale = _odd_scale(builder, builder.and_(builder.lshr(byte, ir.Constant(I32, 4 * (ib % 2))), ir.Constant(I32, 15)))
+            yield _gather(builder, g_ptr, grid), _gather(builder, s_ptr, signs), scale, scale
+    return _signed_grid_isum(context, builder, target, signature.args[2], x, xo, sub_blocks())
+
+
+def _iq2_s_block_isum(context, builder, signature, args, target):
+    """IQ2_S: per sub-block ib, four 10-bit grid indices of 8-value entries (qs bytes at wo+2+4ib,
+    two high bits each from qh = w[wo+66+ib], bits 2l, 2l+1), sign bytes at wo+34+4ib, and 4-bit
+    scales s (weight 2s + 1) at wo+74+ib, low nibble for values 0..15, high for 16..31."""
+    wo, x, xo = args[1:4]
+    w_ptr, g_ptr, s_ptr = _data(context, builder, signature, args, 0, 4, 5)
+    i64 = ir.IntType(64)
+
+    def sub_blocks():
+        for ib in range(8):
+            qh = _byte_at(builder, w_ptr, wo, 66 + ib, i64)
+            grid = [builder.or_(_byte_at(builder, w_ptr, wo, 2 + 4 * ib + l, i64),
+                                builder.shl(builder.and_(builder.lshr(qh, ir.Constant(i64, 2 * l)), ir.Constant(i64, 3)),
+                                            ir.Constant(i64, 8))) for l in range(4)]
+            signs = [_byte_at(builder, w_ptr, wo, 34 + 4 * ib + l, i64) for l in range(4)]
+            byte = _byte_at(builder, w_ptr, wo, 74 + ib, I32)
+            scale_a = _odd_scale(builder, builder.and_(byte, ir.Constant(I32, 15)))
+            scale_b = _odd_scale(builder, builder.lshr(byte, ir.Constant(I32, 4)))
+            yield _gather(builder, g_ptr, grid), _gather(builder, s_ptr, signs), scale_a, scale_b
+    return _signed_grid_isum(context, builder, target, signature.args[2], x, xo, sub_blocks())
+
+
 def _grid_isum(name: str, block_isum, target: str):
     @intrinsic
     def grid_isum(typingctx, w, wo, x, xo, grid, signs):
@@ -493,14 +537,18 @@ def _grid_isum(name: str, block_isum, target: str):
     grid_isum.__doc__ = f"""Exact int32 sum of an {name} super-block's 256 values times their odd sub-block
     scale (2s + 1) times the int8 activation x[xo:xo+256] (each > -128, as Q8_K's are); the block
     starts at w[wo]; `grid`: the type's grid as one unsigned integer entry per index; `signs`:
-    uint64 [128], per 7-bit sign index eight byte masks (0xFF where the value is negative)."""
+    uint64 masks, eight bytes (0xFF where the value is negative) per 7-bit sign index (IQ2_XXS,
+    IQ2_XS, IQ3_XXS: ggml's even-parity signs) or per sign byte (IQ2_S, IQ3_S)."""
     return grid_isum
 
 
 IQ2_XXS_ISUM = {t: _grid_isum("IQ2_XXS", _iq2_xxs_block_isum, t) for t in (GENERIC, AVX2, AVX512)}
 IQ3_XXS_ISUM = {t: _grid_isum("IQ3_XXS", _iq3_xxs_block_isum, t) for t in (GENERIC, AVX2, AVX512)}
 IQ2_XS_ISUM = {t: _grid_isum("IQ2_XS", _iq2_xs_block_isum, t) for t in (GENERIC, AVX2, AVX512)}
+IQ2_S_ISUM = {t: _grid_isum("IQ2_S", _iq2_s_block_isum, t) for t in (GENERIC, AVX2, AVX512)}
+IQ3_S_ISUM = {t: _grid_isum("IQ3_S", _iq3_s_block_isum, t) for t in (GENERIC, AVX2, AVX512)}
 iq2_xxs_isum, iq3_xxs_isum, iq2_xs_isum = IQ2_XXS_ISUM[TARGET], IQ3_XXS_ISUM[TARGET], IQ2_XS_ISUM[TARGET]
+iq2_s_isum, iq3_s_isum = IQ2_S_ISUM[TARGET], IQ3_S_ISUM[TARGET]
 
 
 def _nibble_table_block_dot(context, builder, signature, args, target):
