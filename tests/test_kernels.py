@@ -743,3 +743,35 @@ def test_numba_configuration_survives_a_reload():
     finally:
         del os.environ["NUMBA_SWAPMOE_TEST_PROBE"]
         numba.config.reload_config()
+
+
+@pytest.mark.parametrize("target", [simd.GENERIC, simd.AVX2, simd.AVX512])
+def test_simd_iq1_s_isum(target):
+    order = [simd.GENERIC, simd.AVX2, simd.AVX512]
+    if order.index(target) > order.index(simd.TARGET):
+        pytest.skip(f"this CPU cannot run the {target} code")
+    from swapmoe.runtime.kernels import iquants
+    isum = simd.IQ1_S_ISUM[target]
+
+    @njit
+    def run(w, x, grid, bsums, out, out1):
+        for i in range(out.size):
+            out[i], out1[i] = isum(w, i * 50, x, i * 256, grid, bsums, i * 16)
+
+    rng = np.random.default_rng(29)
+    n = 30
+    blocks = rng.integers(0, 256, (n, 50), dtype=np.uint8)
+    blocks[0, 2:] = 255  # largest scales and grid indices, activations -128
+    x = rng.integers(-128, 128, n * 256, dtype=np.int8)
+    x[:256] = -128
+    bsums = x.reshape(-1, 16).sum(axis=1).astype(np.int32)
+    out, out1 = np.empty(n, np.int32), np.empty(n, np.int32)
+    run(blocks.reshape(-1), x, iquants._GRID8_IQ1_S_PLUS1, bsums, out, out1)
+    qh = blocks[:, 34:50].copy().view(np.uint16).astype(np.int64)  # [n, 8]
+    index = blocks[:, 2:34].astype(np.int64).reshape(n, 8, 4) | (((qh[:, :, None] >> (3 * np.arange(4))) & 7) << 8)
+    values = iquants._GRID_IQ1_S[index].reshape(n, 8, 32).astype(np.int64)
+    scales = 2 * ((qh >> 12) & 7) + 1
+    want = (values * x.reshape(n, 8, 32) * scales[:, :, None]).sum(axis=(1, 2))
+    np.testing.assert_array_equal(out, want)
+    pairs = bsums.reshape(n, 8, 2).sum(axis=2).astype(np.int64)
+    np.testing.assert_array_equal(out1, (np.where(qh & 0x8000, -scales, scales) * pairs).sum(axis=1))

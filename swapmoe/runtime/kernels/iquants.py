@@ -19,7 +19,8 @@ from numba import njit, prange
 
 from ._jit import (INLINE, PARALLEL, ROWS_PER_TASK, SERIAL, STRAIGHT_TOKENS, block_fma, block_sum, decode_pairs,
                    dot32, dot256, f16_to_f32, nibble_pair_words, pair_order, u32, widen4, widen8)
-from .simd import iq2_s_isum, iq2_xs_isum, iq2_xxs_isum, iq3_s_isum, iq3_xxs_isum, nibble_table_dot
+from .simd import (iq1_s_isum, iq2_s_isum, iq2_xs_isum, iq2_xxs_isum, iq3_s_isum, iq3_xxs_isum,
+                   nibble_table_dot)
 
 _ZERO = np.float32(0.0)
 
@@ -62,6 +63,8 @@ _SIGNED_IQ2_S = _signed4(_GRID_IQ2_S.reshape(-1, 4))
 _SIGNED_IQ3_XXS = _signed4(_GRID_IQ3_XXS)
 _SIGNED_IQ3_S = _signed4(_GRID_IQ3_S)
 _GRID8_IQ1_S = _GRID_IQ1_S.view(np.uint64).reshape(-1)
+# the IQ1_S grid plus one per value (0, 1, 2: unsigned, for simd.iq1_s_isum)
+_GRID8_IQ1_S_PLUS1 = np.ascontiguousarray(_GRID_IQ1_S + 1).view(np.uint64).reshape(-1)
 _GRID8_IQ2_XXS = _GRID_IQ2_XXS.view(np.uint64).reshape(-1)
 _GRID8_IQ2_XS = _GRID_IQ2_XS.view(np.uint64).reshape(-1)
 _GRID4_IQ3_XXS = _GRID_IQ3_XXS.view(np.uint32).reshape(-1)
@@ -582,6 +585,20 @@ def matmul_iq1_s(W, rows, group_rows, cols, qs, d, extra, out, order):
     nb = cols // 256
     rb = nb * 50
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+        if n_tok <= STRAIGHT_TOKENS:  # as IQ2_XXS
+            for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
+                row = W[r * rb:(r + 1) * rb]
+                t0 = (r // group_rows) * n_tok
+                for t in range(n_tok):
+                    x, dx, bsums = qs[t0 + t], d[t0 + t], extra[t0 + t]
+                    acc = np.float32(0.0)
+                    for b in range(nb):
+                        o = b * 50
+                        bsum, sumi1 = iq1_s_isum(row, o, x, b * 256, _GRID8_IQ1_S_PLUS1, bsums, b * 16)
+                        block = np.float32(bsum) + _IQ1_DELTA * np.float32(sumi1)
+                        acc = block_sum(order, acc, block, _ZERO, f16_to_f32(row[o], row[o + 1]), _ZERO, dx[b])
+                    out[t, r] = acc
+            continue
         ws = np.empty(cols, np.int16)
         dw = np.empty(nb, np.float32)
         shift = np.empty(nb * 8, np.int32)

@@ -376,13 +376,13 @@ def _gather(builder, table_ptr, indices):
 
 def _signed_grid_isum(context, builder, target, xt, x, xo, sub_blocks):
     """sum over 32-value sub-blocks of scale * (magnitudes . signed x): sub_blocks yields, per
-    sub-block ib, its grid magnitudes (<32 x u8>), sign masks (<32 x i8>, -1 = negative) and its
-    scales as two i16 (values 0..15, 16..31).  The signs go onto x, (x ^ m) - m, which needs
+    sub-block ib, its grid magnitudes (<32 x u8>), sign masks (<32 x i8>, -1 = negative; None:
+    all positive) and its scales as two i16 (values 0..15, 16..31).  The signs go onto x, (x ^ m) - m, which needs
     x > -128: Q8_K activations are (|q| <= 127).  Then pmaddubsw pairs and pmaddwd by scale."""
     total = None
     for ib, (magnitudes, m, scale_a, scale_b) in enumerate(sub_blocks):
         xv = _load_bytes(context, builder, xt, x, _add_offset(builder, xo, 32 * ib), 32)
-        signed_x = builder.sub(builder.xor(xv, m), m)
+        signed_x = xv if m is None else builder.sub(builder.xor(xv, m), m)
         if target == GENERIC:
             products = builder.mul(builder.zext(magnitudes, _vec(I32, 32)), builder.sext(signed_x, _vec(I32, 32)))
             if scale_a is scale_b:
@@ -524,6 +524,55 @@ def _iq2_s_block_isum(context, builder, signature, args, target):
     return _signed_grid_isum(context, builder, target, signature.args[2], x, xo, sub_blocks())
 
 
+def _iq1_s_block_isum(context, builder, signature, args, target):
+    """IQ1_S: per sub-block ib, four 11-bit grid indices of 8-value entries (qs bytes at
+    wo+2+4ib, three high bits each from the u16 qh at wo+34+2ib, bits 3l..3l+2), a 3-bit scale s
+    (bits 12..14, weight 2s + 1) and the sign of ggml's delta (bit 15).  The grid holds values
+    -1, 0, 1; `grid` here holds them plus one (pmaddubsw wants unsigned), so sum_ib s_ib * (the
+    sub-block's Q8_K block sums) comes off at the end.  Returns (that sum, ggml's sumi1 =
+    sum_ib ±(2s + 1) * block sums)."""
+    wo, x, xo, grid, bsums, bo = args[1:7]
+    w_ptr, g_ptr, b_ptr = _data(context, builder, signature, args, 0, 4, 5)
+    i64 = ir.IntType(64)
+    weights = signed = ir.Constant(_vec(I32, 8), None)
+    sub_blocks = []
+    for ib in range(8):
+        qh = builder.or_(_byte_at(builder, w_ptr, wo, 34 + 2 * ib, i64),
+                         builder.shl(_byte_at(builder, w_ptr, wo, 35 + 2 * ib, i64), ir.Constant(i64, 8)))
+        indices = [builder.or_(_byte_at(builder, w_ptr, wo, 2 + 4 * ib + l, i64),
+                               builder.shl(builder.and_(builder.lshr(qh, ir.Constant(i64, 3 * l)), ir.Constant(i64, 7)),
+                                           ir.Constant(i64, 8))) for l in range(4)]
+        scale = _odd_scale(builder, builder.trunc(builder.and_(builder.lshr(qh, ir.Constant(i64, 12)), ir.Constant(i64, 7)), I32))
+        weight = builder.zext(scale, I32)
+        negative = builder.icmp_unsigned("!=", builder.and_(qh, ir.Constant(i64, 0x8000)), ir.Constant(i64, 0))
+        weights = builder.insert_element(weights, weight, ir.Constant(I32, ib))
+        signed = builder.insert_element(signed, builder.select(negative, builder.neg(weight), weight), ir.Constant(I32, ib))
+        sub_blocks.append((_gather(builder, g_ptr, indices), None, scale, scale))
+    total = _signed_grid_isum(context, builder, target, signature.args[2], x, xo, sub_blocks)
+    sums = builder.load(builder.bitcast(builder.gep(b_ptr, [bo]), _vec(I32, 16).as_pointer()), align=4)
+    pairs = builder.add(_pick(builder, sums, range(0, 16, 2)), _pick(builder, sums, range(1, 16, 2)))
+    isum = builder.sub(total, _reduce_add(builder, builder.mul(pairs, weights)))
+    sumi1 = _reduce_add(builder, builder.mul(pairs, signed))
+    return context.make_tuple(builder, signature.return_type, [isum, sumi1])
+
+
+def _iq1_s_isum(target: str):
+    @intrinsic
+    def iq1_s_isum(typingctx, w, wo, x, xo, grid, bsums, bo):
+        """(exact int32 sum of an IQ1_S super-block's 256 grid values (-1, 0, 1) times their odd
+        sub-block scale (2s + 1) times the int8 activation x[xo:xo+256], ggml's sumi1: the block
+        sums bsums[bo:bo+16] times ±(2s + 1) per sub-block); the block starts at w[wo]; `grid`:
+        uint64 [2048], the IQ1_S grid plus one per value."""
+        if w.dtype != types.uint8 or x.dtype != types.int8 or bsums.dtype != types.int32:
+            return None
+        sig = types.UniTuple(types.int32, 2)(w, wo, x, xo, grid, bsums, bo)
+
+        def codegen(context, builder, signature, args):
+            return _iq1_s_block_isum(context, builder, signature, args, target)
+        return sig, codegen
+    return iq1_s_isum
+
+
 def _grid_isum(name: str, block_isum, target: str):
     @intrinsic
     def grid_isum(typingctx, w, wo, x, xo, grid, signs):
@@ -549,6 +598,8 @@ IQ2_S_ISUM = {t: _grid_isum("IQ2_S", _iq2_s_block_isum, t) for t in (GENERIC, AV
 IQ3_S_ISUM = {t: _grid_isum("IQ3_S", _iq3_s_block_isum, t) for t in (GENERIC, AVX2, AVX512)}
 iq2_xxs_isum, iq3_xxs_isum, iq2_xs_isum = IQ2_XXS_ISUM[TARGET], IQ3_XXS_ISUM[TARGET], IQ2_XS_ISUM[TARGET]
 iq2_s_isum, iq3_s_isum = IQ2_S_ISUM[TARGET], IQ3_S_ISUM[TARGET]
+IQ1_S_ISUM = {t: _iq1_s_isum(t) for t in (GENERIC, AVX2, AVX512)}
+iq1_s_isum = IQ1_S_ISUM[TARGET]
 
 
 def _nibble_table_block_dot(context, builder, signature, args, target):
