@@ -775,3 +775,38 @@ def test_simd_iq1_s_isum(target):
     np.testing.assert_array_equal(out, want)
     pairs = bsums.reshape(n, 8, 2).sum(axis=2).astype(np.int64)
     np.testing.assert_array_equal(out1, (np.where(qh & 0x8000, -scales, scales) * pairs).sum(axis=1))
+
+
+@pytest.mark.parametrize("target", [simd.GENERIC, simd.AVX2, simd.AVX512])
+def test_simd_iq1_m_isum(target):
+    order = [simd.GENERIC, simd.AVX2, simd.AVX512]
+    if order.index(target) > order.index(simd.TARGET):
+        pytest.skip(f"this CPU cannot run the {target} code")
+    from swapmoe.runtime.kernels import iquants
+    isum = simd.IQ1_M_ISUM[target]
+
+    @njit
+    def run(w, x, grid, bsums, out, out2):
+        for i in range(out.size):
+            out[i], out2[i] = isum(w, i * 56, x, i * 256, grid, bsums, i * 16)
+
+    rng = np.random.default_rng(30)
+    n = 30
+    blocks = rng.integers(0, 256, (n, 56), dtype=np.uint8)
+    blocks[0] = 255  # largest scales and grid indices, activations -128
+    x = rng.integers(-128, 128, n * 256, dtype=np.int8)
+    x[:256] = -128
+    bsums = x.reshape(-1, 16).sum(axis=1).astype(np.int32)
+    out, out2 = np.empty(n, np.int32), np.empty(n, np.int32)
+    run(blocks.reshape(-1), x, iquants._GRID8_IQ1_S_PLUS1, bsums, out, out2)
+    qh = blocks[:, 32:48].astype(np.int64)
+    nibbles = np.stack([qh & 15, qh >> 4], axis=2).reshape(n, 32)  # one per 8-value group
+    index = blocks[:, :32].astype(np.int64) | ((nibbles & 7) << 8)
+    values = iquants._GRID_IQ1_S[index].astype(np.int64)  # [n, 32 groups, 8]
+    words = blocks[:, 48:56].copy().view(np.uint16).astype(np.int64)  # [n, 4]
+    scales = 2 * ((words[:, :, None] >> (3 * np.arange(4))) & 7).reshape(n, 16) + 1
+    per_group = np.repeat(scales, 2, axis=1)  # [n, 32]
+    xg = x.reshape(n, 32, 8).astype(np.int64)
+    np.testing.assert_array_equal(out, ((values * xg).sum(axis=2) * per_group).sum(axis=1))
+    delta = np.where(nibbles & 8, -1, 1)
+    np.testing.assert_array_equal(out2, (xg.sum(axis=2) * per_group * delta).sum(axis=1))

@@ -19,7 +19,7 @@ from numba import njit, prange
 
 from ._jit import (INLINE, PARALLEL, ROWS_PER_TASK, SERIAL, STRAIGHT_TOKENS, block_fma, block_sum, decode_pairs,
                    dot32, dot256, f16_to_f32, nibble_pair_words, pair_order, u32, widen4, widen8)
-from .simd import (iq1_s_isum, iq2_s_isum, iq2_xs_isum, iq2_xxs_isum, iq3_s_isum, iq3_xxs_isum,
+from .simd import (iq1_m_isum, iq1_s_isum, iq2_s_isum, iq2_xs_isum, iq2_xxs_isum, iq3_s_isum, iq3_xxs_isum,
                    nibble_table_dot)
 
 _ZERO = np.float32(0.0)
@@ -684,6 +684,19 @@ def matmul_iq1_m(W, rows, group_rows, cols, qs, d, extra, out, order):
     nb = cols // 256
     rb = nb * 56
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+        if n_tok <= STRAIGHT_TOKENS:  # as IQ2_XXS
+            for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
+                row = W[r * rb:(r + 1) * rb]
+                t0 = (r // group_rows) * n_tok
+                for t in range(n_tok):
+                    x, dx, bsums = qs[t0 + t], d[t0 + t], extra[t0 + t]
+                    acc = np.float32(0.0)
+                    for b in range(nb):
+                        bsum, sumi2 = iq1_m_isum(row, b * 56, x, b * 256, _GRID8_IQ1_S_PLUS1, bsums, b * 16)
+                        block = np.float32(bsum) + _IQ1_DELTA * np.float32(sumi2)
+                        acc = block_sum(order, acc, block, _ZERO, _d_iq1_m(row, b * 56), _ZERO, dx[b])
+                    out[t, r] = acc
+            continue
         ws = np.empty(cols, np.int16)
         dw = np.empty(nb, np.float32)
         shifts = np.empty(cols, np.int16)

@@ -74,6 +74,11 @@ def _add_offset(builder, offset, k):
     return builder.add(offset, ir.Constant(offset.type, k))
 
 
+def _field(builder, v, shift, mask):
+    """(v >> shift) & mask for an integer value v."""
+    return builder.and_(builder.lshr(v, ir.Constant(v.type, shift)), ir.Constant(v.type, mask))
+
+
 def _pick(builder, v, lanes):
     """The lanes of v listed in `lanes`, as a new vector (a constant shuffle)."""
     return builder.shuffle_vector(v, v, ir.Constant(_vec(I32, len(lanes)), list(lanes)))
@@ -497,7 +502,7 @@ def _iq3_s_block_isum(context, builder, signature, args, target):
                                             ir.Constant(i64, 8))) for j in range(8)]
             signs = [_byte_at(builder, w_ptr, wo, 74 + 4 * ib + l, i64) for l in range(4)]
             byte = _byte_at(builder, w_ptr, wo, 106 + ib // 2, I32)
-            scale = _odd_scale(builder, builder.and_(builder.lshr(byte, ir.Constant(I32, 4 * (ib % 2))), ir.Constant(I32, 15)))
+            scale = _odd_scale(builder, _field(builder, byte, 4 * (ib % 2), 15))
             yield _gather(builder, g_ptr, grid), _gather(builder, s_ptr, signs), scale, scale
     return _signed_grid_isum(context, builder, target, signature.args[2], x, xo, sub_blocks())
 
@@ -514,8 +519,7 @@ def _iq2_s_block_isum(context, builder, signature, args, target):
         for ib in range(8):
             qh = _byte_at(builder, w_ptr, wo, 66 + ib, i64)
             grid = [builder.or_(_byte_at(builder, w_ptr, wo, 2 + 4 * ib + l, i64),
-                                builder.shl(builder.and_(builder.lshr(qh, ir.Constant(i64, 2 * l)), ir.Constant(i64, 3)),
-                                            ir.Constant(i64, 8))) for l in range(4)]
+                                builder.shl(_field(builder, qh, 2 * l, 3), ir.Constant(i64, 8))) for l in range(4)]
             signs = [_byte_at(builder, w_ptr, wo, 34 + 4 * ib + l, i64) for l in range(4)]
             byte = _byte_at(builder, w_ptr, wo, 74 + ib, I32)
             scale_a = _odd_scale(builder, builder.and_(byte, ir.Constant(I32, 15)))
@@ -542,11 +546,12 @@ def _iq1_s_block_isum(context, builder, signature, args, target):
         indices = [builder.or_(_byte_at(builder, w_ptr, wo, 2 + 4 * ib + l, i64),
                                builder.shl(builder.and_(builder.lshr(qh, ir.Constant(i64, 3 * l)), ir.Constant(i64, 7)),
                                            ir.Constant(i64, 8))) for l in range(4)]
-        scale = _odd_scale(builder, builder.trunc(builder.and_(builder.lshr(qh, ir.Constant(i64, 12)), ir.Constant(i64, 7)), I32))
+        scale = _odd_scale(builder, builder.trunc(_field(builder, qh, 12, 7), I32))
         weight = builder.zext(scale, I32)
         negative = builder.icmp_unsigned("!=", builder.and_(qh, ir.Constant(i64, 0x8000)), ir.Constant(i64, 0))
         weights = builder.insert_element(weights, weight, ir.Constant(I32, ib))
-        signed = builder.insert_element(signed, builder.select(negative, builder.neg(weight), weight), ir.Constant(I32, ib))
+        signed_weight = builder.select(negative, builder.neg(weight), weight)
+        signed = builder.insert_element(signed, signed_weight, ir.Constant(I32, ib))
         sub_blocks.append((_gather(builder, g_ptr, indices), None, scale, scale))
     total = _signed_grid_isum(context, builder, target, signature.args[2], x, xo, sub_blocks)
     sums = builder.load(builder.bitcast(builder.gep(b_ptr, [bo]), _vec(I32, 16).as_pointer()), align=4)
@@ -571,6 +576,76 @@ def _iq1_s_isum(target: str):
             return _iq1_s_block_isum(context, builder, signature, args, target)
         return sig, codegen
     return iq1_s_isum
+
+
+def _iq1_m_block_isum(context, builder, signature, args, target):
+    """IQ1_M: per 8-value group g, an 11-bit grid index (qs byte g at wo, three high bits from
+    nibble g % 2 of qh[g // 2] at wo+32, whose bit 3 is the sign of ggml's delta); 3-bit scales
+    s per 16 values (weight 2s + 1), four per u16 at wo+48.  `grid` holds the IQ1_S grid plus
+    one, so sum_j s_j * (Q8_K block sum j) comes off.  Returns (that sum, ggml's sumi2 =
+    sum_g ±(2s + 1) * (sum of the group's 8 activations))."""
+    wo, x, xo, grid, bsums, bo = args[1:7]
+    w_ptr, g_ptr, b_ptr = _data(context, builder, signature, args, 0, 4, 5)
+    xt = signature.args[2]
+    i64 = ir.IntType(64)
+    words = [builder.or_(_byte_at(builder, w_ptr, wo, 48 + 2 * k, I32),
+                         builder.shl(_byte_at(builder, w_ptr, wo, 49 + 2 * k, I32), ir.Constant(I32, 8)))
+             for k in range(4)]
+    fields = [builder.and_(builder.lshr(words[j // 4], ir.Constant(I32, 3 * (j % 4))), ir.Constant(I32, 7))
+              for j in range(16)]
+    scales = [_odd_scale(builder, field) for field in fields]
+    sub_blocks, deltas = [], []
+    for ib in range(8):
+        indices = []
+        for l in range(4):
+            g = 4 * ib + l
+            nibble = builder.lshr(_byte_at(builder, w_ptr, wo, 32 + g // 2, i64), ir.Constant(i64, 4 * (g % 2)))
+            high = builder.shl(builder.and_(nibble, ir.Constant(i64, 7)), ir.Constant(i64, 8))
+            indices.append(builder.or_(_byte_at(builder, w_ptr, wo, g, i64), high))
+            negative = builder.icmp_unsigned("!=", builder.and_(nibble, ir.Constant(i64, 8)), ir.Constant(i64, 0))
+            scale = scales[g // 2]
+            deltas.append(builder.select(negative, builder.neg(scale), scale))
+        sub_blocks.append((_gather(builder, g_ptr, indices), None, scales[2 * ib], scales[2 * ib + 1]))
+    total = _signed_grid_isum(context, builder, target, xt, x, xo, sub_blocks)
+    sums = builder.load(builder.bitcast(builder.gep(b_ptr, [bo]), _vec(I32, 16).as_pointer()), align=4)
+    weights = ir.Constant(_vec(I32, 16), None)
+    for j, scale in enumerate(scales):
+        weights = builder.insert_element(weights, builder.zext(scale, I32), ir.Constant(I32, j))
+    isum = builder.sub(total, _reduce_add(builder, builder.mul(sums, weights)))
+    sumi2 = None
+    for ib in range(8):  # the activations' 8-value sums times ±(2s + 1)
+        xv = _load_bytes(context, builder, xt, x, _add_offset(builder, xo, 32 * ib), 32)
+        if target == GENERIC:
+            per_value = ir.Constant(_vec(I32, 32), None)
+            for j in range(32):
+                delta = builder.sext(deltas[4 * ib + j // 8], I32)
+                per_value = builder.insert_element(per_value, delta, ir.Constant(I32, j))
+            part = _reduce_add(builder, builder.mul(builder.sext(xv, _vec(I32, 32)), per_value))
+        else:
+            quads = [_broadcast(builder, deltas[4 * ib + l], 4) for l in range(4)]  # 4 pairs per group
+            per_pair = _concat(builder, _concat(builder, quads[0], quads[1]), _concat(builder, quads[2], quads[3]))
+            part = _madd(builder, _splat(I8, 32, 1), xv, per_pair)
+        sumi2 = part if sumi2 is None else builder.add(sumi2, part)
+    if target != GENERIC:
+        sumi2 = _reduce_add(builder, sumi2)
+    return context.make_tuple(builder, signature.return_type, [isum, sumi2])
+
+
+def _iq1_m_isum(target: str):
+    @intrinsic
+    def iq1_m_isum(typingctx, w, wo, x, xo, grid, bsums, bo):
+        """(exact int32 sum of an IQ1_M super-block's 256 grid values (-1, 0, 1) times their odd
+        scale (2s + 1, per 16 values) times the int8 activation x[xo:xo+256] with its Q8_K block
+        sums bsums[bo:bo+16], ggml's sumi2); the block starts at w[wo]; `grid`: uint64 [2048],
+        the IQ1_S grid plus one per value."""
+        if w.dtype != types.uint8 or x.dtype != types.int8 or bsums.dtype != types.int32:
+            return None
+        sig = types.UniTuple(types.int32, 2)(w, wo, x, xo, grid, bsums, bo)
+
+        def codegen(context, builder, signature, args):
+            return _iq1_m_block_isum(context, builder, signature, args, target)
+        return sig, codegen
+    return iq1_m_isum
 
 
 def _grid_isum(name: str, block_isum, target: str):
@@ -599,7 +674,8 @@ IQ3_S_ISUM = {t: _grid_isum("IQ3_S", _iq3_s_block_isum, t) for t in (GENERIC, AV
 iq2_xxs_isum, iq3_xxs_isum, iq2_xs_isum = IQ2_XXS_ISUM[TARGET], IQ3_XXS_ISUM[TARGET], IQ2_XS_ISUM[TARGET]
 iq2_s_isum, iq3_s_isum = IQ2_S_ISUM[TARGET], IQ3_S_ISUM[TARGET]
 IQ1_S_ISUM = {t: _iq1_s_isum(t) for t in (GENERIC, AVX2, AVX512)}
-iq1_s_isum = IQ1_S_ISUM[TARGET]
+IQ1_M_ISUM = {t: _iq1_m_isum(t) for t in (GENERIC, AVX2, AVX512)}
+iq1_s_isum, iq1_m_isum = IQ1_S_ISUM[TARGET], IQ1_M_ISUM[TARGET]
 
 
 def _nibble_table_block_dot(context, builder, signature, args, target):
