@@ -1,15 +1,15 @@
 """IQ quants: IQ4_NL, IQ4_XS, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M.
 
-Lookup grids come from the gguf package's tables (gguf.quants.<TYPE>.grid,
-decoded from grid_hex at import) and are expanded at import into "signed grid"
-tables (every grid entry times every sign pattern, packed as uint32/uint64), so
-decoding is one table load per 4 or 8 weights, widened straight into int16
-values times their integer sub-block scale (_jit.widen8; about 2x faster than
-storing int8 values and widening them in a second pass).  Each token then
-takes one exact int32 dot per super-block, which equals ggml's sum of
-scale * int_dot(sub-block), and applies ggml's float step (generic vec_dot,
-ggml-cpu/quants.c), including the final per-row factor (0.125 for IQ2_*, 0.25 for IQ3_XXS).  IQ4_NL uses Q8_0
-activations, the rest Q8_K.  Kernel signatures as in legacy.py.
+Lookup grids come from the gguf package's tables (gguf.quants.<TYPE>.grid, decoded from
+grid_hex at import).  Up to _jit.STRAIGHT_TOKENS tokens per row (IQ4_NL: always) a simd.py
+intrinsic takes each super-block's exact int32 sum straight from the row bytes: grid entries
+gathered into a vector, signs as byte masks applied to the activation, IQ4 values looked up by
+pshufb.  Larger batches decode each row once through "signed grid" tables (every grid entry
+times every sign pattern, packed as uint32/uint64: one table load per 4 or 8 weights, widened
+into int16 values times their integer sub-block scale, _jit.widen8) and dot every token with it.
+Either way the float step is ggml's (generic vec_dot, ggml-cpu/quants.c), including the final
+per-row factor (0.125 for IQ2_*, 0.25 for IQ3_XXS).  IQ4_NL uses Q8_0 activations, the rest
+Q8_K.  Kernel signatures as in legacy.py.
 """
 from __future__ import annotations
 
@@ -284,7 +284,7 @@ def matmul_iq2_xs(W, rows, group_rows, cols, qs, d, extra, out, order):
     nb = cols // 256
     rb = nb * 74
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        if n_tok <= STRAIGHT_TOKENS:  # as IQ2_XXS
+        if n_tok <= STRAIGHT_TOKENS:  # straight from the row bytes (_jit.STRAIGHT_TOKENS)
             for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
                 row = W[r * rb:(r + 1) * rb]
                 t0 = (r // group_rows) * n_tok
@@ -354,7 +354,7 @@ def matmul_iq2_s(W, rows, group_rows, cols, qs, d, extra, out, order):
     nb = cols // 256
     rb = nb * 82
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        if n_tok <= STRAIGHT_TOKENS:  # as IQ2_XXS
+        if n_tok <= STRAIGHT_TOKENS:  # straight from the row bytes (_jit.STRAIGHT_TOKENS)
             for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
                 row = W[r * rb:(r + 1) * rb]
                 t0 = (r // group_rows) * n_tok
@@ -429,7 +429,7 @@ def matmul_iq3_xxs(W, rows, group_rows, cols, qs, d, extra, out, order):
     nb = cols // 256
     rb = nb * 98
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        if n_tok <= STRAIGHT_TOKENS:  # as IQ2_XXS
+        if n_tok <= STRAIGHT_TOKENS:  # straight from the row bytes (_jit.STRAIGHT_TOKENS)
             for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
                 row = W[r * rb:(r + 1) * rb]
                 t0 = (r // group_rows) * n_tok
@@ -501,7 +501,7 @@ def matmul_iq3_s(W, rows, group_rows, cols, qs, d, extra, out, order):
     nb = cols // 256
     rb = nb * 110
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        if n_tok <= STRAIGHT_TOKENS:  # as IQ2_XXS
+        if n_tok <= STRAIGHT_TOKENS:  # straight from the row bytes (_jit.STRAIGHT_TOKENS)
             for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
                 row = W[r * rb:(r + 1) * rb]
                 t0 = (r // group_rows) * n_tok
@@ -585,7 +585,7 @@ def matmul_iq1_s(W, rows, group_rows, cols, qs, d, extra, out, order):
     nb = cols // 256
     rb = nb * 50
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        if n_tok <= STRAIGHT_TOKENS:  # as IQ2_XXS
+        if n_tok <= STRAIGHT_TOKENS:  # straight from the row bytes (_jit.STRAIGHT_TOKENS)
             for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
                 row = W[r * rb:(r + 1) * rb]
                 t0 = (r // group_rows) * n_tok
@@ -684,7 +684,7 @@ def matmul_iq1_m(W, rows, group_rows, cols, qs, d, extra, out, order):
     nb = cols // 256
     rb = nb * 56
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        if n_tok <= STRAIGHT_TOKENS:  # as IQ2_XXS
+        if n_tok <= STRAIGHT_TOKENS:  # straight from the row bytes (_jit.STRAIGHT_TOKENS)
             for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
                 row = W[r * rb:(r + 1) * rb]
                 t0 = (r // group_rows) * n_tok

@@ -1,13 +1,12 @@
 """K-quants: Q2_K, Q3_K, Q4_K, Q5_K, Q6_K (256-value super-blocks).
 
-Each weight row is decoded once into int16 values times their integer
-sub-block scale (plus per-block float scales and integer mins); each token
-then takes one exact int32 dot per super-block against its Q8_K activation,
-isum = sum(scale * q * x), the mins use the Q8_K bsums, and adds
-    (d_w * d_x) * isum - (dmin_w * d_x) * summins
-in float32, once per super-block.  ggml's generic and AVX code spread that
-float step over 8 lanes instead; the difference is float rounding only (see
-docs/kernels.md).  Kernel signatures as in legacy.py.
+Per token and super-block the kernels take exact integer sums against the Q8_K activation,
+isum = sum(scale * q * x) and the mins against the Q8_K block sums, then one float step in the
+rounding of the llama.cpp route `order` (kernels.ggml_order; _jit.block_sum and the repacked
+Q4_K/Q2_K helpers here).  Up to _jit.STRAIGHT_TOKENS tokens per row the sums come straight from
+the row bytes (simd.py intrinsics); larger batches decode each row once into int16 values times
+their integer sub-block scale and dot every token with it.  ggml's vec_dot spreads the float step
+over 8 lanes, not reproduced (docs/kernels.md).  Kernel signatures as in legacy.py.
 """
 from __future__ import annotations
 
@@ -191,7 +190,7 @@ def matmul_q2_k(W, rows, group_rows, cols, qs, d, extra, out, order):
     nb = cols // 256
     rb = nb * 84
     gemm_tokens = n_tok - n_tok % 4 if order == ORDER_GEMM and n_tok > 3 else 0
-    straight = gemm_tokens == 0 and n_tok <= STRAIGHT_TOKENS  # as Q4_K
+    straight = gemm_tokens == 0 and n_tok <= STRAIGHT_TOKENS  # from the row bytes (_jit.STRAIGHT_TOKENS)
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         if straight:
             for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
@@ -321,7 +320,7 @@ def matmul_q3_k(W, rows, group_rows, cols, qs, d, extra, out, order):
     nb = cols // 256
     rb = nb * 110
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        if n_tok <= STRAIGHT_TOKENS:  # as Q4_K
+        if n_tok <= STRAIGHT_TOKENS:  # straight from the row bytes (_jit.STRAIGHT_TOKENS)
             for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
                 row = W[r * rb:(r + 1) * rb]
                 t0 = (r // group_rows) * n_tok
@@ -506,7 +505,7 @@ def matmul_q5_k(W, rows, group_rows, cols, qs, d, extra, out, order):
     nb = cols // 256
     rb = nb * 176
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        if n_tok <= STRAIGHT_TOKENS:  # as Q4_K
+        if n_tok <= STRAIGHT_TOKENS:  # straight from the row bytes (_jit.STRAIGHT_TOKENS)
             for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
                 row = W[r * rb:(r + 1) * rb]
                 t0 = (r // group_rows) * n_tok
@@ -588,7 +587,7 @@ def matmul_q6_k(W, rows, group_rows, cols, qs, d, extra, out, order):
     nb = cols // 256
     rb = nb * 210
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        if n_tok <= STRAIGHT_TOKENS:  # as Q4_K
+        if n_tok <= STRAIGHT_TOKENS:  # straight from the row bytes (_jit.STRAIGHT_TOKENS)
             for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
                 row = W[r * rb:(r + 1) * rb]
                 t0 = (r // group_rows) * n_tok

@@ -12,7 +12,9 @@ Code generators per target, picked when numba compiles (the CPU it compiles for)
 * x86 with AVX2: the same on 32-byte vectors;
 * elsewhere: portable vector IR (zext/sext, mul, vector.reduce.add) that LLVM lowers for any
   target.
-No intermediate overflows: a pmaddubsw pair is at most 2 * 15 * 128 = 3840 here.
+pmaddubsw saturates its int16 pair sums; no use here reaches that: the unsigned operand is at
+most 127 with the activation in -127..127 (signs moved onto it, see _signed_grid_isum), or at
+most 63 with any int8 activation (2 * 63 * 128 = 16128 < 32767).
 """
 from __future__ import annotations
 
@@ -97,8 +99,8 @@ def _broadcast(builder, scalar, n):
 
 
 def _madd(builder, u, x, scale16):
-    """int32 lanes of sum(u[i] * x[i] * scale[i]) over pairs, for u <n x u8> (values < 16),
-    x <n x s8>, scale16 <n/2 x i16> (pmaddubsw then pmaddwd; n = 32 or 64)."""
+    """int32 lanes of sum(u[i] * x[i] * scale[i]) over pairs, for u <n x u8> (unsigned), x <n x s8>,
+    scale16 <n/2 x i16> (pmaddubsw then pmaddwd; n = 32 or 64; see the module note on saturation)."""
     n = u.type.count
     name = "avx512.pmaddubs.w.512" if n == 64 else "avx2.pmadd.ub.sw"
     pairs = _call(builder, f"llvm.x86.{name}", _vec(I16, n // 2), u, x)
