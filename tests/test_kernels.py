@@ -810,3 +810,16 @@ def test_simd_iq1_m_isum(target):
     np.testing.assert_array_equal(out, ((values * xg).sum(axis=2) * per_group).sum(axis=1))
     delta = np.where(nibbles & 8, -1, 1)
     np.testing.assert_array_equal(out2, (xg.sum(axis=2) * per_group * delta).sum(axis=1))
+
+
+def test_activations_never_reach_minus_128():
+    """simd.py moves weight signs onto the activation ((x ^ m) - m), which is exact only for
+    x > -128: Q8_0 and Q8_K quantize to -127..127, also at their extremes."""
+    rng = np.random.default_rng(31)
+    X = rng.standard_normal((64, 512)).astype(F32)
+    X[0] = -1.0  # every value the block's extreme
+    X[1, ::2] = -6.0e4  # near fp16 max, where Q8_0 stores its scale
+    X[2] = np.where(np.arange(512) % 7 == 0, -1e-30, 1e-30)
+    for tp in (T.Q8_0, T.Q8_K):
+        qs = K.quantize_activation(T.Q4_0 if tp == T.Q8_0 else T.Q4_K, X).qs
+        assert qs.min() >= -127 and qs.max() <= 127

@@ -384,8 +384,9 @@ def _gather(builder, table_ptr, indices):
 def _signed_grid_isum(context, builder, target, xt, x, xo, sub_blocks):
     """sum over 32-value sub-blocks of scale * (magnitudes . signed x): sub_blocks yields, per
     sub-block ib, its grid magnitudes (<32 x u8>), sign masks (<32 x i8>, -1 = negative; None:
-    all positive) and its scales as two i16 (values 0..15, 16..31).  The signs go onto x, (x ^ m) - m, which needs
-    x > -128: Q8_K activations are (|q| <= 127).  Then pmaddubsw pairs and pmaddwd by scale."""
+    all positive) and its scales as two i16 (values 0..15, 16..31).  The signs go onto x,
+    (x ^ m) - m, which needs x > -128: Q8_K activations are (|q| <= 127, tested).  Then
+    pmaddubsw pairs and pmaddwd by scale."""
     total = None
     for ib, (magnitudes, m, scale_a, scale_b) in enumerate(sub_blocks):
         xv = _load_bytes(context, builder, xt, x, _add_offset(builder, xo, 32 * ib), 32)
