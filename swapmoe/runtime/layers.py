@@ -74,7 +74,7 @@ class Rope:
     beta_fast: float = 32.0
     beta_slow: float = 1.0
     freq_factors: np.ndarray | None = None
-    _latest: dict = field(default_factory=dict, compare=False, repr=False)  # the last tables made
+    _latest: dict = field(default_factory=dict, init=False, compare=False, repr=False)  # the last tables made
 
     def _corr_dims(self) -> tuple[float, float]:
         def corr_dim(n_rot_pairs: float) -> float:
