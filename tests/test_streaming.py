@@ -218,3 +218,16 @@ def test_bad_options():
         swapmoe.load(swapmoe.default_model_path(), expert_cache_size=0)
     with pytest.raises(SwapmoeError, match="expert-prefetch must be one of"):
         swapmoe.load(swapmoe.default_model_path(), expert_prefetch="always")
+
+
+@pytest.mark.parametrize("io", ["mmap", "pread"])
+def test_repacked_file_computes_the_same(model_path, reference, tmp_path, io):
+    """A repacked expert is gate, up, down back to back: the store hands gate and up to the
+    kernels as one matrix (one call), which must not change a bit."""
+    repacked = swapmoe.repack(model_path, tmp_path / "r.gguf", progress=False)
+    m = swapmoe.load(repacked, io=io, expert_streaming=True, expert_cache_size=4)
+    expert = m.store.expert(0, 0)
+    assert expert.gate_up is not None and expert.gate is None and expert.gate_up.rows % 16 == 0
+    assert swapmoe.load(model_path, expert_streaming=False).store.expert(0, 0).gate_up is None
+    np.testing.assert_array_equal(m.logits(PROMPT), reference[0])
+    assert list(m.generate_ids(PROMPT, max_tokens=8, ignore_eos=True)) == reference[1]

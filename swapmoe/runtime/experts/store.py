@@ -100,15 +100,16 @@ class ExpertStore:
 
     def _build_expert(self, entry: _Entry, range_views: list[np.ndarray]) -> Expert:
         index, (layer, expert) = self.index, entry.key
-        weights, extras = {}, {}
+        weights, extras, place = {}, {}, {}
         for p, name in enumerate(index.parts):
             length = int(index.part_length[layer, expert, p])
             if not length:
                 continue
             f, off = int(index.part_file[layer, expert, p]), int(index.part_offset[layer, expert, p])
-            for (rf, ro, rn), view in zip(entry.read_ranges, range_views):
+            for r, ((rf, ro, rn), view) in enumerate(zip(entry.read_ranges, range_views)):
                 if rf == f and ro <= off and off + length <= ro + rn:
                     raw = view[off - ro:off - ro + length]
+                    place[name] = (r, off - ro, length)
                     break
             else:
                 raise SwapmoeError(f"index inconsistency: part {name} of expert {expert} layer {layer} not in its slice")
@@ -120,6 +121,19 @@ class ExpertStore:
                                        int(np.prod(ne[1:])), ne[0], stacked=True)
         if "down" not in weights:
             raise SwapmoeError(f"layer {layer} has no ffn_down_exps part")
+        gate, up = weights.get("gate"), weights.get("up")
+        if (gate is not None and up is not None and place["gate"][0] == place["up"][0]
+                and place["gate"][1] + place["gate"][2] == place["up"][1] and gate.rows % 8 == 0
+                and (gate.ggml_type, gate.rows, gate.cols) == (up.ggml_type, up.rows, up.cols)
+                and "gate.bias" not in extras and "up.bias" not in extras):
+            # up's bytes follow gate's (a repacked file lays an expert out as gate, up, down): one
+            # matrix of 2F rows, one kernel call instead of two.  Rows are computed independently,
+            # so results are the same; F % 8 == 0 because llama.cpp's rounding route depends on
+            # rows % 8 (kernels.ggml_order).
+            r, start, _ = place["gate"]
+            both = range_views[r][start:place["up"][1] + place["up"][2]]
+            weights["gate_up"] = Weight(both, gate.ggml_type, 2 * gate.rows, gate.cols, stacked=True)
+            del weights["gate"], weights["up"]
         return Expert(extras=extras, **weights)
 
     # --- residency --------------------------------------------------------------------------
