@@ -234,7 +234,8 @@ class Transformer:
         them. A fused gate_up is one matmul whose rows [0, F) are the gate and [F, 2F) the up."""
         bias = expert.extras.get
         if expert.gate_up is not None:
-            gate, up = np.split(_plus(linear(expert.gate_up, x), bias("gate_up.bias")), 2, axis=1)
+            both = _plus(linear(expert.gate_up, x), bias("gate_up.bias"))
+            gate, up = both[:, :expert.gate_up.rows // 2], both[:, expert.gate_up.rows // 2:]  # (np.split: 10 us)
         else:
             gate, up = _gate_and_up(expert.gate, expert.up, x)
             gate, up = _plus(gate, bias("gate.bias")), _plus(up, bias("up.bias"))
