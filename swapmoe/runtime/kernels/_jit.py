@@ -75,24 +75,6 @@ def u64(blk, o):
 
 
 @njit(**INLINE)
-def dot16(a, ao, x, xo):
-    """Exact int32 dot of int8 a[ao:ao+16] with int8 x[xo:xo+16]."""
-    s = np.int32(0)
-    for j in range(16):
-        s = np.int32(s + np.int32(a[ao + j]) * np.int32(x[xo + j]))
-    return s
-
-
-@njit(**INLINE)
-def dot32(a, ao, x, xo):
-    """Exact int32 dot of int8 a[ao:ao+32] with int8 x[xo:xo+32]."""
-    s = np.int32(0)
-    for j in range(32):
-        s = np.int32(s + np.int32(a[ao + j]) * np.int32(x[xo + j]))
-    return s
-
-
-@njit(**INLINE)
 def widen8(w, scale, ws, o):
     """ws[o:o+8] = the eight int8 values packed in uint64 w, times scale, as int16.
     A decoded table entry goes straight to the int16 row this way (a shift per
@@ -205,13 +187,3 @@ def block_fma(order, acc, sumi, dw, dx):
     if order == ORDER_GEMV:
         return fma32(sumi, dw * dx, acc)
     return acc + (dx * dw) * sumi
-
-
-@njit(**INLINE)
-def tree_sum8(v):
-    """v[0] + ... + v[7] (float32 values, possibly held in a float64 array) in the order of
-    ggml's hsum of an 8-float vector."""
-    f = np.float32
-    a = f(f(f(v[0]) + f(v[4])) + f(f(v[2]) + f(v[6])))
-    b = f(f(f(v[1]) + f(v[5])) + f(f(v[3]) + f(v[7])))
-    return f(a + b)

@@ -18,7 +18,7 @@ from gguf import quants as gq
 from numba import njit, prange
 
 from ._jit import (INLINE, PARALLEL, ROWS_PER_TASK, SERIAL, STRAIGHT_TOKENS, block_fma, block_sum, decode_pairs,
-                   dot32, dot256, f16_to_f32, nibble_pair_words, pair_order, u32, widen4, widen8)
+                   dot256, f16_to_f32, nibble_pair_words, pair_order, u32, widen4, widen8)
 from .simd import (iq1_m_isum, iq1_s_isum, iq2_s_isum, iq2_xs_isum, iq2_xxs_isum, iq3_s_isum, iq3_xxs_isum,
                    nibble_table_dot)
 
