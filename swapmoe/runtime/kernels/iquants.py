@@ -79,6 +79,28 @@ _IQ4_PAIRS = nibble_pair_words(_IQ4_VALUES)
 _IQ1_DELTA = np.float32(0.125)
 
 
+def _grid_row_dot(isum, block_bytes, grid, signs, factor):
+    """A row . token for one of the IQ2/IQ3 grid types, straight from the row bytes: each
+    super-block's exact sum from its simd intrinsic `isum`, ggml's float step (block_sum with the
+    block's fp16 d in its first two bytes), then the type's final factor."""
+    @njit(**INLINE)
+    def row_dot(row, x, dx, nb, order):
+        acc = np.float32(0.0)
+        for b in range(nb):
+            o = b * block_bytes
+            block = np.float32(isum(row, o, x, b * 256, grid, signs))
+            acc = block_sum(order, acc, block, _ZERO, f16_to_f32(row[o], row[o + 1]), _ZERO, dx[b])
+        return np.float32(factor) * acc
+    return row_dot
+
+
+_IQ2_XXS_ROW = _grid_row_dot(iq2_xxs_isum, 66, _GRID8_IQ2_XXS, _SIGN_MASKS, 0.125)
+_IQ2_XS_ROW = _grid_row_dot(iq2_xs_isum, 74, _GRID8_IQ2_XS, _SIGN_MASKS, 0.125)
+_IQ2_S_ROW = _grid_row_dot(iq2_s_isum, 82, _GRID8_IQ2_S, _BYTE_MASKS, 0.125)
+_IQ3_XXS_ROW = _grid_row_dot(iq3_xxs_isum, 98, _GRID4_IQ3_XXS, _SIGN_MASKS, 0.25)
+_IQ3_S_ROW = _grid_row_dot(iq3_s_isum, 110, _GRID4_IQ3_S, _BYTE_MASKS, 1.0)
+
+
 # ---- IQ4_NL: d f16, 16 bytes of indices into a 16-value table (Q8_0 acts) ---
 
 @njit(**PARALLEL)
@@ -212,19 +234,12 @@ def matmul_iq2_xxs(W, rows, group_rows, cols, qs, d, extra, out, order):
     nb = cols // 256
     rb = nb * 66
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        if n_tok <= STRAIGHT_TOKENS:  # quants straight from the row bytes (simd.iq2_xxs_isum)
+        if n_tok <= STRAIGHT_TOKENS:  # straight from the row bytes (_jit.STRAIGHT_TOKENS)
             for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
                 row = W[r * rb:(r + 1) * rb]
                 t0 = (r // group_rows) * n_tok
                 for t in range(n_tok):
-                    x, dx = qs[t0 + t], d[t0 + t]
-                    acc = np.float32(0.0)
-                    for b in range(nb):
-                        o = b * 66
-                        isum = iq2_xxs_isum(row, o, x, b * 256, _GRID8_IQ2_XXS, _SIGN_MASKS)
-                        dw = f16_to_f32(row[o], row[o + 1])
-                        acc = block_sum(order, acc, np.float32(isum), _ZERO, dw, _ZERO, dx[b])
-                    out[t, r] = np.float32(0.125) * acc
+                    out[t, r] = _IQ2_XXS_ROW(row, qs[t0 + t], d[t0 + t], nb, order)
             continue
         ws = np.empty(cols, np.int16)
         dw = np.empty(nb, np.float32)
@@ -289,14 +304,7 @@ def matmul_iq2_xs(W, rows, group_rows, cols, qs, d, extra, out, order):
                 row = W[r * rb:(r + 1) * rb]
                 t0 = (r // group_rows) * n_tok
                 for t in range(n_tok):
-                    x, dx = qs[t0 + t], d[t0 + t]
-                    acc = np.float32(0.0)
-                    for b in range(nb):
-                        o = b * 74
-                        isum = iq2_xs_isum(row, o, x, b * 256, _GRID8_IQ2_XS, _SIGN_MASKS)
-                        dw = f16_to_f32(row[o], row[o + 1])
-                        acc = block_sum(order, acc, np.float32(isum), _ZERO, dw, _ZERO, dx[b])
-                    out[t, r] = np.float32(0.125) * acc
+                    out[t, r] = _IQ2_XS_ROW(row, qs[t0 + t], d[t0 + t], nb, order)
             continue
         ws = np.empty(cols, np.int16)
         dw = np.empty(nb, np.float32)
@@ -359,14 +367,7 @@ def matmul_iq2_s(W, rows, group_rows, cols, qs, d, extra, out, order):
                 row = W[r * rb:(r + 1) * rb]
                 t0 = (r // group_rows) * n_tok
                 for t in range(n_tok):
-                    x, dx = qs[t0 + t], d[t0 + t]
-                    acc = np.float32(0.0)
-                    for b in range(nb):
-                        o = b * 82
-                        isum = iq2_s_isum(row, o, x, b * 256, _GRID8_IQ2_S, _BYTE_MASKS)
-                        dw = f16_to_f32(row[o], row[o + 1])
-                        acc = block_sum(order, acc, np.float32(isum), _ZERO, dw, _ZERO, dx[b])
-                    out[t, r] = np.float32(0.125) * acc
+                    out[t, r] = _IQ2_S_ROW(row, qs[t0 + t], d[t0 + t], nb, order)
             continue
         ws = np.empty(cols, np.int16)
         dw = np.empty(nb, np.float32)
@@ -434,14 +435,7 @@ def matmul_iq3_xxs(W, rows, group_rows, cols, qs, d, extra, out, order):
                 row = W[r * rb:(r + 1) * rb]
                 t0 = (r // group_rows) * n_tok
                 for t in range(n_tok):
-                    x, dx = qs[t0 + t], d[t0 + t]
-                    acc = np.float32(0.0)
-                    for b in range(nb):
-                        o = b * 98
-                        isum = iq3_xxs_isum(row, o, x, b * 256, _GRID4_IQ3_XXS, _SIGN_MASKS)
-                        dw = f16_to_f32(row[o], row[o + 1])
-                        acc = block_sum(order, acc, np.float32(isum), _ZERO, dw, _ZERO, dx[b])
-                    out[t, r] = np.float32(0.25) * acc
+                    out[t, r] = _IQ3_XXS_ROW(row, qs[t0 + t], d[t0 + t], nb, order)
             continue
         ws = np.empty(cols, np.int16)
         dw = np.empty(nb, np.float32)
@@ -506,14 +500,7 @@ def matmul_iq3_s(W, rows, group_rows, cols, qs, d, extra, out, order):
                 row = W[r * rb:(r + 1) * rb]
                 t0 = (r // group_rows) * n_tok
                 for t in range(n_tok):
-                    x, dx = qs[t0 + t], d[t0 + t]
-                    acc = np.float32(0.0)
-                    for b in range(nb):
-                        o = b * 110
-                        isum = iq3_s_isum(row, o, x, b * 256, _GRID4_IQ3_S, _BYTE_MASKS)
-                        dw = f16_to_f32(row[o], row[o + 1])
-                        acc = block_sum(order, acc, np.float32(isum), _ZERO, dw, _ZERO, dx[b])
-                    out[t, r] = acc
+                    out[t, r] = _IQ3_S_ROW(row, qs[t0 + t], d[t0 + t], nb, order)
             continue
         ws = np.empty(cols, np.int16)
         dw = np.empty(nb, np.float32)
