@@ -486,11 +486,17 @@ def test_repacked_block_types_rounding(tp):
 
 # ---- the explicit SIMD helpers (kernels/simd.py), each code generator against numpy ----------
 
-@pytest.mark.parametrize("target", [simd.GENERIC, simd.AVX2, simd.AVX512])
-def test_simd_q4_k_isum(target):
-    order = [simd.GENERIC, simd.AVX2, simd.AVX512]
-    if order.index(target) > order.index(simd.TARGET):
+SIMD_TARGETS = [simd.GENERIC, simd.AVX2, simd.AVX512]  # each can run where the next one can
+
+
+def skip_unless_this_cpu_runs(target):
+    if SIMD_TARGETS.index(target) > SIMD_TARGETS.index(simd.TARGET):
         pytest.skip(f"this CPU cannot run the {target} code")  # the generic one runs everywhere
+
+
+@pytest.mark.parametrize("target", SIMD_TARGETS)
+def test_simd_q4_k_isum(target):
+    skip_unless_this_cpu_runs(target)
     isum = simd.Q4_K_ISUM[target]
 
     @njit
@@ -553,11 +559,9 @@ def test_half_to_float_every_bit_pattern():
         np.testing.assert_array_equal(out[~nan].view(np.uint32), want[~nan].view(np.uint32))
 
 
-@pytest.mark.parametrize("target", [simd.GENERIC, simd.AVX2, simd.AVX512])
+@pytest.mark.parametrize("target", SIMD_TARGETS)
 def test_simd_q6_k_isum(target):
-    order = [simd.GENERIC, simd.AVX2, simd.AVX512]
-    if order.index(target) > order.index(simd.TARGET):
-        pytest.skip(f"this CPU cannot run the {target} code")
+    skip_unless_this_cpu_runs(target)
     isum = simd.Q6_K_ISUM[target]
 
     @njit
@@ -580,11 +584,9 @@ def test_simd_q6_k_isum(target):
     np.testing.assert_array_equal(out, (scaled * x.reshape(n, 256)).sum(axis=1).astype(np.int64))
 
 
-@pytest.mark.parametrize("target", [simd.GENERIC, simd.AVX2, simd.AVX512])
+@pytest.mark.parametrize("target", SIMD_TARGETS)
 def test_simd_q2_k_isum(target):
-    order = [simd.GENERIC, simd.AVX2, simd.AVX512]
-    if order.index(target) > order.index(simd.TARGET):
-        pytest.skip(f"this CPU cannot run the {target} code")
+    skip_unless_this_cpu_runs(target)
     isum = simd.Q2_K_ISUM[target]
 
     @njit
@@ -608,13 +610,11 @@ def test_simd_q2_k_isum(target):
     np.testing.assert_array_equal(mins, want_mins)
 
 
-@pytest.mark.parametrize("target", [simd.GENERIC, simd.AVX2, simd.AVX512])
+@pytest.mark.parametrize("target", SIMD_TARGETS)
 @pytest.mark.parametrize("tp", [T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S],
                          ids=["IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S"])
 def test_simd_grid_isum(tp, target):
-    order = [simd.GENERIC, simd.AVX2, simd.AVX512]
-    if order.index(target) > order.index(simd.TARGET):
-        pytest.skip(f"this CPU cannot run the {target} code")
+    skip_unless_this_cpu_runs(target)
     from swapmoe.runtime.kernels import iquants
     isum, grid, signs, d_scale = {
         T.IQ2_XXS: (simd.IQ2_XXS_ISUM, iquants._GRID8_IQ2_XXS, iquants._SIGN_MASKS, 8.0),
@@ -643,11 +643,9 @@ def test_simd_grid_isum(tp, target):
     np.testing.assert_array_equal(out, (scaled * x.reshape(n, 256)).sum(axis=1).astype(np.int64))
 
 
-@pytest.mark.parametrize("target", [simd.GENERIC, simd.AVX2, simd.AVX512])
+@pytest.mark.parametrize("target", SIMD_TARGETS)
 def test_simd_nibble_table_dot(target):
-    order = [simd.GENERIC, simd.AVX2, simd.AVX512]
-    if order.index(target) > order.index(simd.TARGET):
-        pytest.skip(f"this CPU cannot run the {target} code")
+    skip_unless_this_cpu_runs(target)
     dot = simd.NIBBLE_TABLE_DOT[target]
 
     @njit
@@ -668,13 +666,11 @@ def test_simd_nibble_table_dot(target):
         np.testing.assert_array_equal(out, (values * x.reshape(n, 32)).sum(axis=1))
 
 
-@pytest.mark.parametrize("target", [simd.GENERIC, simd.AVX2, simd.AVX512])
+@pytest.mark.parametrize("target", SIMD_TARGETS)
 @pytest.mark.parametrize("tp", [T.Q4_K, T.Q5_K], ids=["Q4_K", "Q5_K"])
 def test_simd_k4_isum_real_layout(tp, target):
     """q4_k_isum / q5_k_isum on whole blocks against gguf's integer parts (scale x quant)."""
-    order = [simd.GENERIC, simd.AVX2, simd.AVX512]
-    if order.index(target) > order.index(simd.TARGET):
-        pytest.skip(f"this CPU cannot run the {target} code")
+    skip_unless_this_cpu_runs(target)
     from swapmoe.runtime.kernels.kquants import _scales_mins_k4
     size = GGML_QUANT_SIZES[tp][1]
     isum = simd.Q4_K_ISUM[target] if tp == T.Q4_K else simd.Q5_K_ISUM[target]
@@ -701,11 +697,9 @@ def test_simd_k4_isum_real_layout(tp, target):
     np.testing.assert_array_equal(out, (scaled * x.reshape(n, 256)).sum(axis=1).astype(np.int64))
 
 
-@pytest.mark.parametrize("target", [simd.GENERIC, simd.AVX2, simd.AVX512])
+@pytest.mark.parametrize("target", SIMD_TARGETS)
 def test_simd_q3_k_isum(target):
-    order = [simd.GENERIC, simd.AVX2, simd.AVX512]
-    if order.index(target) > order.index(simd.TARGET):
-        pytest.skip(f"this CPU cannot run the {target} code")
+    skip_unless_this_cpu_runs(target)
     isum = simd.Q3_K_ISUM[target]
 
     @njit
@@ -745,11 +739,9 @@ def test_numba_configuration_survives_a_reload():
         numba.config.reload_config()
 
 
-@pytest.mark.parametrize("target", [simd.GENERIC, simd.AVX2, simd.AVX512])
+@pytest.mark.parametrize("target", SIMD_TARGETS)
 def test_simd_iq1_s_isum(target):
-    order = [simd.GENERIC, simd.AVX2, simd.AVX512]
-    if order.index(target) > order.index(simd.TARGET):
-        pytest.skip(f"this CPU cannot run the {target} code")
+    skip_unless_this_cpu_runs(target)
     from swapmoe.runtime.kernels import iquants
     isum = simd.IQ1_S_ISUM[target]
 
@@ -777,11 +769,9 @@ def test_simd_iq1_s_isum(target):
     np.testing.assert_array_equal(out1, (np.where(qh & 0x8000, -scales, scales) * pairs).sum(axis=1))
 
 
-@pytest.mark.parametrize("target", [simd.GENERIC, simd.AVX2, simd.AVX512])
+@pytest.mark.parametrize("target", SIMD_TARGETS)
 def test_simd_iq1_m_isum(target):
-    order = [simd.GENERIC, simd.AVX2, simd.AVX512]
-    if order.index(target) > order.index(simd.TARGET):
-        pytest.skip(f"this CPU cannot run the {target} code")
+    skip_unless_this_cpu_runs(target)
     from swapmoe.runtime.kernels import iquants
     isum = simd.IQ1_M_ISUM[target]
 
