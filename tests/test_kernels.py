@@ -486,11 +486,12 @@ def test_repacked_block_types_rounding(tp):
 
 # ---- the explicit SIMD helpers (kernels/simd.py), each code generator against numpy ----------
 
-SIMD_TARGETS = [simd.GENERIC, simd.AVX2, simd.AVX512]  # each can run where the next one can
+SIMD_TARGETS = [simd.GENERIC, simd.AVX2, simd.AVX512]  # the generators every intrinsic has
+GRID_TARGETS = SIMD_TARGETS + [simd.VBMI]  # the IQ grid types' also decode in registers with VBMI
 
 
 def skip_unless_this_cpu_runs(target):
-    if SIMD_TARGETS.index(target) > SIMD_TARGETS.index(simd.TARGET):
+    if simd.TARGETS.index(target) > simd.TARGETS.index(simd.TARGET):
         pytest.skip(f"this CPU cannot run the {target} code")  # the generic one runs everywhere
 
 
@@ -610,7 +611,7 @@ def test_simd_q2_k_isum(target):
     np.testing.assert_array_equal(mins, want_mins)
 
 
-@pytest.mark.parametrize("target", SIMD_TARGETS)
+@pytest.mark.parametrize("target", GRID_TARGETS)
 @pytest.mark.parametrize("tp", [T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S],
                          ids=["IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S"])
 def test_simd_grid_isum(tp, target):
@@ -641,6 +642,49 @@ def test_simd_grid_isum(tp, target):
     # gguf: d * (0.5 + s) * 0.25 (IQ2) or 0.5 (IQ3_XXS) or d * (2s + 1) (IQ3_S) times the value
     scaled = integer_parts(tp, blocks, o0=d_scale)
     np.testing.assert_array_equal(out, (scaled * x.reshape(n, 256)).sum(axis=1).astype(np.int64))
+
+
+@pytest.mark.parametrize("target", [simd.GENERIC, simd.AVX2])
+@pytest.mark.parametrize("kind", list(simd.LEGACY_BLOCKS))
+def test_simd_legacy_row_dot(kind, target):
+    """Each generator of the legacy row dots against llama.cpp's float steps in numpy: eight FMA
+    lanes of exact 4-value sums and a tree sum (Q4_0 repacked: one FMA per block)."""
+    skip_unless_this_cpu_runs(target)
+    tp = T[kind.upper()]
+    lanes_dot, blocks_dot = simd.LANES_DOT[kind][target], simd.Q4_0_BLOCKS_DOT[target]
+    rng = np.random.default_rng(31)
+    nb = 40
+    blocks = random_weights(tp, 1, 32 * nb, rng).reshape(nb, -1)
+    if tp == T.Q8_0:
+        blocks[0, 2:] = 0x80  # -128, the one weight whose magnitude is not an int8
+    x = rng.integers(-127, 128, 32 * nb, dtype=np.int8)
+    x[:32] = -127
+    dx = rng.uniform(0.5, 2.0, nb).astype(F32)
+    sx = rng.uniform(-50, 50, nb).astype(F32)
+
+    @njit
+    def run(row, x, dx, sx, nb):
+        return lanes_dot(row, x, dx, sx, nb), blocks_dot(row, x, dx, sx, nb)
+    got, got_blocks = run(blocks.reshape(-1), x, dx, sx, nb)
+    with_min = tp in (T.Q4_1, T.Q5_1)
+    ints = integer_parts(tp, blocks, **({"o0": 1.0, "o2": 0.0} if with_min else {"o0": 1.0})).astype(np.int64)
+    products = ints * x.reshape(nb, 32)
+    scales = (f16_at(blocks, 0) * dx).astype(F32)
+    lanes = np.zeros(8, F32)
+    for b in range(nb):
+        lanes = fma(scales[b], products[b].reshape(8, 4).sum(1).astype(F32), lanes)
+    want = tree_sum(lanes)
+    if with_min:
+        summs = F32(0)
+        for b, m in enumerate(f16_at(blocks, 2)):
+            summs = fma(m, sx[b], summs)
+        want = F32(want + summs)
+    assert got == want
+    if tp == T.Q4_0:
+        acc = F32(0)
+        for b in range(nb):
+            acc = fma(F32(products[b].sum()), scales[b], acc)
+        assert got_blocks == acc
 
 
 @pytest.mark.parametrize("target", SIMD_TARGETS)
@@ -739,7 +783,7 @@ def test_numba_configuration_survives_a_reload():
         numba.config.reload_config()
 
 
-@pytest.mark.parametrize("target", SIMD_TARGETS)
+@pytest.mark.parametrize("target", GRID_TARGETS)
 def test_simd_iq1_s_isum(target):
     skip_unless_this_cpu_runs(target)
     from swapmoe.runtime.kernels import iquants
@@ -769,7 +813,7 @@ def test_simd_iq1_s_isum(target):
     np.testing.assert_array_equal(out1, (np.where(qh & 0x8000, -scales, scales) * pairs).sum(axis=1))
 
 
-@pytest.mark.parametrize("target", SIMD_TARGETS)
+@pytest.mark.parametrize("target", GRID_TARGETS)
 def test_simd_iq1_m_isum(target):
     skip_unless_this_cpu_runs(target)
     from swapmoe.runtime.kernels import iquants

@@ -19,10 +19,10 @@ import numpy as np
 from numba import njit, prange
 
 from ._jit import INLINE, ORDER_LANES, PARALLEL, SERIAL, f16_to_f32, u64
-from .simd import LANES_DOT, q4_0_blocks_dot
+from .simd import lanes_dot, q4_0_blocks_dot
 
 _Q4_0_LANES, _Q4_1_LANES, _Q5_0_LANES, _Q5_1_LANES, _Q8_0_LANES = (
-    LANES_DOT[k] for k in ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0"))
+    lanes_dot[k] for k in ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0"))
 
 
 _LOW_NIBBLES = np.uint64(0x0F0F0F0F0F0F0F0F)

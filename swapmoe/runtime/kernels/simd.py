@@ -22,6 +22,7 @@ import platform
 
 import numba
 import numpy as np
+from gguf import quants as gq
 from llvmlite import binding as llvm_binding
 from llvmlite import ir
 from numba import njit, types
@@ -41,10 +42,17 @@ def _target_features() -> set[str]:
 
 
 _FEATURES = _target_features()
-GENERIC, AVX2, AVX512 = "generic", "avx2", "avx512"
-TARGET = AVX512 if {"avx512f", "avx512bw"} <= _FEATURES else AVX2 if "avx2" in _FEATURES else GENERIC
+GENERIC, AVX2, AVX512, VBMI = "generic", "avx2", "avx512", "avx512vbmi"
+TARGETS = (GENERIC, AVX2, AVX512, VBMI)  # a CPU that runs one runs those before it
+TARGET = (VBMI if {"avx512f", "avx512bw", "avx512vbmi"} <= _FEATURES
+          else AVX512 if {"avx512f", "avx512bw"} <= _FEATURES else AVX2 if "avx2" in _FEATURES else GENERIC)
 # half -> float in one instruction: F16C on x86, base ARMv8 (elsewhere LLVM would call a runtime helper)
 HW_HALF = "f16c" in _FEATURES or platform.machine().lower() in ("aarch64", "arm64")
+
+
+def _for_this_cpu(generators: dict):
+    """Of one intrinsic's generators (keyed by target), the most capable one this CPU runs."""
+    return next(generators[t] for t in reversed(TARGETS[:TARGETS.index(TARGET) + 1]) if t in generators)
 
 
 def _vec(t, n):
@@ -188,9 +196,9 @@ def _q5_k_isum(target: str):
 
 # every generator stays importable, so tests check each one this CPU can run against numpy
 Q4_K_ISUM = {target: _q4_k_isum(target) for target in (GENERIC, AVX2, AVX512)}
-q4_k_isum = Q4_K_ISUM[TARGET]
+q4_k_isum = _for_this_cpu(Q4_K_ISUM)
 Q5_K_ISUM = {target: _q5_k_isum(target) for target in (GENERIC, AVX2, AVX512)}
-q5_k_isum = Q5_K_ISUM[TARGET]
+q5_k_isum = _for_this_cpu(Q5_K_ISUM)
 
 
 def _groups16_isum(context, builder, target, xt, x, xo, quants, scales):
@@ -271,7 +279,7 @@ def _q6_k_isum(target: str):
 
 
 Q6_K_ISUM = {target: _q6_k_isum(target) for target in (GENERIC, AVX2, AVX512)}
-q6_k_isum = Q6_K_ISUM[TARGET]
+q6_k_isum = _for_this_cpu(Q6_K_ISUM)
 
 
 def _q2_k_block_isum(context, builder, signature, args, target):
@@ -303,7 +311,7 @@ def _q2_k_isum(target: str):
 
 
 Q2_K_ISUM = {target: _q2_k_isum(target) for target in (GENERIC, AVX2, AVX512)}
-q2_k_isum = Q2_K_ISUM[TARGET]
+q2_k_isum = _for_this_cpu(Q2_K_ISUM)
 
 
 def _q3_k_block_isum(context, builder, signature, args, target):
@@ -353,7 +361,7 @@ def _q3_k_isum(target: str):
 
 
 Q3_K_ISUM = {target: _q3_k_isum(target) for target in (GENERIC, AVX2, AVX512)}
-q3_k_isum = Q3_K_ISUM[TARGET]
+q3_k_isum = _for_this_cpu(Q3_K_ISUM)
 
 
 @intrinsic
@@ -564,7 +572,7 @@ def _iq1_s_block_isum(context, builder, signature, args, target):
     return context.make_tuple(builder, signature.return_type, [isum, sumi1])
 
 
-def _iq1_s_isum(target: str):
+def _iq1_s_isum(block_isum, target: str):
     @intrinsic
     def iq1_s_isum(typingctx, w, wo, x, xo, grid, bsums, bo):
         """(exact int32 sum of an IQ1_S super-block's 256 grid values (-1, 0, 1) times their odd
@@ -576,7 +584,7 @@ def _iq1_s_isum(target: str):
         sig = types.UniTuple(types.int32, 2)(w, wo, x, xo, grid, bsums, bo)
 
         def codegen(context, builder, signature, args):
-            return _iq1_s_block_isum(context, builder, signature, args, target)
+            return block_isum(context, builder, signature, args, target)
         return sig, codegen
     return iq1_s_isum
 
@@ -634,7 +642,7 @@ def _iq1_m_block_isum(context, builder, signature, args, target):
     return context.make_tuple(builder, signature.return_type, [isum, sumi2])
 
 
-def _iq1_m_isum(target: str):
+def _iq1_m_isum(block_isum, target: str):
     @intrinsic
     def iq1_m_isum(typingctx, w, wo, x, xo, grid, bsums, bo):
         """(exact int32 sum of an IQ1_M super-block's 256 grid values (-1, 0, 1) times their odd
@@ -646,7 +654,7 @@ def _iq1_m_isum(target: str):
         sig = types.UniTuple(types.int32, 2)(w, wo, x, xo, grid, bsums, bo)
 
         def codegen(context, builder, signature, args):
-            return _iq1_m_block_isum(context, builder, signature, args, target)
+            return block_isum(context, builder, signature, args, target)
         return sig, codegen
     return iq1_m_isum
 
@@ -669,16 +677,323 @@ def _grid_isum(name: str, block_isum, target: str):
     return grid_isum
 
 
-IQ2_XXS_ISUM = {t: _grid_isum("IQ2_XXS", _iq2_xxs_block_isum, t) for t in (GENERIC, AVX2, AVX512)}
-IQ3_XXS_ISUM = {t: _grid_isum("IQ3_XXS", _iq3_xxs_block_isum, t) for t in (GENERIC, AVX2, AVX512)}
-IQ2_XS_ISUM = {t: _grid_isum("IQ2_XS", _iq2_xs_block_isum, t) for t in (GENERIC, AVX2, AVX512)}
-IQ2_S_ISUM = {t: _grid_isum("IQ2_S", _iq2_s_block_isum, t) for t in (GENERIC, AVX2, AVX512)}
-IQ3_S_ISUM = {t: _grid_isum("IQ3_S", _iq3_s_block_isum, t) for t in (GENERIC, AVX2, AVX512)}
-iq2_xxs_isum, iq3_xxs_isum, iq2_xs_isum = IQ2_XXS_ISUM[TARGET], IQ3_XXS_ISUM[TARGET], IQ2_XS_ISUM[TARGET]
-iq2_s_isum, iq3_s_isum = IQ2_S_ISUM[TARGET], IQ3_S_ISUM[TARGET]
-IQ1_S_ISUM = {t: _iq1_s_isum(t) for t in (GENERIC, AVX2, AVX512)}
-IQ1_M_ISUM = {t: _iq1_m_isum(t) for t in (GENERIC, AVX2, AVX512)}
-iq1_s_isum, iq1_m_isum = IQ1_S_ISUM[TARGET], IQ1_M_ISUM[TARGET]
+# ---- AVX-512 VBMI: grid blocks decoded wholly in registers --------------------------------------
+# Every IQ grid entry is a few small codes: 8 values of 3 levels (IQ2_*), 4 values of 8 levels
+# (IQ3_*), 8 values of -1/0/1 (IQ1_*), so an entry packs into 16 bits.  vpermi2w looks 32 such
+# words up in a 64-entry slice of the table held in two registers; selects on the index's higher
+# bits pick among the slices.  vpmultishiftqb then cuts each entry into one byte per value and
+# vpermb maps those codes to the grid's magnitudes.  Sign bytes spread to one mask bit per value
+# (vptestmb), negating the activation under the mask.  No scalar work per value or per entry:
+# IQ2_XXS 2x the gather above.
+
+def _bytes(values):
+    return ir.Constant(_vec(I8, len(values)), [int(v) & 0xFF for v in values])
+
+
+def _shuffle(builder, a, b, lanes):
+    """Lanes of a (then b, from a.type.count on) listed in `lanes`, as a new vector."""
+    return builder.shuffle_vector(a, b, ir.Constant(_vec(I32, len(lanes)), list(lanes)))
+
+
+def _multishift(builder, data, offsets):
+    """Byte i of each qword of <64 x i8> data: the 8 bits from bit offsets[i % 8] up (vpmultishiftqb)."""
+    return _call(builder, "llvm.x86.avx512.pmultishift.qb.512", _vec(I8, 64), _bytes(offsets * 8), data)
+
+
+def _lookup128(builder, table, indices):
+    """table[index & 127] per byte of <64 x i8> indices, table: 128 bytes (vpermi2b)."""
+    return _call(builder, "llvm.x86.avx512.vpermi2var.qi.512", _vec(I8, 64),
+                 _bytes(table[:64]), indices, _bytes(table[64:]))
+
+
+def _grid_words(builder, codes: np.ndarray, index_words):
+    """codes[index] for 32 i16 indices (each < codes.size, a multiple of 64)."""
+    slices = []
+    for s in range(0, codes.size, 64):
+        lo, hi = (ir.Constant(_vec(I16, 32), [int(c) for c in codes[s + h:s + h + 32]]) for h in (0, 32))
+        slices.append(_call(builder, "llvm.x86.avx512.vpermi2var.hi.512", _vec(I16, 32), lo, index_words, hi))
+    bit = 64
+    while len(slices) > 1:
+        high = builder.icmp_unsigned("!=", builder.and_(index_words, _splat(I16, 32, bit)), _splat(I16, 32, 0))
+        slices = [builder.select(high, b, a) for a, b in zip(slices[::2], slices[1::2])]
+        bit *= 2
+    return builder.bitcast(slices[0], _vec(I8, 64))
+
+
+def _words_from_bytes(builder, v, positions):
+    """<32 x i16> whose word w is the byte v[positions[w]] zero-extended."""
+    zero = ir.Constant(v.type, None)
+    return builder.bitcast(_shuffle(builder, v, zero, [k for p in positions for k in (p, v.type.count)]),
+                           _vec(I16, 32))
+
+
+class _Grid:
+    """A grid as 16-bit codes: `bits` per value, `per_entry` values per entry, `levels` the
+    magnitudes the codes stand for (those of gguf's table, plus `shift`)."""
+
+    def __init__(self, cls, shift=0):
+        cls.init_grid()
+        grid = cls.grid.reshape(cls.grid_shape).astype(np.int64) + shift
+        self.levels = sorted(set(grid.reshape(-1).tolist()))
+        self.per_entry = grid.shape[1]
+        self.bits = 2 if len(self.levels) <= 4 else 3
+        self.codes = np.zeros(len(grid), np.int64)
+        for i in range(self.per_entry):
+            self.codes |= np.searchsorted(self.levels, grid[:, i]) << (self.bits * i)
+        mask = (1 << self.bits) - 1
+        self.values = [self.levels[b & mask] if (b & mask) < len(self.levels) else 0 for b in range(64)]
+
+    def magnitudes(self, builder, code_bytes, first):
+        """The 64 values of entries first, first + 1, ... (codes in <64 x i8> code_bytes, two bytes
+        each) as unsigned bytes: each qword gets 8 values' worth of codes, cut per value."""
+        per_qword = 8 // self.per_entry
+        lanes = [2 * (first + per_qword * q) + min(b, 2 * per_qword - 1) for q in range(8) for b in range(8)]
+        placed = _shuffle(builder, code_bytes, code_bytes, lanes)
+        offsets = [16 * (i // self.per_entry) + self.bits * (i % self.per_entry) for i in range(8)]
+        fields = _multishift(builder, placed, offsets)
+        return _call(builder, "llvm.x86.avx512.permvar.qi.512", _vec(I8, 64), _bytes(self.values), fields)
+
+
+def _signed_chunks_isum(context, builder, xt, x, xo, chunks):
+    """Sum over 64-value chunks of (magnitudes . x with the signs applied) weighted by scale:
+    `chunks` yields (magnitudes <64 x u8>, sign bytes <64 x i8> with value i's sign at bit i % 8
+    of byte i // 8 * 8 .. (one byte spread over its 8 values; None: all positive), scale words
+    <32 x i16>)."""
+    bit = _bytes([1 << (i % 8) for i in range(64)])
+    zero = _splat(I8, 64, 0)
+    total = None
+    for j, (magnitudes, spread_signs, scales) in enumerate(chunks):
+        xv = _load_bytes(context, builder, xt, x, _add_offset(builder, xo, 64 * j), 64)
+        if spread_signs is not None:
+            negative = builder.icmp_unsigned("!=", builder.and_(spread_signs, bit), zero)
+            xv = builder.select(negative, builder.sub(zero, xv), xv)
+        part = _madd(builder, magnitudes, xv, scales)
+        total = part if total is None else builder.add(total, part)
+    return _reduce_add(builder, total)
+
+
+def _spread(builder, sign_bytes, position):
+    """<64 x i8>: byte position(g) of sign_bytes repeated over the 8 values of group g (0..7)."""
+    return _shuffle(builder, sign_bytes, sign_bytes, [position(i // 8) for i in range(64)])
+
+
+def _odd_bytes(builder, v, shift=0):
+    """2 * ((v >> shift) & 15) + 1 per byte."""
+    nibbles = builder.and_(builder.lshr(v, _splat(I8, v.type.count, shift)) if shift else v,
+                           _splat(I8, v.type.count, 15))
+    return builder.or_(builder.shl(nibbles, _splat(I8, v.type.count, 1)), _splat(I8, v.type.count, 1))
+
+
+_KSIGNS = np.frombuffer(gq.IQ2_XXS.ksigns, dtype=np.uint8)
+_IQ2_XXS_GRID, _IQ2_XS_GRID, _IQ2_S_GRID = _Grid(gq.IQ2_XXS), _Grid(gq.IQ2_XS), _Grid(gq.IQ2_S)
+_IQ3_XXS_GRID, _IQ3_S_GRID = _Grid(gq.IQ3_XXS), _Grid(gq.IQ3_S)
+_IQ1_GRID = _Grid(gq.IQ1_S, shift=1)  # values 0, 1, 2, as in simd.iq1_s_isum's grid argument
+
+
+def _iq2_xxs_vbmi(context, builder, signature, args, target):
+    """IQ2_XXS (layout in _iq2_xxs_block_isum): qword k of the 64 bytes at wo+2 is sub-block k."""
+    wt, xt = signature.args[0], signature.args[2]
+    w, wo, x, xo = args[:4]
+    q = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 2), 64)
+    aux = _multishift(builder, q, [32, 39, 46, 53, 60, 60, 60, 60])  # 4 sign indices, the scale
+    signs = _lookup128(builder, _KSIGNS, aux)
+    scales = _odd_bytes(builder, aux)
+    codes = _grid_words(builder, _IQ2_XXS_GRID.codes, _words_from_bytes(builder, q, [8 * k + l for k in range(8) for l in range(4)]))
+
+    def chunks():  # chunk j: sub-blocks 2j, 2j + 1
+        for j in range(4):
+            yield (_IQ2_XXS_GRID.magnitudes(builder, codes, 8 * j),
+                   _spread(builder, signs, lambda g: 8 * (2 * j + g // 4) + g % 4),
+                   _words_from_bytes(builder, scales, [8 * (2 * j + w // 16) + 4 for w in range(32)]))
+    return _signed_chunks_isum(context, builder, xt, x, xo, chunks())
+
+
+def _iq3_xxs_vbmi(context, builder, signature, args, target):
+    """IQ3_XXS (layout in _iq3_xxs_block_isum): the 8 sign/scale words spread one per qword."""
+    wt, xt = signature.args[0], signature.args[2]
+    w, wo, x, xo = args[:4]
+    q = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 2), 64)
+    words = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 66), 32)
+    spaced = _shuffle(builder, words, ir.Constant(words.type, None), [4 * k + b if b < 4 else 32 for k in range(8) for b in range(8)])
+    aux = _multishift(builder, spaced, [0, 7, 14, 21, 28, 28, 28, 28])
+    signs = _lookup128(builder, _KSIGNS, aux)
+    scales = _odd_bytes(builder, aux)
+    codes = [_grid_words(builder, _IQ3_XXS_GRID.codes, _words_from_bytes(builder, q, range(32 * h, 32 * h + 32))) for h in range(2)]
+
+    def chunks():
+        for j in range(4):
+            yield (_IQ3_XXS_GRID.magnitudes(builder, codes[j // 2], 16 * (j % 2)),
+                   _spread(builder, signs, lambda g: 8 * (2 * j + g // 4) + g % 4),
+                   _words_from_bytes(builder, scales, [8 * (2 * j + w // 16) + 4 for w in range(32)]))
+    return _signed_chunks_isum(context, builder, xt, x, xo, chunks())
+
+
+def _high_index_bits(builder, v, positions, shifts, mask):
+    """<32 x i16>: ((v[positions[w]] << 8) >> shifts[w]) & mask per word w: high bits of 32 grid
+    indices gathered from the bytes of v."""
+    words = _words_from_bytes(builder, v, positions)
+    words = builder.shl(words, _splat(I16, 32, 8))
+    return builder.and_(builder.lshr(words, ir.Constant(_vec(I16, 32), list(shifts))), _splat(I16, 32, mask))
+
+
+def _scale_words(builder, scales, position):
+    """The chunk's 32 scale words: word w (values 2w, 2w + 1) = scales[position(2w)] (bytes)."""
+    return _words_from_bytes(builder, scales, [position(2 * w) for w in range(32)])
+
+
+def _iq2_xs_vbmi(context, builder, signature, args, target):
+    """IQ2_XS (layout in _iq2_xs_block_isum)."""
+    wt, xt = signature.args[0], signature.args[2]
+    w, wo, x, xo = args[:4]
+    q = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 2), 64)
+    signs = _lookup128(builder, _KSIGNS, _multishift(builder, q, [9, 25, 41, 57, 57, 57, 57, 57]))
+    indices = builder.and_(builder.bitcast(q, _vec(I16, 32)), _splat(I16, 32, 511))
+    codes = _grid_words(builder, _IQ2_XS_GRID.codes, indices)
+    packed = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 66), 8)
+    scales = _concat(builder, _odd_bytes(builder, packed), _odd_bytes(builder, packed, 4))  # low nibbles, high
+
+    def chunks():
+        for j in range(4):
+            yield (_IQ2_XS_GRID.magnitudes(builder, codes, 8 * j),
+                   _spread(builder, signs, lambda g: 8 * (2 * j + g // 4) + g % 4),
+                   _scale_words(builder, scales, lambda v: (64 * j + v) // 32 + 8 * (v % 32 // 16)))
+    return _signed_chunks_isum(context, builder, xt, x, xo, chunks())
+
+
+def _iq2_s_vbmi(context, builder, signature, args, target):
+    """IQ2_S (layout in _iq2_s_block_isum): qs and sign bytes in one 64-byte load, qh and scales
+    in one of 16."""
+    wt, xt = signature.args[0], signature.args[2]
+    w, wo, x, xo = args[:4]
+    q = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 2), 64)
+    tail = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 66), 16)
+    high = _high_index_bits(builder, tail, [i // 4 for i in range(32)], [2 * (i % 4) for i in range(32)], 0x300)
+    codes = _grid_words(builder, _IQ2_S_GRID.codes, builder.or_(_words_from_bytes(builder, q, range(32)), high))
+    scales = _concat(builder, _odd_bytes(builder, tail), _odd_bytes(builder, tail, 4))
+
+    def chunks():
+        for j in range(4):
+            yield (_IQ2_S_GRID.magnitudes(builder, codes, 8 * j),
+                   _spread(builder, q, lambda g: 32 + 8 * j + g),
+                   _scale_words(builder, scales, lambda v: 8 + (64 * j + v) // 32 + 16 * (v % 32 // 16)))
+    return _signed_chunks_isum(context, builder, xt, x, xo, chunks())
+
+
+def _iq3_s_vbmi(context, builder, signature, args, target):
+    """IQ3_S (layout in _iq3_s_block_isum): qh, the sign bytes and the scales as bytes 0..47 of
+    one vector, from loads that stay inside the block."""
+    wt, xt = signature.args[0], signature.args[2]
+    w, wo, x, xo = args[:4]
+    q = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 2), 64)
+    head = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 66), 32)  # qh, signs 0..23
+    tail = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 94), 16)  # signs 20..31, scales
+    rest = _concat(builder, head, _concat(builder, tail, ir.Constant(tail.type, None)))
+    codes = []
+    for h in range(2):
+        high = _high_index_bits(builder, rest, [(32 * h + i) // 8 for i in range(32)], [i % 8 for i in range(32)], 0x100)
+        codes.append(_grid_words(builder, _IQ3_S_GRID.codes,
+                                 builder.or_(_words_from_bytes(builder, q, range(32 * h, 32 * h + 32)), high)))
+    scales = _concat(builder, _odd_bytes(builder, rest), _odd_bytes(builder, rest, 4))  # low nibbles, high
+
+    def chunks():
+        for j in range(4):
+            yield (_IQ3_S_GRID.magnitudes(builder, codes[j // 2], 16 * (j % 2)),
+                   _spread(builder, rest, lambda g: 8 + (8 * j + g) + (4 if 8 * j + g >= 24 else 0)),
+                   _scale_words(builder, scales, lambda v: 44 + (64 * j + v) // 64 + 64 * ((64 * j + v) // 32 % 2)))
+    return _signed_chunks_isum(context, builder, xt, x, xo, chunks())
+
+
+def _grid_generators(name, block_isum, vbmi_block_isum):
+    generators = {t: _grid_isum(name, block_isum, t) for t in (GENERIC, AVX2, AVX512)}
+    generators[VBMI] = _grid_isum(name, vbmi_block_isum, VBMI)
+    return generators
+
+
+IQ2_XXS_ISUM = _grid_generators("IQ2_XXS", _iq2_xxs_block_isum, _iq2_xxs_vbmi)
+IQ3_XXS_ISUM = _grid_generators("IQ3_XXS", _iq3_xxs_block_isum, _iq3_xxs_vbmi)
+IQ2_XS_ISUM = _grid_generators("IQ2_XS", _iq2_xs_block_isum, _iq2_xs_vbmi)
+IQ2_S_ISUM = _grid_generators("IQ2_S", _iq2_s_block_isum, _iq2_s_vbmi)
+IQ3_S_ISUM = _grid_generators("IQ3_S", _iq3_s_block_isum, _iq3_s_vbmi)
+iq2_xxs_isum, iq3_xxs_isum = _for_this_cpu(IQ2_XXS_ISUM), _for_this_cpu(IQ3_XXS_ISUM)
+iq2_xs_isum, iq2_s_isum, iq3_s_isum = _for_this_cpu(IQ2_XS_ISUM), _for_this_cpu(IQ2_S_ISUM), _for_this_cpu(IQ3_S_ISUM)
+def _words(builder, v, positions):
+    """<n x i16> from byte pairs of v: word k = v[positions[k]] | v[positions[k] + 1] << 8."""
+    return builder.bitcast(_shuffle(builder, v, v, [p + b for p in positions for b in (0, 1)]),
+                           _vec(I16, len(positions)))
+
+
+def _iq1_s_vbmi(context, builder, signature, args, target):
+    """IQ1_S (layout and results in _iq1_s_block_isum), its per-sub-block words as one vector."""
+    wt, xt = signature.args[0], signature.args[2]
+    w, wo, x, xo, grid, bsums, bo = args[:7]
+    b_ptr, = _data(context, builder, signature, args, 5)
+    qs = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 2), 32)
+    qh = builder.bitcast(_load_bytes(context, builder, wt, w, _add_offset(builder, wo, 34), 16), _vec(I16, 8))
+    spread = _shuffle(builder, qh, qh, [i // 4 for i in range(32)])  # sub-block i // 4's word per index
+    high = builder.lshr(builder.shl(spread, ir.Constant(_vec(I16, 32), [(8, 5, 2, 0)[i % 4] for i in range(32)])),
+                        ir.Constant(_vec(I16, 32), [(0, 0, 0, 1)[i % 4] for i in range(32)]))
+    indices = builder.or_(_words_from_bytes(builder, qs, range(32)), builder.and_(high, _splat(I16, 32, 0x700)))
+    codes = _grid_words(builder, _IQ1_GRID.codes, indices)
+    odd = builder.or_(builder.shl(_field(builder, qh, 12, 7), _splat(I16, 8, 1)), _splat(I16, 8, 1))
+    scales = builder.trunc(odd, _vec(I8, 8))
+
+    def chunks():
+        for j in range(4):
+            yield (_IQ1_GRID.magnitudes(builder, codes, 8 * j), None,
+                   _scale_words(builder, scales, lambda v: (64 * j + v) // 32))
+    total = _signed_chunks_isum(context, builder, xt, x, xo, chunks())
+    sums = builder.load(builder.bitcast(builder.gep(b_ptr, [bo]), _vec(I32, 16).as_pointer()), align=4)
+    pairs = builder.add(_pick(builder, sums, range(0, 16, 2)), _pick(builder, sums, range(1, 16, 2)))
+    weights = builder.zext(odd, _vec(I32, 8))
+    negative = builder.icmp_signed("<", qh, _splat(I16, 8, 0))
+    isum = builder.sub(total, _reduce_add(builder, builder.mul(pairs, weights)))
+    sumi1 = _reduce_add(builder, builder.mul(pairs, builder.select(negative, builder.neg(weights), weights)))
+    return context.make_tuple(builder, signature.return_type, [isum, sumi1])
+
+
+def _iq1_m_vbmi(context, builder, signature, args, target):
+    """IQ1_M (layout and results in _iq1_m_block_isum), fields cut by vector shifts."""
+    wt, xt = signature.args[0], signature.args[2]
+    w, wo, x, xo, grid, bsums, bo = args[:7]
+    b_ptr, = _data(context, builder, signature, args, 5)
+    qs = _load_bytes(context, builder, wt, w, wo, 32)
+    tail = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 32), 16)  # qh[16]
+    packed = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 48), 8)  # 4 u16 of scales
+    nibbles = builder.lshr(_words_from_bytes(builder, tail, [g // 2 for g in range(32)]),
+                           ir.Constant(_vec(I16, 32), [4 * (g % 2) for g in range(32)]))
+    indices = builder.or_(_words_from_bytes(builder, qs, range(32)),
+                          builder.shl(builder.and_(nibbles, _splat(I16, 32, 7)), _splat(I16, 32, 8)))
+    codes = _grid_words(builder, _IQ1_GRID.codes, indices)
+    fields = builder.lshr(_words(builder, packed, [2 * (k // 4) for k in range(16)]),
+                          ir.Constant(_vec(I16, 16), [3 * (k % 4) for k in range(16)]))
+    odd = builder.or_(builder.shl(builder.and_(fields, _splat(I16, 16, 7)), _splat(I16, 16, 1)), _splat(I16, 16, 1))
+    scales = builder.trunc(odd, _vec(I8, 16))
+
+    def chunks():
+        for j in range(4):
+            yield (_IQ1_GRID.magnitudes(builder, codes, 8 * j), None,
+                   _scale_words(builder, scales, lambda v: (64 * j + v) // 16))
+    total = _signed_chunks_isum(context, builder, xt, x, xo, chunks())
+    sums = builder.load(builder.bitcast(builder.gep(b_ptr, [bo]), _vec(I32, 16).as_pointer()), align=4)
+    isum = builder.sub(total, _reduce_add(builder, builder.mul(sums, builder.zext(odd, _vec(I32, 16)))))
+    # sumi2: each 8-value group's activation sum times +-(2s + 1), pmaddubsw with ones
+    group_scales = _shuffle(builder, odd, odd, [g // 2 for g in range(32)])
+    negative = builder.icmp_unsigned("!=", builder.and_(nibbles, _splat(I16, 32, 8)), _splat(I16, 32, 0))
+    deltas = builder.select(negative, builder.neg(group_scales), group_scales)
+    ones = _splat(I8, 64, 1)
+    sumi2 = None
+    for j in range(4):
+        xv = _load_bytes(context, builder, xt, x, _add_offset(builder, xo, 64 * j), 64)
+        part = _madd(builder, ones, xv, _shuffle(builder, deltas, deltas, [(64 * j + 2 * k) // 8 for k in range(32)]))
+        sumi2 = part if sumi2 is None else builder.add(sumi2, part)
+    return context.make_tuple(builder, signature.return_type, [isum, _reduce_add(builder, sumi2)])
+
+
+IQ1_S_ISUM = {**{t: _iq1_s_isum(_iq1_s_block_isum, t) for t in (GENERIC, AVX2, AVX512)},
+              VBMI: _iq1_s_isum(_iq1_s_vbmi, VBMI)}
+IQ1_M_ISUM = {**{t: _iq1_m_isum(_iq1_m_block_isum, t) for t in (GENERIC, AVX2, AVX512)},
+              VBMI: _iq1_m_isum(_iq1_m_vbmi, VBMI)}
+iq1_s_isum, iq1_m_isum = _for_this_cpu(IQ1_S_ISUM), _for_this_cpu(IQ1_M_ISUM)
 
 
 def _nibble_table_block_dot(context, builder, signature, args, target):
@@ -725,7 +1040,7 @@ def _nibble_table_dot(target: str):
 
 
 NIBBLE_TABLE_DOT = {target: _nibble_table_dot(target) for target in (GENERIC, AVX2, AVX512)}
-nibble_table_dot = NIBBLE_TABLE_DOT[TARGET]
+nibble_table_dot = _for_this_cpu(NIBBLE_TABLE_DOT)
 
 
 # ---- legacy 32-value blocks: a whole row . token in llama.cpp's eight FMA lanes -------------
@@ -760,7 +1075,7 @@ def _legacy_values(context, builder, row_ptr, o, kind):
     return builder.sub(values, _splat(I8, 32, offset)) if offset else values
 
 
-def _legacy_dot(context, builder, signature, args, kind, per_block):
+def _legacy_dot(context, builder, signature, args, kind, per_block, target):
     row, x, dx, sx, nb = args
     rowt, xt, dxt, sxt = signature.args[:4]
     size, min_at = LEGACY_BLOCKS[kind][:2]
@@ -783,12 +1098,19 @@ def _legacy_dot(context, builder, signature, args, kind, per_block):
         w = _legacy_values(context, builder, row_ptr, o, kind)
         x_at = builder.gep(x_ptr, [builder.mul(b, ir.Constant(b.type, 32))])
         xv = builder.load(builder.bitcast(x_at, _vec(I8, 32).as_pointer()), align=1)
-        extend = builder.sext if kind in ("q8_0", "q4_0", "q5_0") else builder.zext
-        products = builder.mul(extend(w, _vec(I32, 32)), builder.sext(xv, _vec(I32, 32)))
-        quads = None
-        for j in range(4):  # lane l: values 4l .. 4l+3
-            part = _pick(builder, products, [4 * lane + j for lane in range(8)])
-            quads = part if quads is None else builder.add(quads, part)
+        signed = kind in ("q8_0", "q4_0", "q5_0")
+        if target == GENERIC:
+            products = builder.mul((builder.sext if signed else builder.zext)(w, _vec(I32, 32)),
+                                   builder.sext(xv, _vec(I32, 32)))
+            quads = None
+            for j in range(4):  # lane l: values 4l .. 4l+3
+                part = _pick(builder, products, [4 * lane + j for lane in range(8)])
+                quads = part if quads is None else builder.add(quads, part)
+        else:  # pmaddubsw wants the weight unsigned: |w| times x with w's sign (psignb)
+            if signed:
+                xv = _call(builder, "llvm.x86.avx2.psign.b", _vec(I8, 32), xv, w)
+                w = _call(builder, "llvm.abs.v32i8", _vec(I8, 32), w, ir.Constant(ir.IntType(1), 0))
+            quads = _madd(builder, w, xv, _splat(I16, 16, 1))
         scale = builder.fmul(half(o), builder.load(builder.gep(dx_ptr, [b])))
         if per_block:
             isum = builder.sitofp(_reduce_add(builder, quads), f32)
@@ -813,7 +1135,7 @@ def _half_at_scalar(lo, hi):
     return f16_to_f32(lo, hi)
 
 
-def _legacy_row_dot(kind: str, per_block: bool):
+def _legacy_row_dot(kind: str, per_block: bool, target: str):
     @intrinsic
     def legacy_row_dot(typingctx, row, x, dx, sx, nb):
         """A legacy-type row (its nb blocks' bytes) . token (int8 x, per-block float32 scales dx
@@ -825,13 +1147,15 @@ def _legacy_row_dot(kind: str, per_block: bool):
         sig = types.float32(row, x, dx, sx, nb)
 
         def codegen(context, builder, signature, args):
-            return _legacy_dot(context, builder, signature, args, kind, per_block)
+            return _legacy_dot(context, builder, signature, args, kind, per_block, target)
         return sig, codegen
     return legacy_row_dot
 
 
-LANES_DOT = {kind: _legacy_row_dot(kind, False) for kind in LEGACY_BLOCKS}
-q4_0_blocks_dot = _legacy_row_dot("q4_0", True)
+LANES_DOT = {kind: {t: _legacy_row_dot(kind, False, t) for t in (GENERIC, AVX2)} for kind in LEGACY_BLOCKS}
+Q4_0_BLOCKS_DOT = {t: _legacy_row_dot("q4_0", True, t) for t in (GENERIC, AVX2)}
+lanes_dot = {kind: _for_this_cpu(generators) for kind, generators in LANES_DOT.items()}
+q4_0_blocks_dot = _for_this_cpu(Q4_0_BLOCKS_DOT)
 
 
 @intrinsic
