@@ -207,13 +207,15 @@ def _groups16_isum(context, builder, target, xt, x, xo, quants, scales):
     scales are <16 x i16> (signed); x the int8 activation x[xo:xo+256].  Q2_K, Q3_K, Q6_K."""
     total = None
     for h in range(2):
-        if target == AVX512:  # values 128h + 64p .. +64, contiguous in x
-            for p in range(2):
-                u = _concat(builder, quants[h][2 * p], quants[h][2 * p + 1])
-                xv = _load_bytes(context, builder, xt, x, _add_offset(builder, xo, 128 * h + 64 * p), 64)
-                groups = [8 * h + 4 * p + lane // 8 for lane in range(32)]
-                part = _madd(builder, u, xv, _pick(builder, scales, groups))
-                total = part if total is None else builder.add(total, part)
+        if target == AVX512:  # values 32c .. +32 beside 128 + 32c .. +32 (see _q2_k_block_isum)
+            if h == 0:
+                for c in range(4):
+                    u = _concat(builder, quants[0][c], quants[1][c])
+                    xv = _concat(builder, _load_bytes(context, builder, xt, x, _add_offset(builder, xo, 32 * c), 32),
+                                 _load_bytes(context, builder, xt, x, _add_offset(builder, xo, 128 + 32 * c), 32))
+                    groups = [8 * (lane // 16) + 2 * c + lane % 16 // 8 for lane in range(32)]
+                    part = _madd(builder, u, xv, _pick(builder, scales, groups))
+                    total = part if total is None else builder.add(total, part)
             continue
         for c in range(4):
             xv = _load_bytes(context, builder, xt, x, _add_offset(builder, xo, 128 * h + 32 * c), 32)
@@ -288,10 +290,10 @@ def _q2_k_block_isum(context, builder, signature, args, target):
     w, wo, x, xo = args
     wt, xt = signature.args[0], signature.args[2]
     scales = builder.zext(builder.and_(_load_bytes(context, builder, wt, w, wo, 16), _splat(I8, 16, 15)), _vec(I16, 16))
-    quants = []
-    for h in range(2):
-        q = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 16 + 32 * h), 32)
-        quants.append([builder.and_(builder.lshr(q, _splat(I8, 32, 2 * c)), _splat(I8, 32, 3)) for c in range(4)])
+    # all 64 quant bytes shifted at once: bytes 0..31 then hold values 32c.., bytes 32..63 128 + 32c..
+    q = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 16), 64)
+    fields = [builder.and_(builder.lshr(q, _splat(I8, 64, 2 * c)), _splat(I8, 64, 3)) for c in range(4)]
+    quants = [[_pick(builder, fields[c], range(32 * h, 32 * h + 32)) for c in range(4)] for h in range(2)]
     return _groups16_isum(context, builder, target, xt, x, xo, quants, scales)
 
 
@@ -720,6 +722,17 @@ def _grid_words(builder, codes: np.ndarray, index_words):
     return builder.bitcast(slices[0], _vec(I8, 64))
 
 
+def _gathered_entries(builder, grid_ptr, index_words, first):
+    """The 8-byte grid entries grid[index] for indices first .. first + 7 of <32 x i16>
+    index_words, as <64 x i8> (one vpgatherdq)."""
+    indices = builder.zext(_shuffle(builder, index_words, index_words, range(first, first + 8)), _vec(I32, 8))
+    i64 = ir.IntType(64)
+    entries = _call(builder, "llvm.x86.avx512.mask.gather.dpq.512", _vec(i64, 8), ir.Constant(_vec(i64, 8), None),
+                    builder.bitcast(grid_ptr, I8.as_pointer()), indices, ir.Constant(_vec(ir.IntType(1), 8), [1] * 8),
+                    ir.Constant(I32, 8))
+    return builder.bitcast(entries, _vec(I8, 64))
+
+
 def _words_from_bytes(builder, v, positions):
     """<32 x i16> whose word w is the byte v[positions[w]] zero-extended."""
     zero = ir.Constant(v.type, None)
@@ -787,7 +800,6 @@ def _odd_bytes(builder, v, shift=0):
 _KSIGNS = np.frombuffer(gq.IQ2_XXS.ksigns, dtype=np.uint8)
 _IQ2_XXS_GRID, _IQ2_XS_GRID, _IQ2_S_GRID = _Grid(gq.IQ2_XXS), _Grid(gq.IQ2_XS), _Grid(gq.IQ2_S)
 _IQ3_XXS_GRID, _IQ3_S_GRID = _Grid(gq.IQ3_XXS), _Grid(gq.IQ3_S)
-_IQ1_GRID = _Grid(gq.IQ1_S, shift=1)  # values 0, 1, 2, as in simd.iq1_s_isum's grid argument
 
 
 def _iq2_xxs_vbmi(context, builder, signature, args, target):
@@ -933,13 +945,13 @@ def _iq1_s_vbmi(context, builder, signature, args, target):
     high = builder.lshr(builder.shl(spread, ir.Constant(_vec(I16, 32), [(8, 5, 2, 0)[i % 4] for i in range(32)])),
                         ir.Constant(_vec(I16, 32), [(0, 0, 0, 1)[i % 4] for i in range(32)]))
     indices = builder.or_(_words_from_bytes(builder, qs, range(32)), builder.and_(high, _splat(I16, 32, 0x700)))
-    codes = _grid_words(builder, _IQ1_GRID.codes, indices)
+    g_ptr, = _data(context, builder, signature, args, 4)
     odd = builder.or_(builder.shl(_field(builder, qh, 12, 7), _splat(I16, 8, 1)), _splat(I16, 8, 1))
     scales = builder.trunc(odd, _vec(I8, 8))
 
     def chunks():
         for j in range(4):
-            yield (_IQ1_GRID.magnitudes(builder, codes, 8 * j), None,
+            yield (_gathered_entries(builder, g_ptr, indices, 8 * j), None,
                    _scale_words(builder, scales, lambda v: (64 * j + v) // 32))
     total = _signed_chunks_isum(context, builder, xt, x, xo, chunks())
     sums = builder.load(builder.bitcast(builder.gep(b_ptr, [bo]), _vec(I32, 16).as_pointer()), align=4)
@@ -963,7 +975,7 @@ def _iq1_m_vbmi(context, builder, signature, args, target):
                            ir.Constant(_vec(I16, 32), [4 * (g % 2) for g in range(32)]))
     indices = builder.or_(_words_from_bytes(builder, qs, range(32)),
                           builder.shl(builder.and_(nibbles, _splat(I16, 32, 7)), _splat(I16, 32, 8)))
-    codes = _grid_words(builder, _IQ1_GRID.codes, indices)
+    g_ptr, = _data(context, builder, signature, args, 4)
     fields = builder.lshr(_words(builder, packed, [2 * (k // 4) for k in range(16)]),
                           ir.Constant(_vec(I16, 16), [3 * (k % 4) for k in range(16)]))
     odd = builder.or_(builder.shl(builder.and_(fields, _splat(I16, 16, 7)), _splat(I16, 16, 1)), _splat(I16, 16, 1))
@@ -971,7 +983,7 @@ def _iq1_m_vbmi(context, builder, signature, args, target):
 
     def chunks():
         for j in range(4):
-            yield (_IQ1_GRID.magnitudes(builder, codes, 8 * j), None,
+            yield (_gathered_entries(builder, g_ptr, indices, 8 * j), None,
                    _scale_words(builder, scales, lambda v: (64 * j + v) // 16))
     total = _signed_chunks_isum(context, builder, xt, x, xo, chunks())
     sums = builder.load(builder.bitcast(builder.gep(b_ptr, [bo]), _vec(I32, 16).as_pointer()), align=4)
