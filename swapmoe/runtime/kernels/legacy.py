@@ -1,10 +1,13 @@
 """Legacy 32-value block types: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0.
 
-Matmul kernels take each row . token in one call of a simd.LANES_DOT intrinsic: the blocks'
+Matmul kernels take eight rows . one token in one call of a simd.lanes_dot8 intrinsic (one row
+at a time, simd.lanes_dot, where a group of rows is not a multiple of eight): the blocks'
 values decoded in vector registers, exact int32 sums of four products per lane against the
-Q8_0/Q8_1 activation, and the float combination of llama.cpp's x86 vec_dot (and tinyBLAS):
-eight FMA lanes per row, except for Q4_0 weights llama.cpp repacks (kernels.ggml_order): one
-FMA per block.  The row's bytes come from memory once; the other tokens find them in cache.
+Q8_0/Q8_1 activation, and per row the float combination of llama.cpp's x86 vec_dot (and
+tinyBLAS): eight FMA lanes, except for Q4_0 weights llama.cpp repacks (kernels.ggml_order): one
+FMA per block.  Eight rows at once keep eight FMA chains in flight (one row alone waits on its
+chain: Q4_0 2x, Q4_1/Q5_1 1.7-2x, Q8_0 1.15x).  The rows' bytes come from memory once; the
+other tokens find them in cache.
 
 Kernel signature: matmul_X(W, rows, group_rows, cols, qs, d, extra, out, order) with W
 the raw uint8 bytes (rows * row_bytes), qs/d/extra a QuantizedActivation's
@@ -19,10 +22,47 @@ import numpy as np
 from numba import njit, prange
 
 from ._jit import INLINE, ORDER_LANES, PARALLEL, SERIAL, f16_to_f32, u64
-from .simd import lanes_dot, q4_0_blocks_dot
+from .simd import lanes_dot, lanes_dot8, q4_0_blocks_dot, q4_0_blocks_dot8
 
-_Q4_0_LANES, _Q4_1_LANES, _Q5_0_LANES, _Q5_1_LANES, _Q8_0_LANES = (
-    lanes_dot[k] for k in ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0"))
+
+def _matmul(kind: str, block_bytes: int, takes_min: bool):
+    """The kernel of one legacy type: rows in eights where a group of rows holds a multiple of
+    eight (simd's eight-row dots: eight FMA chains in flight), one at a time otherwise.  Q4_0
+    follows `order` (ORDER_GEMV: llama.cpp repacked it, one FMA per block); the others always
+    round as vec_dot/tinyBLAS (eight lanes).  Q4_1/Q5_1 take the activation's block sums (extra)."""
+    one, eight = lanes_dot[kind], lanes_dot8[kind]
+    per_block_one, per_block_eight = (q4_0_blocks_dot, q4_0_blocks_dot8) if kind == "q4_0" else (one, eight)
+
+    @njit(**PARALLEL)
+    def matmul(W, rows, group_rows, cols, qs, d, extra, out, order):
+        n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
+        nb = cols // 32
+        rb = nb * block_bytes
+        per_block = kind == "q4_0" and order != ORDER_LANES
+        step = 8 if group_rows % 8 == 0 else 1
+        for task in prange(rows // step):
+            r = task * step
+            t0 = (r // group_rows) * n_tok
+            for t in range(n_tok):
+                sx = extra[t0 + t] if takes_min else d[t0 + t]
+                if step == 1:
+                    row = W[r * rb:(r + 1) * rb]
+                    if per_block:
+                        out[t, r] = per_block_one(row, qs[t0 + t], d[t0 + t], sx, nb)
+                    else:
+                        out[t, r] = one(row, qs[t0 + t], d[t0 + t], sx, nb)
+                elif per_block:
+                    per_block_eight(W, r * rb, rb, qs[t0 + t], d[t0 + t], sx, nb, out[t], r)
+                else:
+                    eight(W, r * rb, rb, qs[t0 + t], d[t0 + t], sx, nb, out[t], r)
+    return matmul
+
+
+matmul_q4_0 = _matmul("q4_0", 18, False)
+matmul_q4_1 = _matmul("q4_1", 20, True)
+matmul_q5_0 = _matmul("q5_0", 22, False)
+matmul_q5_1 = _matmul("q5_1", 24, True)
+matmul_q8_0 = _matmul("q8_0", 34, False)
 
 
 _LOW_NIBBLES = np.uint64(0x0F0F0F0F0F0F0F0F)
@@ -67,19 +107,6 @@ def _decode_q5(blk, o, offset, w64, wo):
 
 # ---- Q4_0: d f16, 16 bytes of nibbles; value = nibble - 8 ------------------
 
-@njit(**PARALLEL)
-def matmul_q4_0(W, rows, group_rows, cols, qs, d, extra, out, order):
-    n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
-    nb = cols // 32
-    rb = nb * 18
-    for r in prange(rows):
-        row = W[r * rb:(r + 1) * rb]
-        t0 = (r // group_rows) * n_tok
-        for t in range(n_tok):
-            if order != ORDER_LANES:  # repacked by llama.cpp (ORDER_GEMV): one FMA per block
-                out[t, r] = q4_0_blocks_dot(row, qs[t0 + t], d[t0 + t], d[t0 + t], nb)
-                continue
-            out[t, r] = _Q4_0_LANES(row, qs[t0 + t], d[t0 + t], d[t0 + t], nb)
 
 
 @njit(**SERIAL)
@@ -100,16 +127,6 @@ def dequantize_q4_0(W, cols, row_ids, out):
 
 # ---- Q4_1: d f16, m f16, nibbles; value = d * nibble + m --------------------
 
-@njit(**PARALLEL)
-def matmul_q4_1(W, rows, group_rows, cols, qs, d, extra, out, order):
-    n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
-    nb = cols // 32
-    rb = nb * 20
-    for r in prange(rows):
-        row = W[r * rb:(r + 1) * rb]
-        t0 = (r // group_rows) * n_tok
-        for t in range(n_tok):
-            out[t, r] = _Q4_1_LANES(row, qs[t0 + t], d[t0 + t], extra[t0 + t], nb)
 
 
 @njit(**SERIAL)
@@ -131,16 +148,6 @@ def dequantize_q4_1(W, cols, row_ids, out):
 
 # ---- Q5_0: d f16, qh u32 (5th bits), nibbles; value = q5 - 16 ---------------
 
-@njit(**PARALLEL)
-def matmul_q5_0(W, rows, group_rows, cols, qs, d, extra, out, order):
-    n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
-    nb = cols // 32
-    rb = nb * 22
-    for r in prange(rows):
-        row = W[r * rb:(r + 1) * rb]
-        t0 = (r // group_rows) * n_tok
-        for t in range(n_tok):
-            out[t, r] = _Q5_0_LANES(row, qs[t0 + t], d[t0 + t], d[t0 + t], nb)
 
 
 @njit(**SERIAL)
@@ -161,16 +168,6 @@ def dequantize_q5_0(W, cols, row_ids, out):
 
 # ---- Q5_1: d f16, m f16, qh u32, nibbles; value = d * q5 + m ----------------
 
-@njit(**PARALLEL)
-def matmul_q5_1(W, rows, group_rows, cols, qs, d, extra, out, order):
-    n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
-    nb = cols // 32
-    rb = nb * 24
-    for r in prange(rows):
-        row = W[r * rb:(r + 1) * rb]
-        t0 = (r // group_rows) * n_tok
-        for t in range(n_tok):
-            out[t, r] = _Q5_1_LANES(row, qs[t0 + t], d[t0 + t], extra[t0 + t], nb)
 
 
 @njit(**SERIAL)
@@ -192,16 +189,6 @@ def dequantize_q5_1(W, cols, row_ids, out):
 
 # ---- Q8_0: d f16, 32 int8 ---------------------------------------------------
 
-@njit(**PARALLEL)
-def matmul_q8_0(W, rows, group_rows, cols, qs, d, extra, out, order):
-    n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
-    nb = cols // 32
-    rb = nb * 34
-    for r in prange(rows):
-        row = W[r * rb:(r + 1) * rb]
-        t0 = (r // group_rows) * n_tok
-        for t in range(n_tok):
-            out[t, r] = _Q8_0_LANES(row, qs[t0 + t], d[t0 + t], d[t0 + t], nb)
 
 
 @njit(**SERIAL)

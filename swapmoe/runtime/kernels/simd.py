@@ -1068,9 +1068,10 @@ LEGACY_BLOCKS = {
 }
 
 
-def _legacy_values(context, builder, row_ptr, o, kind):
+def _legacy_values(context, builder, row_ptr, o, kind, with_offset=True):
     """The 32 values of the legacy block at byte o of the row, as <32 x i8> (ggml order: the
-    low nibbles are values 0..15, the high ones 16..31; 5th bits from a u32, bit j for value j)."""
+    low nibbles are values 0..15, the high ones 16..31; 5th bits from a u32, bit j for value j);
+    with_offset=False: Q4_0/Q5_0's unsigned quants, before their offset (8, 16) comes off."""
     size, min_at, high_at, quants_at, offset = LEGACY_BLOCKS[kind]
     at = lambda k: builder.gep(row_ptr, [builder.add(o, ir.Constant(o.type, k))])  # noqa: E731
     if kind == "q8_0":
@@ -1084,7 +1085,31 @@ def _legacy_values(context, builder, row_ptr, o, kind):
         masks = ir.Constant(_vec(I8, 32), [1 << (j % 8) for j in range(32)])
         set_ = builder.icmp_unsigned("!=", builder.and_(spread, masks), _splat(I8, 32, 0))
         values = builder.or_(values, builder.select(set_, _splat(I8, 32, 16), _splat(I8, 32, 0)))
-    return builder.sub(values, _splat(I8, 32, offset)) if offset else values
+    return builder.sub(values, _splat(I8, 32, offset)) if offset and with_offset else values
+
+
+def _legacy_quads(builder, w, xv, kind, target):
+    """<8 x i32>: lane l = sum of w[i] * x[i] over values 4l .. 4l+3 of a 32-value block."""
+    signed = kind in ("q8_0", "q4_0", "q5_0")
+    if target == GENERIC:
+        products = builder.mul((builder.sext if signed else builder.zext)(w, _vec(I32, 32)),
+                               builder.sext(xv, _vec(I32, 32)))
+        quads = None
+        for j in range(4):
+            part = _pick(builder, products, [4 * lane + j for lane in range(8)])
+            quads = part if quads is None else builder.add(quads, part)
+        return quads
+    if signed:  # pmaddubsw wants the weight unsigned: |w| times x with w's sign (psignb)
+        xv = _call(builder, "llvm.x86.avx2.psign.b", _vec(I8, 32), xv, w)
+        w = _call(builder, "llvm.abs.v32i8", _vec(I8, 32), w, ir.Constant(ir.IntType(1), 0))
+    return _madd(builder, w, xv, _splat(I16, 16, 1))
+
+
+def _tree_sum8(builder, v):
+    """ggml's horizontal sum of 8 floats: ((v0+v4)+(v2+v6)) + ((v1+v5)+(v3+v7))."""
+    e = [builder.extract_element(v, ir.Constant(I32, i)) for i in range(8)]
+    return builder.fadd(builder.fadd(builder.fadd(e[0], e[4]), builder.fadd(e[2], e[6])),
+                        builder.fadd(builder.fadd(e[1], e[5]), builder.fadd(e[3], e[7])))
 
 
 def _legacy_dot(context, builder, signature, args, kind, per_block, target):
@@ -1110,19 +1135,7 @@ def _legacy_dot(context, builder, signature, args, kind, per_block, target):
         w = _legacy_values(context, builder, row_ptr, o, kind)
         x_at = builder.gep(x_ptr, [builder.mul(b, ir.Constant(b.type, 32))])
         xv = builder.load(builder.bitcast(x_at, _vec(I8, 32).as_pointer()), align=1)
-        signed = kind in ("q8_0", "q4_0", "q5_0")
-        if target == GENERIC:
-            products = builder.mul((builder.sext if signed else builder.zext)(w, _vec(I32, 32)),
-                                   builder.sext(xv, _vec(I32, 32)))
-            quads = None
-            for j in range(4):  # lane l: values 4l .. 4l+3
-                part = _pick(builder, products, [4 * lane + j for lane in range(8)])
-                quads = part if quads is None else builder.add(quads, part)
-        else:  # pmaddubsw wants the weight unsigned: |w| times x with w's sign (psignb)
-            if signed:
-                xv = _call(builder, "llvm.x86.avx2.psign.b", _vec(I8, 32), xv, w)
-                w = _call(builder, "llvm.abs.v32i8", _vec(I8, 32), w, ir.Constant(ir.IntType(1), 0))
-            quads = _madd(builder, w, xv, _splat(I16, 16, 1))
+        quads = _legacy_quads(builder, w, xv, kind, target)
         scale = builder.fmul(half(o), builder.load(builder.gep(dx_ptr, [b])))
         if per_block:
             isum = builder.sitofp(_reduce_add(builder, quads), f32)
@@ -1135,12 +1148,103 @@ def _legacy_dot(context, builder, signature, args, kind, per_block, target):
             builder.store(builder.call(fma1, [m, builder.load(builder.gep(sx_ptr, [b])), builder.load(mins)]), mins)
     if per_block:
         return builder.load(acc)
-    v = builder.load(lanes)
-    e = [builder.extract_element(v, ir.Constant(I32, i)) for i in range(8)]
-    # ggml's hsum of 8 floats: ((v0+v4)+(v2+v6)) + ((v1+v5)+(v3+v7))
-    total = builder.fadd(builder.fadd(builder.fadd(e[0], e[4]), builder.fadd(e[2], e[6])),
-                         builder.fadd(builder.fadd(e[1], e[5]), builder.fadd(e[3], e[7])))
+    total = _tree_sum8(builder, builder.load(lanes))
     return builder.fadd(total, builder.load(mins)) if min_at is not None else total
+
+
+def _sums8(builder, vectors):
+    """<8 x i32> of the lane sums of eight <8 x i32> vectors (a transposing tree: 24 shuffles
+    and adds for eight reductions)."""
+    level = vectors
+    for width in (4, 2, 1):  # each step halves every vector and pairs them up
+        paired = []
+        for a, b in zip(level[::2], level[1::2]):
+            lanes = [i for i in range(8) if i % (2 * width) < width]
+            lo = _shuffle(builder, a, b, [i for i in lanes] + [8 + i for i in lanes])
+            hi = _shuffle(builder, a, b, [i + width for i in lanes] + [8 + i + width for i in lanes])
+            paired.append(builder.add(lo, hi))
+        level = paired
+    return level[0]
+
+
+def _legacy_rows_dot(context, builder, signature, args, kind, per_block, target):
+    """Eight consecutive rows . one token at once: row r at w[wo + r*rb]; results to out[oo+r].
+    Each row's float steps are those of _legacy_dot (llama.cpp's, per row) -- eight independent
+    FMA chains in flight instead of one, the token's block loaded once for all eight rows, and
+    the eight scales converted by one vcvtph2ps."""
+    w, wo, rb, x, dx, sx, nb, out, oo = args
+    wt, xt, dxt, sxt = signature.args[0], signature.args[3], signature.args[4], signature.args[5]
+    size, min_at = LEGACY_BLOCKS[kind][:2]
+    w_ptr = context.make_array(wt)(context, builder, value=w).data
+    x_ptr = context.make_array(xt)(context, builder, value=x).data
+    dx_ptr = context.make_array(dxt)(context, builder, value=dx).data
+    sx_ptr = context.make_array(sxt)(context, builder, value=sx).data
+    out_ptr = context.make_array(signature.args[7])(context, builder, value=out).data
+    v8f = _vec(ir.FloatType(), 8)
+    zero8 = ir.Constant(v8f, [0.0] * 8)
+    lanes = [cgutils.alloca_once_value(builder, zero8) for _ in range(8)] if not per_block else None
+    acc = cgutils.alloca_once_value(builder, zero8)
+    mins = cgutils.alloca_once_value(builder, zero8)
+    fma8 = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v8f, [v8f] * 3), "llvm.fma.v8f32")
+    starts = [builder.add(wo, builder.mul(rb, ir.Constant(rb.type, r))) for r in range(8)]
+
+    def halves_at(offset):  # the eight rows' f16 at block byte `offset`, as <8 x float>
+        v = ir.Constant(_vec(I16, 8), None)
+        for r, o in enumerate(offset):
+            bits = builder.load(builder.bitcast(builder.gep(w_ptr, [o]), I16.as_pointer()), align=1)
+            v = builder.insert_element(v, bits, ir.Constant(I32, r))
+        return builder.fpext(builder.bitcast(v, _vec(ir.HalfType(), 8)), v8f)
+    with cgutils.for_range(builder, nb) as loop:
+        b = loop.index
+        block_at = builder.mul(b, ir.Constant(b.type, size))
+        offsets = [builder.add(start, block_at) for start in starts]
+        x_at = builder.gep(x_ptr, [builder.mul(b, ir.Constant(b.type, 32))])
+        xv = builder.load(builder.bitcast(x_at, _vec(I8, 32).as_pointer()), align=1)
+        offset = LEGACY_BLOCKS[kind][4]
+        if offset and target != GENERIC:  # (q - offset) . x = q . x - offset * (sums of x), the latter once
+            x_quads = builder.mul(_madd(builder, _splat(I8, 32, 1), xv, _splat(I16, 16, 1)), _splat(I32, 8, offset))
+            quads = [builder.sub(_madd(builder, _legacy_values(context, builder, w_ptr, o, kind, False), xv,
+                                       _splat(I16, 16, 1)), x_quads) for o in offsets]
+        else:
+            quads = [_legacy_quads(builder, _legacy_values(context, builder, w_ptr, o, kind), xv, kind, target)
+                     for o in offsets]
+        scales = builder.fmul(halves_at(offsets), _broadcast(builder, builder.load(builder.gep(dx_ptr, [b])), 8))
+        if per_block:
+            isums = builder.sitofp(_sums8(builder, quads), v8f)
+            builder.store(builder.call(fma8, [isums, scales, builder.load(acc)]), acc)
+        else:
+            for r in range(8):
+                scale = _broadcast(builder, builder.extract_element(scales, ir.Constant(I32, r)), 8)
+                builder.store(builder.call(fma8, [scale, builder.sitofp(quads[r], v8f), builder.load(lanes[r])]), lanes[r])
+        if min_at is not None:  # per row: m * s, one FMA chain apart (as _legacy_dot)
+            m = halves_at([builder.add(o, ir.Constant(o.type, min_at)) for o in offsets])
+            s_b = _broadcast(builder, builder.load(builder.gep(sx_ptr, [b])), 8)
+            builder.store(builder.call(fma8, [m, s_b, builder.load(mins)]), mins)
+    if per_block:
+        result = builder.load(acc)
+    else:
+        result = ir.Constant(v8f, None)
+        for r in range(8):
+            result = builder.insert_element(result, _tree_sum8(builder, builder.load(lanes[r])), ir.Constant(I32, r))
+        if min_at is not None:
+            result = builder.fadd(result, builder.load(mins))
+    builder.store(result, builder.bitcast(builder.gep(out_ptr, [oo]), v8f.as_pointer()), align=4)
+    return context.get_dummy_value()
+
+
+def _legacy_rows_dot8(kind: str, per_block: bool, target: str):
+    @intrinsic
+    def legacy_rows_dot8(typingctx, w, wo, rb, x, dx, sx, nb, out, oo):
+        """Eight rows (row r's blocks at w[wo + r*rb:]) . one token, into out[oo:oo+8]; each
+        row rounded as legacy_row_dot rounds it (out: a contiguous float32 array)."""
+        if out.dtype != types.float32 or out.layout != "C":
+            return None
+        sig = types.none(w, wo, rb, x, dx, sx, nb, out, oo)
+
+        def codegen(context, builder, signature, args):
+            return _legacy_rows_dot(context, builder, signature, args, kind, per_block, target)
+        return sig, codegen
+    return legacy_rows_dot8
 
 
 def _half_at_scalar(lo, hi):
@@ -1165,9 +1269,12 @@ def _legacy_row_dot(kind: str, per_block: bool, target: str):
 
 
 LANES_DOT = {kind: {t: _legacy_row_dot(kind, False, t) for t in (GENERIC, AVX2)} for kind in LEGACY_BLOCKS}
+LANES_DOT8 = {kind: {t: _legacy_rows_dot8(kind, False, t) for t in (GENERIC, AVX2)} for kind in LEGACY_BLOCKS}
 Q4_0_BLOCKS_DOT = {t: _legacy_row_dot("q4_0", True, t) for t in (GENERIC, AVX2)}
+Q4_0_BLOCKS_DOT8 = {t: _legacy_rows_dot8("q4_0", True, t) for t in (GENERIC, AVX2)}
 lanes_dot = {kind: _for_this_cpu(generators) for kind, generators in LANES_DOT.items()}
-q4_0_blocks_dot = _for_this_cpu(Q4_0_BLOCKS_DOT)
+lanes_dot8 = {kind: _for_this_cpu(generators) for kind, generators in LANES_DOT8.items()}
+q4_0_blocks_dot, q4_0_blocks_dot8 = _for_this_cpu(Q4_0_BLOCKS_DOT), _for_this_cpu(Q4_0_BLOCKS_DOT8)
 
 
 @intrinsic
