@@ -607,8 +607,7 @@ def test_simd_q2_k_isum(target):
     @njit
     def run(w, x, bsums, out, mins):
         for i in range(out.size):
-            out[i] = isum(w, i * 84, x, i * 256)
-            mins[i] = simd.high_nibbles_dot(w, i * 84, bsums, i * 16)
+            out[i], mins[i] = isum(w, i * 84, x, i * 256, bsums, i * 16)
 
     rng = np.random.default_rng(24)
     n = 30

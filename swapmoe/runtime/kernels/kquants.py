@@ -15,7 +15,7 @@ from numba import njit, prange
 
 from ._jit import (INLINE, ORDER_GEMM, ORDER_GEMV, PARALLEL, ROWS_PER_TASK, SERIAL, STRAIGHT_TOKENS, block_sum,
                    dot256, f16_to_f32, fma32, u32)
-from .simd import high_nibbles_dot, pair_sums_dot_bytes, q2_k_isum, q3_k_isum, q4_k_isum, q5_k_isum, q6_k_isum
+from .simd import pair_sums_dot_bytes, q2_k_isum, q3_k_isum, q4_k_isum, q5_k_isum, q6_k_isum
 
 _ZERO = np.float32(0.0)
 
@@ -233,8 +233,8 @@ def _q2_k_straight_dot(row, x, dx, bsums, nb, order):
     acc_min = np.float32(0.0)
     for b in range(nb):
         o = b * 84
-        isum = np.float32(q2_k_isum(row, o, x, b * 256))
-        summ = np.float32(high_nibbles_dot(row, o, bsums, b * 16))
+        isum_i, summ_i = q2_k_isum(row, o, x, b * 256, bsums, b * 16)
+        isum, summ = np.float32(isum_i), np.float32(summ_i)
         dw, dmin = f16_to_f32(row[o + 80], row[o + 81]), f16_to_f32(row[o + 82], row[o + 83])
         if order == ORDER_GEMM or order == ORDER_GEMV:
             acc = fma32(isum, dw * dx[b], acc)

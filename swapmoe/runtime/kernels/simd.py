@@ -233,12 +233,16 @@ def _groups16_isum(context, builder, target, xt, x, xo, quants, scales):
     return total if target == GENERIC else _reduce_add(builder, total)
 
 
-def _minus_offset(context, builder, total, bt, bsums, bo, scales, offset):
+def _minus_offset(context, builder, total, bt, bsums, bo, scales, offset, target):
     """total - offset * sum_j scales[j] * bsums[bo+j]: the unsigned values' offset taken off
-    through the Q8_K block sums (llama.cpp does the same)."""
+    through the Q8_K block sums (llama.cpp does the same); scales <16 x i16>."""
     data = context.make_array(bt)(context, builder, value=bsums).data
     sums = builder.load(builder.bitcast(builder.gep(data, [bo]), _vec(I32, 16).as_pointer()), align=4)
-    weighted = _reduce_add(builder, builder.mul(sums, builder.sext(scales, _vec(I32, 16))))
+    if target == GENERIC:
+        weighted = _reduce_add(builder, builder.mul(sums, builder.sext(scales, _vec(I32, 16))))
+    else:  # Q8_K block sums fit int16 (|sum| <= 16 * 127): one pmaddwd
+        weighted = _reduce_add(builder, _call(builder, "llvm.x86.avx2.pmadd.wd", _vec(I32, 8), scales,
+                                              builder.trunc(sums, _vec(I16, 16))))
     return builder.sub(total, builder.mul(weighted, ir.Constant(I32, offset)))
 
 
@@ -261,7 +265,7 @@ def _q6_k_block_isum(context, builder, signature, args, target):
     scales = builder.sext(_load_bytes(context, builder, wt, w, _add_offset(builder, wo, 192), 16), _vec(I16, 16))
     quants = [[_q6_k_quants(context, builder, wt, w, wo, h, c) for c in range(4)] for h in range(2)]
     total = _groups16_isum(context, builder, target, xt, x, xo, quants, scales)
-    return _minus_offset(context, builder, total, bt, bsums, bo, scales, 32)
+    return _minus_offset(context, builder, total, bt, bsums, bo, scales, 32, target)
 
 
 def _q6_k_isum(target: str):
@@ -285,26 +289,39 @@ q6_k_isum = _for_this_cpu(Q6_K_ISUM)
 
 
 def _q2_k_block_isum(context, builder, signature, args, target):
-    """sum_j (scales[j] & 15) * sum over group j of q * x for a Q2_K block: scales[16] at w[wo],
-    2-bit quants at w[wo+16:wo+80] (value 128h + 32c + l is bits 2c of byte 32h + l)."""
-    w, wo, x, xo = args
+    """(sum_j (scales[j] & 15) * sum over group j of q * x, sum_j (scales[j] >> 4) * bsums[bo+j])
+    for a Q2_K block: scales[16] at w[wo], 2-bit quants at w[wo+16:wo+80] (value 128h + 32c + l
+    is bits 2c of byte 32h + l)."""
+    w, wo, x, xo, bsums, bo = args
     wt, xt = signature.args[0], signature.args[2]
-    scales = builder.zext(builder.and_(_load_bytes(context, builder, wt, w, wo, 16), _splat(I8, 16, 15)), _vec(I16, 16))
+    packed = _load_bytes(context, builder, wt, w, wo, 16)
+    scales = builder.zext(builder.and_(packed, _splat(I8, 16, 15)), _vec(I16, 16))
     # all 64 quant bytes shifted at once: bytes 0..31 then hold values 32c.., bytes 32..63 128 + 32c..
     q = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 16), 64)
     fields = [builder.and_(builder.lshr(q, _splat(I8, 64, 2 * c)), _splat(I8, 64, 3)) for c in range(4)]
     quants = [[_pick(builder, fields[c], range(32 * h, 32 * h + 32)) for c in range(4)] for h in range(2)]
-    return _groups16_isum(context, builder, target, xt, x, xo, quants, scales)
+    isum = _groups16_isum(context, builder, target, xt, x, xo, quants, scales)
+    data = context.make_array(signature.args[4])(context, builder, value=bsums).data
+    sums = builder.load(builder.bitcast(builder.gep(data, [bo]), _vec(I32, 16).as_pointer()), align=4)
+    mins = builder.lshr(packed, _splat(I8, 16, 4))
+    if target == GENERIC:
+        summ = _reduce_add(builder, builder.mul(builder.zext(mins, _vec(I32, 16)), sums))
+    else:  # Q8_K block sums fit int16 (|sum| <= 16 * 127): one pmaddwd
+        pairs = _call(builder, "llvm.x86.avx2.pmadd.wd", _vec(I32, 8), builder.zext(mins, _vec(I16, 16)),
+                      builder.trunc(sums, _vec(I16, 16)))
+        summ = _reduce_add(builder, pairs)
+    return context.make_tuple(builder, signature.return_type, [isum, summ])
 
 
 def _q2_k_isum(target: str):
     @intrinsic
-    def q2_k_isum(typingctx, w, wo, x, xo):
-        """Exact int32 sum of a Q2_K super-block's 256 quants times their 4-bit scale times the
-        int8 activation x[xo:xo+256]; the block (scales, then quants) starts at w[wo]."""
-        if w.dtype != types.uint8 or x.dtype != types.int8:
+    def q2_k_isum(typingctx, w, wo, x, xo, bsums, bo):
+        """(exact int32 sum of a Q2_K super-block's 256 quants times their 4-bit scale times the
+        int8 activation x[xo:xo+256], its 4-bit mins times the Q8_K block sums bsums[bo:bo+16]);
+        the block (scales and mins, then quants) starts at w[wo]."""
+        if w.dtype != types.uint8 or x.dtype != types.int8 or bsums.dtype != types.int32:
             return None
-        sig = types.int32(w, wo, x, xo)
+        sig = types.UniTuple(types.int32, 2)(w, wo, x, xo, bsums, bo)
 
         def codegen(context, builder, signature, args):
             return _q2_k_block_isum(context, builder, signature, args, target)
@@ -343,7 +360,7 @@ def _q3_k_block_isum(context, builder, signature, args, target):
             row.append(builder.or_(low2, builder.shl(bit, _splat(I8, 32, 2))))
         quants.append(row)
     total = _groups16_isum(context, builder, target, xt, x, xo, quants, scales)
-    return _minus_offset(context, builder, total, bt, bsums, bo, scales, 4)
+    return _minus_offset(context, builder, total, bt, bsums, bo, scales, 4, target)
 
 
 def _q3_k_isum(target: str):
@@ -364,23 +381,6 @@ def _q3_k_isum(target: str):
 
 Q3_K_ISUM = {target: _q3_k_isum(target) for target in (GENERIC, AVX2, AVX512)}
 q3_k_isum = _for_this_cpu(Q3_K_ISUM)
-
-
-@intrinsic
-def high_nibbles_dot(typingctx, w, wo, v, vo):
-    """sum_j (w[wo+j] >> 4) * v[vo+j] for j < 16: a Q2_K block's mins times its Q8_K block sums."""
-    if w.dtype != types.uint8 or v.dtype != types.int32:
-        return None
-    sig = types.int32(w, wo, v, vo)
-
-    def codegen(context, builder, signature, args):
-        w_, wo_, v_, vo_ = args
-        mins = builder.lshr(_load_bytes(context, builder, signature.args[0], w_, wo_, 16), _splat(I8, 16, 4))
-        mins = builder.zext(mins, _vec(I32, 16))
-        data = context.make_array(signature.args[2])(context, builder, value=v_).data
-        sums = builder.load(builder.bitcast(builder.gep(data, [vo_]), _vec(I32, 16).as_pointer()), align=4)
-        return _reduce_add(builder, builder.mul(mins, sums))
-    return sig, codegen
 
 
 def _gather(builder, table_ptr, indices):
