@@ -11,7 +11,10 @@ Code generators per target, picked when numba compiles (the CPU it compiles for)
   scale -> int32) on 64-byte vectors, llama.cpp's instruction pair for these blocks;
 * x86 with AVX2: the same on 32-byte vectors;
 * elsewhere: portable vector IR (zext/sext, mul, vector.reduce.add) that LLVM lowers for any
-  target.
+  target;
+* x86 with AVX-512 VBMI and BITALG (Ice Lake, Zen 4 and later), for the IQ grid types only:
+  the grid decoded in registers by byte and word permutes (see "AVX-512 VBMI" below).
+The legacy row dots (Q4_0 .. Q8_0) have a generic and an AVX2 generator.
 pmaddubsw saturates its int16 pair sums; no use here reaches that: the unsigned operand is at
 most 127 with the activation in -127..127 (signs moved onto it, see _signed_grid_isum), or at
 most 63 with any int8 activation (2 * 63 * 128 = 16128 < 32767).
@@ -44,7 +47,7 @@ def _target_features() -> set[str]:
 _FEATURES = _target_features()
 GENERIC, AVX2, AVX512, VBMI = "generic", "avx2", "avx512", "avx512vbmi"
 TARGETS = (GENERIC, AVX2, AVX512, VBMI)  # a CPU that runs one runs those before it
-TARGET = (VBMI if {"avx512f", "avx512bw", "avx512vbmi"} <= _FEATURES
+TARGET = (VBMI if {"avx512f", "avx512bw", "avx512vbmi", "avx512bitalg"} <= _FEATURES  # Ice Lake, Zen 4 on
           else AVX512 if {"avx512f", "avx512bw"} <= _FEATURES else AVX2 if "avx2" in _FEATURES else GENERIC)
 # half -> float in one instruction: F16C on x86, base ARMv8 (elsewhere LLVM would call a runtime helper)
 HW_HALF = "f16c" in _FEATURES or platform.machine().lower() in ("aarch64", "arm64")
@@ -683,10 +686,13 @@ def _grid_isum(name: str, block_isum, target: str):
 # Every IQ grid entry is a few small codes: 8 values of 3 levels (IQ2_*), 4 values of 8 levels
 # (IQ3_*), 8 values of -1/0/1 (IQ1_*), so an entry packs into 16 bits.  vpermi2w looks 32 such
 # words up in a 64-entry slice of the table held in two registers; selects on the index's higher
-# bits pick among the slices.  vpmultishiftqb then cuts each entry into one byte per value and
-# vpermb maps those codes to the grid's magnitudes.  Sign bytes spread to one mask bit per value
-# (vptestmb), negating the activation under the mask.  No scalar work per value or per entry:
-# IQ2_XXS 2x the gather above.
+# bits pick among the slices.  The indices go in "interleaved" order: qword p of the looked-up
+# words holds entry p (8-value entries; 2p, 2p + 1 for 4-value ones) of each of the block's
+# 64-value chunks, so vpmultishiftqb cuts a chunk's values (one byte each) straight out of it and
+# vpermb maps those codes to the grid's magnitudes.  Sign bytes are interleaved the same way and
+# vpshufbitqmb turns them into one mask bit per value, negating the activation under the mask.
+# No scalar work per value or per entry: IQ2_XXS 2.2x the gather above.  The 2048-entry IQ1 grid
+# would take 32 table slices: its 8-byte entries are gathered (vpgatherdq) instead.
 
 def _bytes(values):
     return ir.Constant(_vec(I8, len(values)), [int(v) & 0xFF for v in values])
@@ -708,31 +714,6 @@ def _lookup128(builder, table, indices):
                  _bytes(table[:64]), indices, _bytes(table[64:]))
 
 
-def _grid_words(builder, codes: np.ndarray, index_words):
-    """codes[index] for 32 i16 indices (each < codes.size, a multiple of 64)."""
-    slices = []
-    for s in range(0, codes.size, 64):
-        lo, hi = (ir.Constant(_vec(I16, 32), [int(c) for c in codes[s + h:s + h + 32]]) for h in (0, 32))
-        slices.append(_call(builder, "llvm.x86.avx512.vpermi2var.hi.512", _vec(I16, 32), lo, index_words, hi))
-    bit = 64
-    while len(slices) > 1:
-        high = builder.icmp_unsigned("!=", builder.and_(index_words, _splat(I16, 32, bit)), _splat(I16, 32, 0))
-        slices = [builder.select(high, b, a) for a, b in zip(slices[::2], slices[1::2])]
-        bit *= 2
-    return builder.bitcast(slices[0], _vec(I8, 64))
-
-
-def _gathered_entries(builder, grid_ptr, index_words, first):
-    """The 8-byte grid entries grid[index] for indices first .. first + 7 of <32 x i16>
-    index_words, as <64 x i8> (one vpgatherdq)."""
-    indices = builder.zext(_shuffle(builder, index_words, index_words, range(first, first + 8)), _vec(I32, 8))
-    i64 = ir.IntType(64)
-    entries = _call(builder, "llvm.x86.avx512.mask.gather.dpq.512", _vec(i64, 8), ir.Constant(_vec(i64, 8), None),
-                    builder.bitcast(grid_ptr, I8.as_pointer()), indices, ir.Constant(_vec(ir.IntType(1), 8), [1] * 8),
-                    ir.Constant(I32, 8))
-    return builder.bitcast(entries, _vec(I8, 64))
-
-
 def _words_from_bytes(builder, v, positions):
     """<32 x i16> whose word w is the byte v[positions[w]] zero-extended."""
     zero = ir.Constant(v.type, None)
@@ -740,13 +721,33 @@ def _words_from_bytes(builder, v, positions):
                            _vec(I16, 32))
 
 
+def _words(builder, v, positions):
+    """<n x i16> from byte pairs of v: word k = v[positions[k]] | v[positions[k] + 1] << 8."""
+    return builder.bitcast(_shuffle(builder, v, v, [p + b for p in positions for b in (0, 1)]),
+                           _vec(I16, len(positions)))
+
+
+def _high_index_bits(builder, v, positions, shifts, mask):
+    """<32 x i16>: ((v[positions[w]] << 8) >> shifts[w]) & mask per word w: high bits of 32 grid
+    indices gathered from the bytes of v."""
+    words = builder.shl(_words_from_bytes(builder, v, positions), _splat(I16, 32, 8))
+    return builder.and_(builder.lshr(words, ir.Constant(_vec(I16, 32), list(shifts))), _splat(I16, 32, mask))
+
+
+def _odd_bytes(builder, v, shift=0):
+    """2 * ((v >> shift) & 15) + 1 per byte."""
+    n = v.type.count
+    nibbles = builder.and_(builder.lshr(v, _splat(I8, n, shift)) if shift else v, _splat(I8, n, 15))
+    return builder.or_(builder.shl(nibbles, _splat(I8, n, 1)), _splat(I8, n, 1))
+
+
 class _Grid:
     """A grid as 16-bit codes: `bits` per value, `per_entry` values per entry, `levels` the
-    magnitudes the codes stand for (those of gguf's table, plus `shift`)."""
+    magnitudes the codes stand for (gguf's table)."""
 
-    def __init__(self, cls, shift=0):
+    def __init__(self, cls):
         cls.init_grid()
-        grid = cls.grid.reshape(cls.grid_shape).astype(np.int64) + shift
+        grid = cls.grid.reshape(cls.grid_shape).astype(np.int64)
         self.levels = sorted(set(grid.reshape(-1).tolist()))
         self.per_entry = grid.shape[1]
         self.bits = 2 if len(self.levels) <= 4 else 3
@@ -756,45 +757,63 @@ class _Grid:
         mask = (1 << self.bits) - 1
         self.values = [self.levels[b & mask] if (b & mask) < len(self.levels) else 0 for b in range(64)]
 
-    def magnitudes(self, builder, code_bytes, first):
-        """The 64 values of entries first, first + 1, ... (codes in <64 x i8> code_bytes, two bytes
-        each) as unsigned bytes: each qword gets 8 values' worth of codes, cut per value."""
-        per_qword = 8 // self.per_entry
-        lanes = [2 * (first + per_qword * q) + min(b, 2 * per_qword - 1) for q in range(8) for b in range(8)]
-        placed = _shuffle(builder, code_bytes, code_bytes, lanes)
-        offsets = [16 * (i // self.per_entry) + self.bits * (i % self.per_entry) for i in range(8)]
-        fields = _multishift(builder, placed, offsets)
+    def entry_order(self, h):
+        """The block's entries, in the order of the 32 word lanes of lookup h: qword p holds
+        entry p of each chunk (8-value entries: one lookup), or entries 2p, 2p + 1 of chunks
+        2h, 2h + 1 (4-value entries: lookups h = 0, 1)."""
+        if self.per_entry == 8:
+            return [8 * j + p for p in range(8) for j in range(4)]
+        return [16 * (2 * h + j) + 2 * p + k for p in range(8) for j in range(2) for k in range(2)]
+
+    def lookup(self, builder, index_words):
+        """codes[index] for 32 i16 indices, as <64 x i8>: vpermi2w over 64-entry slices of the
+        table, selects on the higher index bits."""
+        slices = []
+        for s in range(0, self.codes.size, 64):
+            lo, hi = (ir.Constant(_vec(I16, 32), [int(c) for c in self.codes[s + h:s + h + 32]]) for h in (0, 32))
+            slices.append(_call(builder, "llvm.x86.avx512.vpermi2var.hi.512", _vec(I16, 32), lo, index_words, hi))
+        bit = 64
+        while len(slices) > 1:
+            high = builder.icmp_unsigned("!=", builder.and_(index_words, _splat(I16, 32, bit)), _splat(I16, 32, 0))
+            slices = [builder.select(high, b, a) for a, b in zip(slices[::2], slices[1::2])]
+            bit *= 2
+        return builder.bitcast(slices[0], _vec(I8, 64))
+
+    def chunk(self, builder, codes, j):
+        """The 64 magnitudes of chunk j (values 64j .. 64j + 63) from the looked-up codes."""
+        if self.per_entry == 8:
+            fields = _multishift(builder, codes[0], [16 * j + 2 * i for i in range(8)])
+        else:
+            fields = _multishift(builder, codes[j // 2], [16 * (2 * (j % 2) + i // 4) + 3 * (i % 4) for i in range(8)])
         return _call(builder, "llvm.x86.avx512.permvar.qi.512", _vec(I8, 64), _bytes(self.values), fields)
 
 
-def _signed_chunks_isum(context, builder, xt, x, xo, chunks):
-    """Sum over 64-value chunks of (magnitudes . x with the signs applied) weighted by scale:
-    `chunks` yields (magnitudes <64 x u8>, sign bytes <64 x i8> with value i's sign at bit i % 8
-    of byte i // 8 * 8 .. (one byte spread over its 8 values; None: all positive), scale words
-    <32 x i16>)."""
-    bit = _bytes([1 << (i % 8) for i in range(64)])
+def _interleaved_signs(builder, source, position):
+    """Sign bytes in chunk order: byte 8p + j = source[position(8j + p)], the signs of 8-value
+    group p of chunk j (group g: values 8g .. 8g + 7)."""
+    return _shuffle(builder, source, source, [position(8 * (b % 4) + p) for p in range(8) for b in range(8)])
+
+
+def _chunks_isum(context, builder, xt, x, xo, magnitudes, signs, scales):
+    """Sum over the block's four 64-value chunks j of magnitudes(j) . x with the signs applied,
+    weighted per value pair by scales(j) (<32 x i16>); signs: interleaved sign bytes (bit i of
+    byte 8p + j: value 8p + i of chunk j negative), or None."""
     zero = _splat(I8, 64, 0)
     total = None
-    for j, (magnitudes, spread_signs, scales) in enumerate(chunks):
+    for j in range(4):
         xv = _load_bytes(context, builder, xt, x, _add_offset(builder, xo, 64 * j), 64)
-        if spread_signs is not None:
-            negative = builder.icmp_unsigned("!=", builder.and_(spread_signs, bit), zero)
+        if signs is not None:
+            negative = _call(builder, "llvm.x86.avx512.vpshufbitqmb.512", _vec(ir.IntType(1), 64), signs,
+                             _bytes([8 * j + i % 8 for i in range(64)]))
             xv = builder.select(negative, builder.sub(zero, xv), xv)
-        part = _madd(builder, magnitudes, xv, scales)
+        part = _madd(builder, magnitudes(j), xv, scales(j))
         total = part if total is None else builder.add(total, part)
     return _reduce_add(builder, total)
 
 
-def _spread(builder, sign_bytes, position):
-    """<64 x i8>: byte position(g) of sign_bytes repeated over the 8 values of group g (0..7)."""
-    return _shuffle(builder, sign_bytes, sign_bytes, [position(i // 8) for i in range(64)])
-
-
-def _odd_bytes(builder, v, shift=0):
-    """2 * ((v >> shift) & 15) + 1 per byte."""
-    nibbles = builder.and_(builder.lshr(v, _splat(I8, v.type.count, shift)) if shift else v,
-                           _splat(I8, v.type.count, 15))
-    return builder.or_(builder.shl(nibbles, _splat(I8, v.type.count, 1)), _splat(I8, v.type.count, 1))
+def _scale_words(builder, scales, position):
+    """Chunk scale words from bytes: word w (values 2w, 2w + 1 of the chunk) = scales[position(2w)]."""
+    return _words_from_bytes(builder, scales, [position(2 * w) for w in range(32)])
 
 
 _KSIGNS = np.frombuffer(gq.IQ2_XXS.ksigns, dtype=np.uint8)
@@ -802,74 +821,57 @@ _IQ2_XXS_GRID, _IQ2_XS_GRID, _IQ2_S_GRID = _Grid(gq.IQ2_XXS), _Grid(gq.IQ2_XS), 
 _IQ3_XXS_GRID, _IQ3_S_GRID = _Grid(gq.IQ3_XXS), _Grid(gq.IQ3_S)
 
 
+def _sub_block_byte(g):
+    """Byte of 8-value group g's sign index in a vector with one qword per 32-value sub-block
+    (its four sign indices in bytes 0..3)."""
+    return 8 * (g // 4) + g % 4
+
+
 def _iq2_xxs_vbmi(context, builder, signature, args, target):
     """IQ2_XXS (layout in _iq2_xxs_block_isum): qword k of the 64 bytes at wo+2 is sub-block k."""
     wt, xt = signature.args[0], signature.args[2]
     w, wo, x, xo = args[:4]
+    grid = _IQ2_XXS_GRID
     q = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 2), 64)
     aux = _multishift(builder, q, [32, 39, 46, 53, 60, 60, 60, 60])  # 4 sign indices, the scale
-    signs = _lookup128(builder, _KSIGNS, aux)
+    signs = _lookup128(builder, _KSIGNS, _interleaved_signs(builder, aux, _sub_block_byte))
     scales = _odd_bytes(builder, aux)
-    codes = _grid_words(builder, _IQ2_XXS_GRID.codes, _words_from_bytes(builder, q, [8 * k + l for k in range(8) for l in range(4)]))
-
-    def chunks():  # chunk j: sub-blocks 2j, 2j + 1
-        for j in range(4):
-            yield (_IQ2_XXS_GRID.magnitudes(builder, codes, 8 * j),
-                   _spread(builder, signs, lambda g: 8 * (2 * j + g // 4) + g % 4),
-                   _words_from_bytes(builder, scales, [8 * (2 * j + w // 16) + 4 for w in range(32)]))
-    return _signed_chunks_isum(context, builder, xt, x, xo, chunks())
+    codes = [grid.lookup(builder, _words_from_bytes(builder, q, [_sub_block_byte(e) for e in grid.entry_order(0)]))]
+    return _chunks_isum(context, builder, xt, x, xo, lambda j: grid.chunk(builder, codes, j), signs,
+                        lambda j: _scale_words(builder, scales, lambda v: 8 * (2 * j + v // 32) + 4))
 
 
 def _iq3_xxs_vbmi(context, builder, signature, args, target):
     """IQ3_XXS (layout in _iq3_xxs_block_isum): the 8 sign/scale words spread one per qword."""
     wt, xt = signature.args[0], signature.args[2]
     w, wo, x, xo = args[:4]
+    grid = _IQ3_XXS_GRID
     q = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 2), 64)
     words = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 66), 32)
     spaced = _shuffle(builder, words, ir.Constant(words.type, None), [4 * k + b if b < 4 else 32 for k in range(8) for b in range(8)])
     aux = _multishift(builder, spaced, [0, 7, 14, 21, 28, 28, 28, 28])
-    signs = _lookup128(builder, _KSIGNS, aux)
+    signs = _lookup128(builder, _KSIGNS, _interleaved_signs(builder, aux, _sub_block_byte))
     scales = _odd_bytes(builder, aux)
-    codes = [_grid_words(builder, _IQ3_XXS_GRID.codes, _words_from_bytes(builder, q, range(32 * h, 32 * h + 32))) for h in range(2)]
-
-    def chunks():
-        for j in range(4):
-            yield (_IQ3_XXS_GRID.magnitudes(builder, codes[j // 2], 16 * (j % 2)),
-                   _spread(builder, signs, lambda g: 8 * (2 * j + g // 4) + g % 4),
-                   _words_from_bytes(builder, scales, [8 * (2 * j + w // 16) + 4 for w in range(32)]))
-    return _signed_chunks_isum(context, builder, xt, x, xo, chunks())
-
-
-def _high_index_bits(builder, v, positions, shifts, mask):
-    """<32 x i16>: ((v[positions[w]] << 8) >> shifts[w]) & mask per word w: high bits of 32 grid
-    indices gathered from the bytes of v."""
-    words = _words_from_bytes(builder, v, positions)
-    words = builder.shl(words, _splat(I16, 32, 8))
-    return builder.and_(builder.lshr(words, ir.Constant(_vec(I16, 32), list(shifts))), _splat(I16, 32, mask))
-
-
-def _scale_words(builder, scales, position):
-    """The chunk's 32 scale words: word w (values 2w, 2w + 1) = scales[position(2w)] (bytes)."""
-    return _words_from_bytes(builder, scales, [position(2 * w) for w in range(32)])
+    codes = [grid.lookup(builder, _words_from_bytes(builder, q, grid.entry_order(h))) for h in range(2)]
+    return _chunks_isum(context, builder, xt, x, xo, lambda j: grid.chunk(builder, codes, j), signs,
+                        lambda j: _scale_words(builder, scales, lambda v: 8 * (2 * j + v // 32) + 4))
 
 
 def _iq2_xs_vbmi(context, builder, signature, args, target):
     """IQ2_XS (layout in _iq2_xs_block_isum)."""
     wt, xt = signature.args[0], signature.args[2]
     w, wo, x, xo = args[:4]
+    grid = _IQ2_XS_GRID
     q = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 2), 64)
-    signs = _lookup128(builder, _KSIGNS, _multishift(builder, q, [9, 25, 41, 57, 57, 57, 57, 57]))
-    indices = builder.and_(builder.bitcast(q, _vec(I16, 32)), _splat(I16, 32, 511))
-    codes = _grid_words(builder, _IQ2_XS_GRID.codes, indices)
+    aux = _multishift(builder, q, [9, 25, 41, 57, 57, 57, 57, 57])  # the 4 sign indices of each qword
+    signs = _lookup128(builder, _KSIGNS, _interleaved_signs(builder, aux, _sub_block_byte))
+    entries = builder.bitcast(q, _vec(I16, 32))
+    indices = builder.and_(_shuffle(builder, entries, entries, grid.entry_order(0)), _splat(I16, 32, 511))
+    codes = [grid.lookup(builder, indices)]
     packed = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 66), 8)
     scales = _concat(builder, _odd_bytes(builder, packed), _odd_bytes(builder, packed, 4))  # low nibbles, high
-
-    def chunks():
-        for j in range(4):
-            yield (_IQ2_XS_GRID.magnitudes(builder, codes, 8 * j),
-                   _spread(builder, signs, lambda g: 8 * (2 * j + g // 4) + g % 4),
-                   _scale_words(builder, scales, lambda v: (64 * j + v) // 32 + 8 * (v % 32 // 16)))
-    return _signed_chunks_isum(context, builder, xt, x, xo, chunks())
+    return _chunks_isum(context, builder, xt, x, xo, lambda j: grid.chunk(builder, codes, j), signs,
+                        lambda j: _scale_words(builder, scales, lambda v: (64 * j + v) // 32 + 8 * (v % 32 // 16)))
 
 
 def _iq2_s_vbmi(context, builder, signature, args, target):
@@ -877,18 +879,16 @@ def _iq2_s_vbmi(context, builder, signature, args, target):
     in one of 16."""
     wt, xt = signature.args[0], signature.args[2]
     w, wo, x, xo = args[:4]
+    grid = _IQ2_S_GRID
     q = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 2), 64)
     tail = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 66), 16)
-    high = _high_index_bits(builder, tail, [i // 4 for i in range(32)], [2 * (i % 4) for i in range(32)], 0x300)
-    codes = _grid_words(builder, _IQ2_S_GRID.codes, builder.or_(_words_from_bytes(builder, q, range(32)), high))
+    order = grid.entry_order(0)
+    high = _high_index_bits(builder, tail, [e // 4 for e in order], [2 * (e % 4) for e in order], 0x300)
+    codes = [grid.lookup(builder, builder.or_(_words_from_bytes(builder, q, order), high))]
+    signs = _interleaved_signs(builder, q, lambda g: 32 + g)
     scales = _concat(builder, _odd_bytes(builder, tail), _odd_bytes(builder, tail, 4))
-
-    def chunks():
-        for j in range(4):
-            yield (_IQ2_S_GRID.magnitudes(builder, codes, 8 * j),
-                   _spread(builder, q, lambda g: 32 + 8 * j + g),
-                   _scale_words(builder, scales, lambda v: 8 + (64 * j + v) // 32 + 16 * (v % 32 // 16)))
-    return _signed_chunks_isum(context, builder, xt, x, xo, chunks())
+    return _chunks_isum(context, builder, xt, x, xo, lambda j: grid.chunk(builder, codes, j), signs,
+                        lambda j: _scale_words(builder, scales, lambda v: 8 + (64 * j + v) // 32 + 16 * (v % 32 // 16)))
 
 
 def _iq3_s_vbmi(context, builder, signature, args, target):
@@ -896,23 +896,20 @@ def _iq3_s_vbmi(context, builder, signature, args, target):
     one vector, from loads that stay inside the block."""
     wt, xt = signature.args[0], signature.args[2]
     w, wo, x, xo = args[:4]
+    grid = _IQ3_S_GRID
     q = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 2), 64)
     head = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 66), 32)  # qh, signs 0..23
     tail = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 94), 16)  # signs 20..31, scales
     rest = _concat(builder, head, _concat(builder, tail, ir.Constant(tail.type, None)))
     codes = []
     for h in range(2):
-        high = _high_index_bits(builder, rest, [(32 * h + i) // 8 for i in range(32)], [i % 8 for i in range(32)], 0x100)
-        codes.append(_grid_words(builder, _IQ3_S_GRID.codes,
-                                 builder.or_(_words_from_bytes(builder, q, range(32 * h, 32 * h + 32)), high)))
+        order = grid.entry_order(h)
+        high = _high_index_bits(builder, rest, [e // 8 for e in order], [e % 8 for e in order], 0x100)
+        codes.append(grid.lookup(builder, builder.or_(_words_from_bytes(builder, q, order), high)))
+    signs = _interleaved_signs(builder, rest, lambda g: 8 + g + (4 if g >= 24 else 0))
     scales = _concat(builder, _odd_bytes(builder, rest), _odd_bytes(builder, rest, 4))  # low nibbles, high
-
-    def chunks():
-        for j in range(4):
-            yield (_IQ3_S_GRID.magnitudes(builder, codes[j // 2], 16 * (j % 2)),
-                   _spread(builder, rest, lambda g: 8 + (8 * j + g) + (4 if 8 * j + g >= 24 else 0)),
-                   _scale_words(builder, scales, lambda v: 44 + (64 * j + v) // 64 + 64 * ((64 * j + v) // 32 % 2)))
-    return _signed_chunks_isum(context, builder, xt, x, xo, chunks())
+    return _chunks_isum(context, builder, xt, x, xo, lambda j: grid.chunk(builder, codes, j), signs,
+                        lambda j: _scale_words(builder, scales, lambda v: 44 + (64 * j + v) // 64 + 64 * ((64 * j + v) // 32 % 2)))
 
 
 def _grid_generators(name, block_isum, vbmi_block_isum):
@@ -928,10 +925,17 @@ IQ2_S_ISUM = _grid_generators("IQ2_S", _iq2_s_block_isum, _iq2_s_vbmi)
 IQ3_S_ISUM = _grid_generators("IQ3_S", _iq3_s_block_isum, _iq3_s_vbmi)
 iq2_xxs_isum, iq3_xxs_isum = _for_this_cpu(IQ2_XXS_ISUM), _for_this_cpu(IQ3_XXS_ISUM)
 iq2_xs_isum, iq2_s_isum, iq3_s_isum = _for_this_cpu(IQ2_XS_ISUM), _for_this_cpu(IQ2_S_ISUM), _for_this_cpu(IQ3_S_ISUM)
-def _words(builder, v, positions):
-    """<n x i16> from byte pairs of v: word k = v[positions[k]] | v[positions[k] + 1] << 8."""
-    return builder.bitcast(_shuffle(builder, v, v, [p + b for p in positions for b in (0, 1)]),
-                           _vec(I16, len(positions)))
+
+
+def _gathered_entries(builder, grid_ptr, index_words, first):
+    """The 8-byte grid entries grid[index] for indices first .. first + 7 of <32 x i16>
+    index_words, as <64 x i8> (one vpgatherdq)."""
+    indices = builder.zext(_shuffle(builder, index_words, index_words, range(first, first + 8)), _vec(I32, 8))
+    i64 = ir.IntType(64)
+    entries = _call(builder, "llvm.x86.avx512.mask.gather.dpq.512", _vec(i64, 8), ir.Constant(_vec(i64, 8), None),
+                    builder.bitcast(grid_ptr, I8.as_pointer()), indices, ir.Constant(_vec(ir.IntType(1), 8), [1] * 8),
+                    ir.Constant(I32, 8))
+    return builder.bitcast(entries, _vec(I8, 64))
 
 
 def _iq1_s_vbmi(context, builder, signature, args, target):
@@ -949,11 +953,8 @@ def _iq1_s_vbmi(context, builder, signature, args, target):
     odd = builder.or_(builder.shl(_field(builder, qh, 12, 7), _splat(I16, 8, 1)), _splat(I16, 8, 1))
     scales = builder.trunc(odd, _vec(I8, 8))
 
-    def chunks():
-        for j in range(4):
-            yield (_gathered_entries(builder, g_ptr, indices, 8 * j), None,
-                   _scale_words(builder, scales, lambda v: (64 * j + v) // 32))
-    total = _signed_chunks_isum(context, builder, xt, x, xo, chunks())
+    total = _chunks_isum(context, builder, xt, x, xo, lambda j: _gathered_entries(builder, g_ptr, indices, 8 * j),
+                         None, lambda j: _scale_words(builder, scales, lambda v: (64 * j + v) // 32))
     sums = builder.load(builder.bitcast(builder.gep(b_ptr, [bo]), _vec(I32, 16).as_pointer()), align=4)
     pairs = builder.add(_pick(builder, sums, range(0, 16, 2)), _pick(builder, sums, range(1, 16, 2)))
     weights = builder.zext(odd, _vec(I32, 8))
@@ -981,11 +982,8 @@ def _iq1_m_vbmi(context, builder, signature, args, target):
     odd = builder.or_(builder.shl(builder.and_(fields, _splat(I16, 16, 7)), _splat(I16, 16, 1)), _splat(I16, 16, 1))
     scales = builder.trunc(odd, _vec(I8, 16))
 
-    def chunks():
-        for j in range(4):
-            yield (_gathered_entries(builder, g_ptr, indices, 8 * j), None,
-                   _scale_words(builder, scales, lambda v: (64 * j + v) // 16))
-    total = _signed_chunks_isum(context, builder, xt, x, xo, chunks())
+    total = _chunks_isum(context, builder, xt, x, xo, lambda j: _gathered_entries(builder, g_ptr, indices, 8 * j),
+                         None, lambda j: _scale_words(builder, scales, lambda v: (64 * j + v) // 16))
     sums = builder.load(builder.bitcast(builder.gep(b_ptr, [bo]), _vec(I32, 16).as_pointer()), align=4)
     isum = builder.sub(total, _reduce_add(builder, builder.mul(sums, builder.zext(odd, _vec(I32, 16)))))
     # sumi2: each 8-value group's activation sum times +-(2s + 1), pmaddubsw with ones
