@@ -17,6 +17,7 @@ from gguf import GGML_QUANT_SIZES, quants
 from gguf import GGMLQuantizationType as T
 
 from swapmoe.runtime import kernels as K
+from swapmoe.runtime.kernels._jit import STRAIGHT_TOKENS
 from swapmoe.runtime.kernels import simd
 
 ROWS, COLS = 5, 512  # odd row count, two 256-value super-blocks per row
@@ -298,6 +299,22 @@ def test_eight_row_kernels_equal_one_row(tp):
     for r in range(16):
         one = K.matmul(tp, W[r * row_bytes:(r + 1) * row_bytes], 1, COLS, X[r // 8])
         np.testing.assert_array_equal(Y[:, r], one[:, 0])
+
+
+@pytest.mark.parametrize("tp", [T.F16, T.BF16], ids=lambda t: t.name)
+def test_float_rows_straight_and_widened(tp):
+    """F16/BF16 rows: up to STRAIGHT_TOKENS tokens convert each value as they sum it, more tokens
+    share one widened copy of the row; both within float32 summation error of the exact dot."""
+    rng = np.random.default_rng(16)
+    W = random_weights(tp, 8, COLS, rng)
+    X = random_activations(STRAIGHT_TOKENS + 2, COLS, rng)
+    Xr = K.quantize_activation(tp, X).qs.astype(np.float64)  # the activations rounded to the type
+    exact = Xr @ quants.dequantize(W.reshape(8, -1), tp).astype(np.float64).T
+    magnitude = np.abs(Xr) @ np.abs(quants.dequantize(W.reshape(8, -1), tp).astype(np.float64)).T
+    widened = K.matmul(tp, W, 8, COLS, X)
+    straight = np.stack([K.matvec(tp, W, 8, COLS, x) for x in X])
+    for Y in (widened, straight):
+        np.testing.assert_array_less(np.abs(Y - exact), COLS * 2.0**-24 * magnitude + 1e-30)
 
 
 def test_quantize_once_reuse():

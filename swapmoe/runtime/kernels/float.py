@@ -14,9 +14,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ._jit import ORDER_LANES, PARALLEL, SERIAL
-from .simd import HW_HALF, half_to_float
-from .ggml_math import LANES, dot_sgemm, dot_vec
+from ._jit import ORDER_LANES, PARALLEL, SERIAL, STRAIGHT_TOKENS
+from .simd import HW_HALF, bf16_to_float, half_to_float, sgemm_dot, vec_dot_f32
 
 _F16_EXP_SCALE = np.float32(2.0**112)
 
@@ -26,6 +25,24 @@ def _dot_f32(a, b):
     s = np.float32(0.0)
     for j in range(a.size):
         s += a[j] * b[j]
+    return s
+
+
+@njit(nogil=True, cache=True, fastmath=True)
+def _dot_f16(halves, x):
+    """Widened as they are summed (vcvtph2ps, 16 at a time): for a few tokens, cheaper than a
+    widened copy of the row."""
+    s = np.float32(0.0)
+    for j in range(halves.size):
+        s += half_to_float(halves[j]) * x[j]
+    return s
+
+
+@njit(nogil=True, cache=True, fastmath=True)
+def _dot_bf16(halves, x):
+    s = np.float32(0.0)
+    for j in range(halves.size):
+        s += bf16_to_float(halves[j]) * x[j]
     return s
 
 
@@ -57,12 +74,11 @@ def matmul_f32(W, rows, group_rows, cols, qs, d, extra, out, order):
     for r in prange(rows):
         t0 = (r // group_rows) * n_tok
         w = W[r * cols * 4:(r + 1) * cols * 4].view(np.float32)
-        lanes = np.empty(4 * LANES, np.float64)
         for t in range(n_tok):
             if order == ORDER_LANES:
-                out[t, r] = dot_sgemm(w, qs[t0 + t], cols, lanes, cols)
+                out[t, r] = sgemm_dot(w, qs[t0 + t], cols, cols)
             else:
-                out[t, r] = dot_vec(w, qs[t0 + t], cols, lanes, cols)
+                out[t, r] = vec_dot_f32(w, qs[t0 + t], cols, cols)
 
 
 @njit(**SERIAL)
@@ -76,9 +92,14 @@ def matmul_f16(W, rows, group_rows, cols, qs, d, extra, out, order):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     for r in prange(rows):
         t0 = (r // group_rows) * n_tok
+        halves = W[r * cols * 2:(r + 1) * cols * 2].view(np.uint16)
+        if HW_HALF and n_tok <= STRAIGHT_TOKENS:
+            for t in range(n_tok):
+                out[t, r] = _dot_f16(halves, qs[t0 + t])
+            continue
         bits = np.empty(cols, np.uint32)
         w = bits.view(np.float32)
-        _widen_f16(W[r * cols * 2:(r + 1) * cols * 2].view(np.uint16), bits, w)
+        _widen_f16(halves, bits, w)
         for t in range(n_tok):
             out[t, r] = _dot_f32(w, qs[t0 + t])
 
@@ -97,8 +118,13 @@ def matmul_bf16(W, rows, group_rows, cols, qs, d, extra, out, order):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     for r in prange(rows):
         t0 = (r // group_rows) * n_tok
+        halves = W[r * cols * 2:(r + 1) * cols * 2].view(np.uint16)
+        if n_tok <= STRAIGHT_TOKENS:
+            for t in range(n_tok):
+                out[t, r] = _dot_bf16(halves, qs[t0 + t])
+            continue
         bits = np.empty(cols, np.uint32)
-        _widen_bf16(W[r * cols * 2:(r + 1) * cols * 2].view(np.uint16), bits)
+        _widen_bf16(halves, bits)
         w = bits.view(np.float32)
         for t in range(n_tok):
             out[t, r] = _dot_f32(w, qs[t0 + t])

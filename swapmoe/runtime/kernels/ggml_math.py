@@ -7,10 +7,8 @@ for the tail of a row. A one-ulp difference is harmless by itself, but the resul
 rounded to 8-bit activations for the next quantized matmul, and one value on the other side
 of a rounding boundary changes a logit by ~1e-2. Computing the same polynomial removes that.
 
-Fused multiply-adds are LLVM's (`_jit.fma32`, rounded once). The dot products' FMA lanes are
-computed in double (a product of two floats is exact there; the sum rounds once to double and
-once to float, which differs from a true FMA only in the rare double-rounding case), a form
-LLVM vectorizes.
+Fused multiply-adds are LLVM's (`_jit.fma32`, rounded once); the f32 dot products' FMA lanes
+are simd.sgemm_dot / simd.vec_dot_f32 (true FMAs on 16-float vectors, in ggml's lane order).
 """
 from __future__ import annotations
 
@@ -20,6 +18,7 @@ import numpy as np
 from numba import njit, prange
 
 from ._jit import fma32
+from .simd import sgemm_dot, vec_dot_f32
 
 F32 = np.float32
 LANES = 16  # AVX-512 floats per vector: the tail of a row past a multiple of 16 uses libm's expf
@@ -181,44 +180,6 @@ def _hsum16(acc):
     return F32(F32(F32(acc[0]) + F32(acc[2])) + F32(F32(acc[1]) + F32(acc[3])))
 
 
-# The FMA lanes below live in float64 scratch holding float32 values: each step is an exact double
-# product, a double sum, then float32 (see the module docstring), and LLVM vectorizes that form.
-
-@njit(cache=True)
-def dot_sgemm(a, b, n, acc, live):
-    """One element of llamafile's tinyBLAS f32 GEMM: 16 lanes of FMA chains over n, then hsum.
-    acc: 16 float64 of scratch (the caller's, so that millions of calls allocate nothing).
-    live: a[live:n] and b[live:n] are zeros (padding): their products leave every lane as it is,
-    so the loops stop there."""
-    acc[:LANES] = 0
-    for base in range(0, min(n, live + LANES - 1) // LANES * LANES, LANES):
-        for j in range(LANES):
-            acc[j] = np.float64(F32(np.float64(a[base + j]) * np.float64(b[base + j]) + acc[j]))
-    return _hsum16(acc)
-
-
-@njit(cache=True)
-def dot_vec(a, b, n, acc, live):
-    """ggml_vec_dot_f32 (AVX-512): 4 accumulators of 16 lanes over steps of 64, folded, hsum, then
-    the leftovers added one by one in float.
-    acc: 64 float64 of scratch (accumulator r, lane j at r*16 + j). live: as for dot_sgemm."""
-    step = 4 * LANES
-    acc[:step] = 0
-    whole = n - n % step
-    for base in range(0, min(whole, live + step - 1) // step * step, step):
-        for j in range(step):
-            acc[j] = np.float64(F32(np.float64(a[base + j]) * np.float64(b[base + j]) + acc[j]))
-    for j in range(LANES):
-        acc[j] = F32(F32(acc[j]) + F32(acc[2 * LANES + j]))
-        acc[LANES + j] = F32(F32(acc[LANES + j]) + F32(acc[3 * LANES + j]))
-    for j in range(LANES):
-        acc[j] = F32(F32(acc[j]) + F32(acc[LANES + j]))
-    total = _hsum16(acc)
-    for i in range(whole, max(whole, min(n, live))):  # leftovers: float products added to a float sum, no FMA
-        total = F32(total + F32(a[i] * b[i]))
-    return total
-
-
 @njit(cache=True, nogil=True, parallel=True)
 def _attention_scores(q, k, out):
     """out[h, t, s] = q[t, h, :] . k[s, h // group, :] in ggml's order."""
@@ -227,10 +188,9 @@ def _attention_scores(q, k, out):
     group = H // Hkv
     for h in prange(H):
         g = h // group
-        acc = np.empty(4 * LANES, np.float64)
         for t in range(T):
             for s in range(S):
-                out[h, t, s] = dot_vec(q[t, h], k[s, g], d, acc, d)
+                out[h, t, s] = vec_dot_f32(q[t, h], k[s, g], d, d)
 
 
 @njit(cache=True, nogil=True, parallel=True)
@@ -244,12 +204,11 @@ def _attention_values(p, vt, n, out):
     group = H // Hkv
     for h in prange(H):
         a = np.zeros(width, np.float32)
-        acc = np.empty(4 * LANES, np.float64)
         g = h // group
         for t in range(T):
             a[:S] = p[h, t]
             for c in range(dv):
-                out[t, h, c] = dot_sgemm(a, vt[g, c], n, acc, S) if T > 1 else dot_vec(a, vt[g, c], n, acc, S)
+                out[t, h, c] = sgemm_dot(a, vt[g, c], n, S) if T > 1 else vec_dot_f32(a, vt[g, c], n, S)
 
 
 def attention_scores(q: np.ndarray, k: np.ndarray) -> np.ndarray:

@@ -1275,6 +1275,70 @@ lanes_dot8 = {kind: _for_this_cpu(generators) for kind, generators in LANES_DOT8
 q4_0_blocks_dot, q4_0_blocks_dot8 = _for_this_cpu(Q4_0_BLOCKS_DOT), _for_this_cpu(Q4_0_BLOCKS_DOT8)
 
 
+# ---- f32 dot products in ggml's lanes: true FMAs on <16 x float> --------------------------------
+
+def _f32_lanes_dot(context, builder, signature, args, chains):
+    """a . b as llama.cpp sums it with `chains` accumulators of 16 lanes (1: llamafile's tinyBLAS
+    gemm element; 4: ggml_vec_dot_f32 on AVX-512, its leftovers past a multiple of 64 added one
+    by one, float products into a float sum), each accumulator one FMA chain over steps of
+    16 * chains.  a[live:n] and b[live:n] are zeros (padding): their products leave every lane as
+    it is, so the loop stops there."""
+    a, b, n, live = args
+    a_ptr, b_ptr = _data(context, builder, signature, args, 0, 1)
+    v16 = _vec(ir.FloatType(), 16)
+    fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v16, [v16] * 3), "llvm.fma.v16f32")
+    i64 = n.type
+    step = ir.Constant(i64, 16 * chains)
+    whole = builder.sub(n, builder.srem(n, step)) if chains > 1 else n
+    reach = builder.add(live, ir.Constant(i64, 16 * chains - 1))
+    steps = builder.sdiv(builder.select(builder.icmp_signed("<", whole, reach), whole, reach), step)
+    accs = [cgutils.alloca_once_value(builder, ir.Constant(v16, [0.0] * 16)) for _ in range(chains)]
+    with cgutils.for_range(builder, steps) as loop:
+        base = builder.mul(loop.index, step)
+        for r, acc in enumerate(accs):
+            at = builder.add(base, ir.Constant(i64, 16 * r))
+            av = builder.load(builder.bitcast(builder.gep(a_ptr, [at]), v16.as_pointer()), align=4)
+            bv = builder.load(builder.bitcast(builder.gep(b_ptr, [at]), v16.as_pointer()), align=4)
+            builder.store(builder.call(fma, [av, bv, builder.load(acc)]), acc)
+    v = [builder.load(acc) for acc in accs]
+    if chains == 4:  # ggml's fold: 0 += 2, 1 += 3, 0 += 1
+        v = [builder.fadd(builder.fadd(v[0], v[2]), builder.fadd(v[1], v[3]))]
+    half = builder.fadd(_pick(builder, v[0], range(8)), _pick(builder, v[0], range(8, 16)))  # _mm512_reduce_add_ps
+    quarter = builder.fadd(_pick(builder, half, range(4)), _pick(builder, half, range(4, 8)))
+    e = [builder.extract_element(quarter, ir.Constant(I32, i)) for i in range(4)]
+    total = builder.fadd(builder.fadd(e[0], e[2]), builder.fadd(e[1], e[3]))
+    if chains == 1:
+        return total
+    result = cgutils.alloca_once_value(builder, total)
+    end = builder.select(builder.icmp_signed("<", n, live), n, live)
+    with cgutils.for_range(builder, builder.select(builder.icmp_signed(">", end, whole), builder.sub(end, whole),
+                                                   ir.Constant(i64, 0))) as loop:
+        i = builder.add(whole, loop.index)
+        product = builder.fmul(builder.load(builder.gep(a_ptr, [i])), builder.load(builder.gep(b_ptr, [i])))
+        builder.store(builder.fadd(builder.load(result), product), result)
+    return builder.load(result)
+
+
+def _f32_dot_intrinsic(chains: int, doc: str):
+    @intrinsic
+    def f32_dot(typingctx, a, b, n, live):
+        if a.dtype != types.float32 or b.dtype != types.float32 or a.layout != "C" or b.layout != "C":
+            return None
+        sig = types.float32(a, b, types.int64, types.int64)
+
+        def codegen(context, builder, signature, args):
+            return _f32_lanes_dot(context, builder, signature, args, chains)
+        return sig, codegen
+    f32_dot.__doc__ = doc
+    return f32_dot
+
+
+sgemm_dot = _f32_dot_intrinsic(1, "One element of llamafile's tinyBLAS f32 GEMM: a[:n] . b[:n] in 16 FMA "
+                                  "lanes, then _mm512_reduce_add_ps (a, b: contiguous float32; see _f32_lanes_dot).")
+vec_dot_f32 = _f32_dot_intrinsic(4, "ggml_vec_dot_f32 (AVX-512): a[:n] . b[:n] in 4 x 16 FMA lanes over steps "
+                                    "of 64, folded, reduced, the leftovers added in float (see _f32_lanes_dot).")
+
+
 @intrinsic
 def half_to_float(typingctx, bits):
     """IEEE half (its 16 bits in an integer) to float32 with the CPU's conversion instruction
@@ -1284,6 +1348,17 @@ def half_to_float(typingctx, bits):
     def codegen(context, builder, signature, args):
         half = builder.bitcast(builder.trunc(args[0], I16) if args[0].type.width > 16 else args[0], ir.HalfType())
         return builder.fpext(half, ir.FloatType())
+    return sig, codegen
+
+
+@intrinsic
+def bf16_to_float(typingctx, bits):
+    """bfloat16 (its 16 bits in an integer) to float32: the bits moved up by 16."""
+    sig = types.float32(bits)
+
+    def codegen(context, builder, signature, args):
+        bits16 = builder.trunc(args[0], I16) if args[0].type.width > 16 else args[0]
+        return builder.bitcast(builder.shl(builder.zext(bits16, I32), ir.Constant(I32, 16)), ir.FloatType())
     return sig, codegen
 
 
