@@ -83,8 +83,10 @@ def matmul_f32(W, rows, group_rows, cols, qs, d, extra, out, order):
 
 @njit(**SERIAL)
 def dequantize_f32(W, cols, row_ids, out):
+    w = W.view(np.float32)
     for i in range(row_ids.size):
-        out[i] = W[row_ids[i] * cols * 4:(row_ids[i] + 1) * cols * 4].view(np.float32)
+        for j in range(cols):  # a plain loop: a whole-row slice assignment took 2 s to compile
+            out[i, j] = w[row_ids[i] * cols + j]
 
 
 @njit(**PARALLEL)
@@ -110,7 +112,8 @@ def dequantize_f16(W, cols, row_ids, out):
         bits = np.empty(cols, np.uint32)
         w = bits.view(np.float32)
         _widen_f16(W[row_ids[i] * cols * 2:(row_ids[i] + 1) * cols * 2].view(np.uint16), bits, w)
-        out[i] = w
+        for j in range(cols):
+            out[i, j] = w[j]
 
 
 @njit(**PARALLEL)
@@ -135,4 +138,6 @@ def dequantize_bf16(W, cols, row_ids, out):
     for i in range(row_ids.size):
         bits = np.empty(cols, np.uint32)
         _widen_bf16(W[row_ids[i] * cols * 2:(row_ids[i] + 1) * cols * 2].view(np.uint16), bits)
-        out[i] = bits.view(np.float32)
+        w = bits.view(np.float32)
+        for j in range(cols):
+            out[i, j] = w[j]
