@@ -287,20 +287,6 @@ def test_grouped_rows_equal_separate_matrices(case):
                                       K.matmul(tp, W[g * group_bytes:(g + 1) * group_bytes], 2, COLS, X[g]))
 
 
-@pytest.mark.parametrize("tp", [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0], ids=lambda t: t.name)
-def test_eight_row_kernels_equal_one_row(tp):
-    """The legacy types take rows in eights where a group holds a multiple of eight; every row
-    comes out as the one-row kernel computes it (both stacked groups and one token)."""
-    rng = np.random.default_rng(15)
-    W = random_weights(tp, 16, COLS, rng)
-    X = random_activations(4, COLS, rng).reshape(2, 2, COLS)  # [group, token, cols]
-    Y = K.matmul_q(tp, W, 16, COLS, K.quantize_activation(tp, X.reshape(4, COLS)), group_rows=8)
-    row_bytes = W.size // 16
-    for r in range(16):
-        one = K.matmul(tp, W[r * row_bytes:(r + 1) * row_bytes], 1, COLS, X[r // 8])
-        np.testing.assert_array_equal(Y[:, r], one[:, 0])
-
-
 @pytest.mark.parametrize("tp", [T.F16, T.BF16], ids=lambda t: t.name)
 def test_float_rows_straight_and_widened(tp):
     """F16/BF16 rows: up to STRAIGHT_TOKENS tokens convert each value as they sum it, more tokens
@@ -674,38 +660,35 @@ def test_simd_grid_isum(tp, target):
     np.testing.assert_array_equal(out, (scaled * x.reshape(n, 256)).sum(axis=1).astype(np.int64))
 
 
-@pytest.mark.parametrize("target", [simd.GENERIC, simd.AVX2])
-@pytest.mark.parametrize("kind", list(simd.LEGACY_BLOCKS))
-def test_simd_legacy_row_dots(kind, target):
-    """Each generator of the legacy row dots, one row and eight at once, against llama.cpp's
-    float steps in numpy: eight FMA lanes of exact 4-value sums and a tree sum (Q4_0 repacked:
-    one FMA per block)."""
-    skip_unless_this_cpu_runs(target)
-    tp = T[kind.upper()]
-    one, eight = simd.LANES_DOT[kind][target], simd.LANES_DOT8[kind][target]
-    blocks_one, blocks_eight = (simd.Q4_0_BLOCKS_DOT[target], simd.Q4_0_BLOCKS_DOT8[target]) if kind == "q4_0" else (one, eight)
-    rng = np.random.default_rng(31)
+def legacy_case(tp: T, seed: int):
+    """Eight random rows of 40 blocks (a Q8_0 weight of -128 among them), an int8 activation
+    with its extreme -127, per-block activation scales and block sums."""
+    rng = np.random.default_rng(seed)
     nb = 40
     rows = random_weights(tp, 8, 32 * nb, rng).reshape(8, nb, -1)
     if tp == T.Q8_0:
         rows[0, 0, 2:] = 0x80  # -128, the one weight whose magnitude is not an int8
     x = rng.integers(-127, 128, 32 * nb, dtype=np.int8)
     x[:32] = -127
-    dx = rng.uniform(0.5, 2.0, nb).astype(F32)
-    sx = rng.uniform(-50, 50, nb).astype(F32)
+    return rows, x, rng.uniform(0.5, 2.0, nb).astype(F32), rng.uniform(-50, 50, nb).astype(F32)
+
+
+@pytest.mark.parametrize("target", [simd.GENERIC, simd.AVX2])
+@pytest.mark.parametrize("kind", list(simd.LEGACY_BLOCKS))
+def test_simd_legacy_row_dot(kind, target):
+    """Each generator of the legacy row dots against llama.cpp's float steps in numpy: eight FMA
+    lanes of exact 4-value sums and a tree sum (Q4_1/Q5_1: plus their mins' FMA chain)."""
+    skip_unless_this_cpu_runs(target)
+    tp = T[kind.upper()]
+    dot = simd.LANES_DOT[kind][target]
+    rows, x, dx, sx = legacy_case(tp, 31)
+    nb = rows.shape[1]
 
     @njit
-    def run(W, x, dx, sx, nb, got):
-        rb = W.size // 8
-        for r in range(8):
-            got[0, r] = one(W[r * rb:(r + 1) * rb], x, dx, sx, nb)
-            got[1, r] = blocks_one(W[r * rb:(r + 1) * rb], x, dx, sx, nb)
-        eight(W, 0, rb, x, dx, sx, nb, got[2], 0)
-        blocks_eight(W, 0, rb, x, dx, sx, nb, got[3], 0)
-    got = np.zeros((4, 8), F32)
-    run(rows.reshape(-1), x, dx, sx, nb, got)
+    def run(row, x, dx, sx, nb):
+        return dot(row, x, dx, sx, nb)
     with_min = tp in (T.Q4_1, T.Q5_1)
-    for r, blocks in enumerate(rows):
+    for blocks in rows:
         ints = integer_parts(tp, blocks, **({"o0": 1.0, "o2": 0.0} if with_min else {"o0": 1.0})).astype(np.int64)
         products = ints * x.reshape(nb, 32)
         scales = (f16_at(blocks, 0) * dx).astype(F32)
@@ -718,12 +701,30 @@ def test_simd_legacy_row_dots(kind, target):
             for b, m in enumerate(f16_at(blocks, 2)):
                 summs = fma(m, sx[b], summs)
             want = F32(want + summs)
-        assert got[0, r] == got[2, r] == want
-        if tp == T.Q4_0:
-            acc = F32(0)
-            for b in range(nb):
-                acc = fma(F32(products[b].sum()), scales[b], acc)
-            assert got[1, r] == got[3, r] == acc
+        assert run(blocks.reshape(-1), x, dx, sx, nb) == want
+
+
+@pytest.mark.parametrize("target", [simd.GENERIC, simd.AVX2])
+def test_simd_q4_0_rows_dot8(target):
+    """Eight repacked Q4_0 rows at once, each as llama.cpp's repacked gemv rounds it: one FMA of
+    the block's int32 sum per block."""
+    skip_unless_this_cpu_runs(target)
+    dot8 = simd.Q4_0_BLOCKS_DOT8[target]
+    rows, x, dx, _ = legacy_case(T.Q4_0, 32)
+    nb = rows.shape[1]
+
+    @njit
+    def run(W, x, dx, nb, out):
+        dot8(W, 0, W.size // 8, x, dx, nb, out, 0)
+    got = np.zeros(8, F32)
+    run(rows.reshape(-1), x, dx, nb, got)
+    for r, blocks in enumerate(rows):
+        products = integer_parts(T.Q4_0, blocks, o0=1.0).astype(np.int64) * x.reshape(nb, 32)
+        scales = (f16_at(blocks, 0) * dx).astype(F32)
+        acc = F32(0)
+        for b in range(nb):
+            acc = fma(F32(products[b].sum()), scales[b], acc)
+        assert got[r] == acc
 
 
 @pytest.mark.parametrize("target", SIMD_TARGETS)

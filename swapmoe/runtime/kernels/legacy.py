@@ -1,13 +1,14 @@
 """Legacy 32-value block types: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0.
 
-Matmul kernels take eight rows . one token in one call of a simd.lanes_dot8 intrinsic (one row
-at a time, simd.lanes_dot, where a group of rows is not a multiple of eight): the blocks'
+Matmul kernels take each row . token in one call of a simd.lanes_dot intrinsic: the blocks'
 values decoded in vector registers, exact int32 sums of four products per lane against the
-Q8_0/Q8_1 activation, and per row the float combination of llama.cpp's x86 vec_dot (and
-tinyBLAS): eight FMA lanes, except for Q4_0 weights llama.cpp repacks (kernels.ggml_order): one
-FMA per block.  Eight rows at once keep eight FMA chains in flight (one row alone waits on its
-chain: Q4_0 2x, Q4_1/Q5_1 1.7-2x, Q8_0 1.15x).  The rows' bytes come from memory once; the
-other tokens find them in cache.
+Q8_0/Q8_1 activation, and the float combination of llama.cpp's x86 vec_dot (and tinyBLAS):
+eight FMA lanes per row.  Q4_0 weights llama.cpp repacks (kernels.ggml_order) round with one
+FMA per block; one row alone would wait on that chain, so they go eight rows per call
+(simd.q4_0_blocks_dot8: 2x in cache, even from DRAM).  Eight rows at once for the lane types
+too ran 1.7-2x faster in cache but 1.1-1.8x slower from DRAM (eight concurrent streams per
+thread), where expert weights come from.  The rows' bytes come from memory once; the other
+tokens find them in cache.
 
 Kernel signature: matmul_X(W, rows, group_rows, cols, qs, d, extra, out, order) with W
 the raw uint8 bytes (rows * row_bytes), qs/d/extra a QuantizedActivation's
@@ -22,39 +23,31 @@ import numpy as np
 from numba import njit, prange
 
 from ._jit import INLINE, ORDER_LANES, PARALLEL, SERIAL, f16_to_f32, u64
-from .simd import lanes_dot, lanes_dot8, q4_0_blocks_dot, q4_0_blocks_dot8
+from .simd import lanes_dot, q4_0_blocks_dot8
 
 
 def _matmul(kind: str, block_bytes: int, takes_min: bool):
-    """The kernel of one legacy type: rows in eights where a group of rows holds a multiple of
-    eight (simd's eight-row dots: eight FMA chains in flight), one at a time otherwise.  Q4_0
-    follows `order` (ORDER_GEMV: llama.cpp repacked it, one FMA per block); the others always
-    round as vec_dot/tinyBLAS (eight lanes).  Q4_1/Q5_1 take the activation's block sums (extra)."""
-    one, eight = lanes_dot[kind], lanes_dot8[kind]
-    per_block_one, per_block_eight = (q4_0_blocks_dot, q4_0_blocks_dot8) if kind == "q4_0" else (one, eight)
+    """The kernel of one legacy type, a row at a time.  Q4_0 follows `order` (ORDER_GEMV: llama.cpp
+    repacked it, one FMA per block; there eight rows go at once); the others always round as
+    vec_dot/tinyBLAS (eight lanes).  Q4_1/Q5_1 take the activation's block sums (extra)."""
+    one = lanes_dot[kind]
 
     @njit(**PARALLEL)
     def matmul(W, rows, group_rows, cols, qs, d, extra, out, order):
         n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
         nb = cols // 32
         rb = nb * block_bytes
-        per_block = kind == "q4_0" and order != ORDER_LANES
-        step = 8 if group_rows % 8 == 0 else 1
+        repacked = kind == "q4_0" and order != ORDER_LANES  # then rows % 8 == 0 (kernels.ggml_order)
+        step = 8 if repacked else 1
         for task in prange(rows // step):
             r = task * step
             t0 = (r // group_rows) * n_tok
             for t in range(n_tok):
-                sx = extra[t0 + t] if takes_min else d[t0 + t]
-                if step == 1:
-                    row = W[r * rb:(r + 1) * rb]
-                    if per_block:
-                        out[t, r] = per_block_one(row, qs[t0 + t], d[t0 + t], sx, nb)
-                    else:
-                        out[t, r] = one(row, qs[t0 + t], d[t0 + t], sx, nb)
-                elif per_block:
-                    per_block_eight(W, r * rb, rb, qs[t0 + t], d[t0 + t], sx, nb, out[t], r)
+                if repacked:
+                    q4_0_blocks_dot8(W, r * rb, rb, qs[t0 + t], d[t0 + t], nb, out[t], r)
                 else:
-                    eight(W, r * rb, rb, qs[t0 + t], d[t0 + t], sx, nb, out[t], r)
+                    sx = extra[t0 + t] if takes_min else d[t0 + t]
+                    out[t, r] = one(W[r * rb:(r + 1) * rb], qs[t0 + t], d[t0 + t], sx, nb)
     return matmul
 
 

@@ -1110,7 +1110,7 @@ def _tree_sum8(builder, v):
                         builder.fadd(builder.fadd(e[1], e[5]), builder.fadd(e[3], e[7])))
 
 
-def _legacy_dot(context, builder, signature, args, kind, per_block, target):
+def _legacy_dot(context, builder, signature, args, kind, target):
     row, x, dx, sx, nb = args
     rowt, xt, dxt, sxt = signature.args[:4]
     size, min_at = LEGACY_BLOCKS[kind][:2]
@@ -1120,7 +1120,6 @@ def _legacy_dot(context, builder, signature, args, kind, per_block, target):
     sx_ptr = context.make_array(sxt)(context, builder, value=sx).data
     f32, v8f = ir.FloatType(), _vec(ir.FloatType(), 8)
     lanes = cgutils.alloca_once_value(builder, ir.Constant(v8f, [0.0] * 8))
-    acc = cgutils.alloca_once_value(builder, ir.Constant(f32, 0.0))
     mins = cgutils.alloca_once_value(builder, ir.Constant(f32, 0.0))
     fma8 = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v8f, [v8f] * 3), "llvm.fma.v8f32")
     fma1 = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f32, [f32] * 3), "llvm.fma.f32")
@@ -1135,17 +1134,11 @@ def _legacy_dot(context, builder, signature, args, kind, per_block, target):
         xv = builder.load(builder.bitcast(x_at, _vec(I8, 32).as_pointer()), align=1)
         quads = _legacy_quads(builder, w, xv, kind, target)
         scale = builder.fmul(half(o), builder.load(builder.gep(dx_ptr, [b])))
-        if per_block:
-            isum = builder.sitofp(_reduce_add(builder, quads), f32)
-            builder.store(builder.call(fma1, [isum, scale, builder.load(acc)]), acc)
-        else:
-            fma = builder.call(fma8, [_broadcast(builder, scale, 8), builder.sitofp(quads, v8f), builder.load(lanes)])
-            builder.store(fma, lanes)
+        fma = builder.call(fma8, [_broadcast(builder, scale, 8), builder.sitofp(quads, v8f), builder.load(lanes)])
+        builder.store(fma, lanes)
         if min_at is not None:  # m * s summed apart, one FMA per block (GCC contracts m*s + summs)
             m = half(builder.add(o, ir.Constant(o.type, min_at)))
             builder.store(builder.call(fma1, [m, builder.load(builder.gep(sx_ptr, [b])), builder.load(mins)]), mins)
-    if per_block:
-        return builder.load(acc)
     total = _tree_sum8(builder, builder.load(lanes))
     return builder.fadd(total, builder.load(mins)) if min_at is not None else total
 
@@ -1165,114 +1158,83 @@ def _sums8(builder, vectors):
     return level[0]
 
 
-def _legacy_rows_dot(context, builder, signature, args, kind, per_block, target):
-    """Eight consecutive rows . one token at once: row r at w[wo + r*rb]; results to out[oo+r].
-    Each row's float steps are those of _legacy_dot (llama.cpp's, per row) -- eight independent
-    FMA chains in flight instead of one, the token's block loaded once for all eight rows, and
-    the eight scales converted by one vcvtph2ps."""
-    w, wo, rb, x, dx, sx, nb, out, oo = args
-    wt, xt, dxt, sxt = signature.args[0], signature.args[3], signature.args[4], signature.args[5]
-    size, min_at = LEGACY_BLOCKS[kind][:2]
-    w_ptr = context.make_array(wt)(context, builder, value=w).data
-    x_ptr = context.make_array(xt)(context, builder, value=x).data
-    dx_ptr = context.make_array(dxt)(context, builder, value=dx).data
-    sx_ptr = context.make_array(sxt)(context, builder, value=sx).data
-    out_ptr = context.make_array(signature.args[7])(context, builder, value=out).data
+def _q4_0_rows_dot(context, builder, signature, args, target):
+    """Eight consecutive Q4_0 rows . one token in the repacked route's rounding (one FMA per block
+    and row): row r at w[wo + r*rb]; results to out[oo+r].  Eight FMA chains in flight instead of
+    one, the token's block loaded once for all eight rows, its sums taken once for the quants'
+    offset of 8 ((q - 8) . x = q . x - 8 * sums of x), the eight int32 block sums reduced
+    together and the eight scales converted by one vcvtph2ps."""
+    w, wo, rb, x, dx, nb, out, oo = args
+    w_ptr, x_ptr, dx_ptr, out_ptr = _data(context, builder, signature, args, 0, 3, 4, 6)
     v8f = _vec(ir.FloatType(), 8)
-    zero8 = ir.Constant(v8f, [0.0] * 8)
-    lanes = [cgutils.alloca_once_value(builder, zero8) for _ in range(8)] if not per_block else None
-    acc = cgutils.alloca_once_value(builder, zero8)
-    mins = cgutils.alloca_once_value(builder, zero8)
+    acc = cgutils.alloca_once_value(builder, ir.Constant(v8f, [0.0] * 8))
     fma8 = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v8f, [v8f] * 3), "llvm.fma.v8f32")
     starts = [builder.add(wo, builder.mul(rb, ir.Constant(rb.type, r))) for r in range(8)]
-
-    def halves_at(offset):  # the eight rows' f16 at block byte `offset`, as <8 x float>
-        v = ir.Constant(_vec(I16, 8), None)
-        for r, o in enumerate(offset):
-            bits = builder.load(builder.bitcast(builder.gep(w_ptr, [o]), I16.as_pointer()), align=1)
-            v = builder.insert_element(v, bits, ir.Constant(I32, r))
-        return builder.fpext(builder.bitcast(v, _vec(ir.HalfType(), 8)), v8f)
     with cgutils.for_range(builder, nb) as loop:
         b = loop.index
-        block_at = builder.mul(b, ir.Constant(b.type, size))
+        block_at = builder.mul(b, ir.Constant(b.type, 18))
         offsets = [builder.add(start, block_at) for start in starts]
         x_at = builder.gep(x_ptr, [builder.mul(b, ir.Constant(b.type, 32))])
         xv = builder.load(builder.bitcast(x_at, _vec(I8, 32).as_pointer()), align=1)
-        offset = LEGACY_BLOCKS[kind][4]
-        if offset and target != GENERIC:  # (q - offset) . x = q . x - offset * (sums of x), the latter once
-            x_quads = builder.mul(_madd(builder, _splat(I8, 32, 1), xv, _splat(I16, 16, 1)), _splat(I32, 8, offset))
-            quads = [builder.sub(_madd(builder, _legacy_values(context, builder, w_ptr, o, kind, False), xv,
-                                       _splat(I16, 16, 1)), x_quads) for o in offsets]
-        else:
-            quads = [_legacy_quads(builder, _legacy_values(context, builder, w_ptr, o, kind), xv, kind, target)
+        if target == GENERIC:
+            quads = [_legacy_quads(builder, _legacy_values(context, builder, w_ptr, o, "q4_0"), xv, "q4_0", target)
                      for o in offsets]
-        scales = builder.fmul(halves_at(offsets), _broadcast(builder, builder.load(builder.gep(dx_ptr, [b])), 8))
-        if per_block:
-            isums = builder.sitofp(_sums8(builder, quads), v8f)
-            builder.store(builder.call(fma8, [isums, scales, builder.load(acc)]), acc)
         else:
-            for r in range(8):
-                scale = _broadcast(builder, builder.extract_element(scales, ir.Constant(I32, r)), 8)
-                builder.store(builder.call(fma8, [scale, builder.sitofp(quads[r], v8f), builder.load(lanes[r])]), lanes[r])
-        if min_at is not None:  # per row: m * s, one FMA chain apart (as _legacy_dot)
-            m = halves_at([builder.add(o, ir.Constant(o.type, min_at)) for o in offsets])
-            s_b = _broadcast(builder, builder.load(builder.gep(sx_ptr, [b])), 8)
-            builder.store(builder.call(fma8, [m, s_b, builder.load(mins)]), mins)
-    if per_block:
-        result = builder.load(acc)
-    else:
-        result = ir.Constant(v8f, None)
-        for r in range(8):
-            result = builder.insert_element(result, _tree_sum8(builder, builder.load(lanes[r])), ir.Constant(I32, r))
-        if min_at is not None:
-            result = builder.fadd(result, builder.load(mins))
-    builder.store(result, builder.bitcast(builder.gep(out_ptr, [oo]), v8f.as_pointer()), align=4)
+            x_quads = builder.mul(_madd(builder, _splat(I8, 32, 1), xv, _splat(I16, 16, 1)), _splat(I32, 8, 8))
+            quads = [builder.sub(_madd(builder, _legacy_values(context, builder, w_ptr, o, "q4_0", False), xv,
+                                       _splat(I16, 16, 1)), x_quads) for o in offsets]
+        halves = ir.Constant(_vec(I16, 8), None)
+        for r, o in enumerate(offsets):
+            bits = builder.load(builder.bitcast(builder.gep(w_ptr, [o]), I16.as_pointer()), align=1)
+            halves = builder.insert_element(halves, bits, ir.Constant(I32, r))
+        scales = builder.fmul(builder.fpext(builder.bitcast(halves, _vec(ir.HalfType(), 8)), v8f),
+                              _broadcast(builder, builder.load(builder.gep(dx_ptr, [b])), 8))
+        isums = builder.sitofp(_sums8(builder, quads), v8f)
+        builder.store(builder.call(fma8, [isums, scales, builder.load(acc)]), acc)
+    builder.store(builder.load(acc), builder.bitcast(builder.gep(out_ptr, [oo]), v8f.as_pointer()), align=4)
     return context.get_dummy_value()
 
 
-def _legacy_rows_dot8(kind: str, per_block: bool, target: str):
+def _q4_0_rows_dot8(target: str):
     @intrinsic
-    def legacy_rows_dot8(typingctx, w, wo, rb, x, dx, sx, nb, out, oo):
-        """Eight rows (row r's blocks at w[wo + r*rb:]) . one token, into out[oo:oo+8]; each
-        row rounded as legacy_row_dot rounds it (out: a contiguous float32 array)."""
+    def q4_0_rows_dot8(typingctx, w, wo, rb, x, dx, nb, out, oo):
+        """Eight Q4_0 rows (row r's blocks at w[wo + r*rb:]) . one token, into out[oo:oo+8]; each
+        row rounded as llama.cpp's repacked Q4_0 gemv: one FMA of the block's int32 sum per block
+        (out: a contiguous float32 array)."""
         if out.dtype != types.float32 or out.layout != "C":
             return None
-        sig = types.none(w, wo, rb, x, dx, sx, nb, out, oo)
+        sig = types.none(w, wo, rb, x, dx, nb, out, oo)
 
         def codegen(context, builder, signature, args):
-            return _legacy_rows_dot(context, builder, signature, args, kind, per_block, target)
+            return _q4_0_rows_dot(context, builder, signature, args, target)
         return sig, codegen
-    return legacy_rows_dot8
+    return q4_0_rows_dot8
 
 
 def _half_at_scalar(lo, hi):
     return f16_to_f32(lo, hi)
 
 
-def _legacy_row_dot(kind: str, per_block: bool, target: str):
+def _legacy_row_dot(kind: str, target: str):
     @intrinsic
     def legacy_row_dot(typingctx, row, x, dx, sx, nb):
         """A legacy-type row (its nb blocks' bytes) . token (int8 x, per-block float32 scales dx
-        and, for Q4_1/Q5_1, block sums sx), rounded as llama.cpp's x86 routes round it:
-        per_block=False (vec_dot and tinyBLAS alike): eight float lanes, lane l taking values
-        4l..4l+3 of every block (exact int32 sums) through an FMA with the block's dw*dx, then
-        ggml's tree sum; Q4_1/Q5_1 add their mins (min * sx, one FMA chain) after it.
-        per_block=True (a repacked Q4_0): one FMA of the block's int32 sum per block."""
+        and, for Q4_1/Q5_1, block sums sx), rounded as llama.cpp's x86 vec_dot and tinyBLAS
+        round it: eight float lanes, lane l taking values 4l..4l+3 of every block (exact int32
+        sums) through an FMA with the block's dw*dx, then ggml's tree sum; Q4_1/Q5_1 add their
+        mins (min * sx, one FMA chain) after it."""
         sig = types.float32(row, x, dx, sx, nb)
 
         def codegen(context, builder, signature, args):
-            return _legacy_dot(context, builder, signature, args, kind, per_block, target)
+            return _legacy_dot(context, builder, signature, args, kind, target)
         return sig, codegen
     return legacy_row_dot
 
 
-LANES_DOT = {kind: {t: _legacy_row_dot(kind, False, t) for t in (GENERIC, AVX2)} for kind in LEGACY_BLOCKS}
-LANES_DOT8 = {kind: {t: _legacy_rows_dot8(kind, False, t) for t in (GENERIC, AVX2)} for kind in LEGACY_BLOCKS}
-Q4_0_BLOCKS_DOT = {t: _legacy_row_dot("q4_0", True, t) for t in (GENERIC, AVX2)}
-Q4_0_BLOCKS_DOT8 = {t: _legacy_rows_dot8("q4_0", True, t) for t in (GENERIC, AVX2)}
+LANES_DOT = {kind: {t: _legacy_row_dot(kind, t) for t in (GENERIC, AVX2)} for kind in LEGACY_BLOCKS}
+Q4_0_BLOCKS_DOT8 = {t: _q4_0_rows_dot8(t) for t in (GENERIC, AVX2)}
 lanes_dot = {kind: _for_this_cpu(generators) for kind, generators in LANES_DOT.items()}
-lanes_dot8 = {kind: _for_this_cpu(generators) for kind, generators in LANES_DOT8.items()}
-q4_0_blocks_dot, q4_0_blocks_dot8 = _for_this_cpu(Q4_0_BLOCKS_DOT), _for_this_cpu(Q4_0_BLOCKS_DOT8)
+q4_0_blocks_dot8 = _for_this_cpu(Q4_0_BLOCKS_DOT8)
 
 
 # ---- f32 dot products in ggml's lanes: true FMAs on <16 x float> --------------------------------
