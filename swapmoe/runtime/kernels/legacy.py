@@ -5,10 +5,8 @@ values decoded in vector registers, exact int32 sums of four products per lane a
 Q8_0/Q8_1 activation, and the float combination of llama.cpp's x86 vec_dot (and tinyBLAS):
 eight FMA lanes per row.  Q4_0 weights llama.cpp repacks (kernels.ggml_order) round with one
 FMA per block; one row alone would wait on that chain, so they go eight rows per call
-(simd.q4_0_blocks_dot8: 2x in cache, even from DRAM).  Eight rows at once for the lane types
-too ran 1.7-2x faster in cache but 1.1-1.8x slower from DRAM (eight concurrent streams per
-thread), where expert weights come from.  The rows' bytes come from memory once; the other
-tokens find them in cache.
+(simd.q4_0_blocks_dot8).  The rows' bytes come from memory once; the other tokens find them in
+cache.
 
 Kernel signature: matmul_X(W, rows, group_rows, cols, qs, d, extra, out, order) with W
 the raw uint8 bytes (rows * row_bytes), qs/d/extra a QuantizedActivation's
@@ -25,37 +23,75 @@ from numba import njit, prange
 from ._jit import INLINE, ORDER_LANES, PARALLEL, SERIAL, f16_to_f32, u64
 from .simd import lanes_dot, q4_0_blocks_dot8
 
+_Q4_0_LANES, _Q4_1_LANES, _Q5_0_LANES, _Q5_1_LANES, _Q8_0_LANES = (
+    lanes_dot[k] for k in ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0"))
 
-def _matmul(kind: str, block_bytes: int, takes_min: bool):
-    """The kernel of one legacy type, a row at a time.  Q4_0 follows `order` (ORDER_GEMV: llama.cpp
-    repacked it, one FMA per block; there eight rows go at once); the others always round as
-    vec_dot/tinyBLAS (eight lanes).  Q4_1/Q5_1 take the activation's block sums (extra)."""
-    one = lanes_dot[kind]
 
-    @njit(**PARALLEL)
-    def matmul(W, rows, group_rows, cols, qs, d, extra, out, order):
-        n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
-        nb = cols // 32
-        rb = nb * block_bytes
-        repacked = kind == "q4_0" and order != ORDER_LANES  # then rows % 8 == 0 (kernels.ggml_order)
-        step = 8 if repacked else 1
-        for task in prange(rows // step):
-            r = task * step
-            t0 = (r // group_rows) * n_tok
+# One module-level kernel per type: numba's cache keys a closure by its pickled cell contents, and
+# an intrinsic pickles with a per-process id, so kernels made by a factory recompiled in every
+# process.  The row dots themselves are shared (simd.lanes_dot).
+
+@njit(**PARALLEL)
+def matmul_q4_0(W, rows, group_rows, cols, qs, d, extra, out, order):
+    """Repacked by llama.cpp (order != ORDER_LANES; then rows % 8 == 0, kernels.ggml_order): one
+    FMA per block and row, eight rows per call so that eight FMA chains are in flight (2x in
+    cache; eight rows at once for the lane-rounded types measured 1.1-1.8x slower from DRAM)."""
+    n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
+    nb = cols // 32
+    rb = nb * 18
+    if order != ORDER_LANES:
+        for task in prange(rows // 8):
             for t in range(n_tok):
-                if repacked:
-                    q4_0_blocks_dot8(W, r * rb, rb, qs[t0 + t], d[t0 + t], nb, out[t], r)
-                else:
-                    sx = extra[t0 + t] if takes_min else d[t0 + t]
-                    out[t, r] = one(W[r * rb:(r + 1) * rb], qs[t0 + t], d[t0 + t], sx, nb)
-    return matmul
+                q4_0_blocks_dot8(W, task * 8 * rb, rb, qs[t], d[t], nb, out[t], task * 8)
+        return
+    for r in prange(rows):
+        t0 = (r // group_rows) * n_tok
+        for t in range(n_tok):
+            out[t, r] = _Q4_0_LANES(W[r * rb:(r + 1) * rb], qs[t0 + t], d[t0 + t], d[t0 + t], nb)
 
 
-matmul_q4_0 = _matmul("q4_0", 18, False)
-matmul_q4_1 = _matmul("q4_1", 20, True)
-matmul_q5_0 = _matmul("q5_0", 22, False)
-matmul_q5_1 = _matmul("q5_1", 24, True)
-matmul_q8_0 = _matmul("q8_0", 34, False)
+@njit(**PARALLEL)
+def matmul_q4_1(W, rows, group_rows, cols, qs, d, extra, out, order):
+    n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
+    nb = cols // 32
+    rb = nb * 20
+    for r in prange(rows):
+        t0 = (r // group_rows) * n_tok
+        for t in range(n_tok):
+            out[t, r] = _Q4_1_LANES(W[r * rb:(r + 1) * rb], qs[t0 + t], d[t0 + t], extra[t0 + t], nb)
+
+
+@njit(**PARALLEL)
+def matmul_q5_0(W, rows, group_rows, cols, qs, d, extra, out, order):
+    n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
+    nb = cols // 32
+    rb = nb * 22
+    for r in prange(rows):
+        t0 = (r // group_rows) * n_tok
+        for t in range(n_tok):
+            out[t, r] = _Q5_0_LANES(W[r * rb:(r + 1) * rb], qs[t0 + t], d[t0 + t], d[t0 + t], nb)
+
+
+@njit(**PARALLEL)
+def matmul_q5_1(W, rows, group_rows, cols, qs, d, extra, out, order):
+    n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
+    nb = cols // 32
+    rb = nb * 24
+    for r in prange(rows):
+        t0 = (r // group_rows) * n_tok
+        for t in range(n_tok):
+            out[t, r] = _Q5_1_LANES(W[r * rb:(r + 1) * rb], qs[t0 + t], d[t0 + t], extra[t0 + t], nb)
+
+
+@njit(**PARALLEL)
+def matmul_q8_0(W, rows, group_rows, cols, qs, d, extra, out, order):
+    n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
+    nb = cols // 32
+    rb = nb * 34
+    for r in prange(rows):
+        t0 = (r // group_rows) * n_tok
+        for t in range(n_tok):
+            out[t, r] = _Q8_0_LANES(W[r * rb:(r + 1) * rb], qs[t0 + t], d[t0 + t], d[t0 + t], nb)
 
 
 _LOW_NIBBLES = np.uint64(0x0F0F0F0F0F0F0F0F)

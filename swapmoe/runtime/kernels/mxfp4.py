@@ -7,14 +7,32 @@ from __future__ import annotations
 
 import numpy as np
 from gguf.quants import MXFP4
-from numba import njit
+from numba import njit, prange
 
-from ._jit import E8M0_HALF, SERIAL, nibble_table_matmul
+from ._jit import E8M0_HALF, PARALLEL, SERIAL, block_fma
+from .simd import nibble_table_dot
 
 _KVALUES = np.array(MXFP4.kvalues, dtype=np.int8)
 
 
-matmul_mxfp4 = nibble_table_matmul(17, _KVALUES, fp16_scale=False)
+@njit(**PARALLEL)
+def matmul_mxfp4(W, rows, group_rows, cols, qs, d, extra, out, order):
+    """Values looked up in registers (simd.nibble_table_dot), every token straight from the row
+    bytes: 2.5-4x faster than decoding the row once for a batch, even for 64 tokens."""
+    n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
+    nb = cols // 32
+    rb = nb * 17
+    for r in prange(rows):
+        row = W[r * rb:(r + 1) * rb]
+        t0 = (r // group_rows) * n_tok
+        for t in range(n_tok):
+            x, dx = qs[t0 + t], d[t0 + t]
+            acc = np.float32(0.0)
+            for b in range(nb):
+                o = b * 17
+                sumi = np.float32(nibble_table_dot(row, o + 1, x, b * 32, _KVALUES))
+                acc = block_fma(order, acc, sumi, E8M0_HALF[row[o]], dx[b])
+            out[t, r] = acc
 
 
 @njit(**SERIAL)

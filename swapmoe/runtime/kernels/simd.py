@@ -691,7 +691,7 @@ def _grid_isum(name: str, block_isum, target: str):
 # 64-value chunks, so vpmultishiftqb cuts a chunk's values (one byte each) straight out of it and
 # vpermb maps those codes to the grid's magnitudes.  Sign bytes are interleaved the same way and
 # vpshufbitqmb turns them into one mask bit per value, negating the activation under the mask.
-# No scalar work per value or per entry: IQ2_XXS 2.2x the gather above.  The 2048-entry IQ1 grid
+# No scalar work per value or per entry: IQ2_XXS 2.1x the gather above.  The 2048-entry IQ1 grid
 # would take 32 table slices: its 8-byte entries are gathered (vpgatherdq) instead.
 
 def _bytes(values):
