@@ -27,73 +27,6 @@ _Q4_0_LANES, _Q4_1_LANES, _Q5_0_LANES, _Q5_1_LANES, _Q8_0_LANES = (
     lanes_dot[k] for k in ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0"))
 
 
-# One module-level kernel per type: numba's cache keys a closure by its pickled cell contents, and
-# an intrinsic pickles with a per-process id, so kernels made by a factory recompiled in every
-# process.  The row dots themselves are shared (simd.lanes_dot).
-
-@njit(**PARALLEL)
-def matmul_q4_0(W, rows, group_rows, cols, qs, d, extra, out, order):
-    """Repacked by llama.cpp (order != ORDER_LANES; then rows % 8 == 0, kernels.ggml_order): one
-    FMA per block and row, eight rows per call so that eight FMA chains are in flight (2x in
-    cache; eight rows at once for the lane-rounded types measured 1.1-1.8x slower from DRAM)."""
-    n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
-    nb = cols // 32
-    rb = nb * 18
-    if order != ORDER_LANES:
-        for task in prange(rows // 8):
-            for t in range(n_tok):
-                q4_0_blocks_dot8(W, task * 8 * rb, rb, qs[t], d[t], nb, out[t], task * 8)
-        return
-    for r in prange(rows):
-        t0 = (r // group_rows) * n_tok
-        for t in range(n_tok):
-            out[t, r] = _Q4_0_LANES(W[r * rb:(r + 1) * rb], qs[t0 + t], d[t0 + t], d[t0 + t], nb)
-
-
-@njit(**PARALLEL)
-def matmul_q4_1(W, rows, group_rows, cols, qs, d, extra, out, order):
-    n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
-    nb = cols // 32
-    rb = nb * 20
-    for r in prange(rows):
-        t0 = (r // group_rows) * n_tok
-        for t in range(n_tok):
-            out[t, r] = _Q4_1_LANES(W[r * rb:(r + 1) * rb], qs[t0 + t], d[t0 + t], extra[t0 + t], nb)
-
-
-@njit(**PARALLEL)
-def matmul_q5_0(W, rows, group_rows, cols, qs, d, extra, out, order):
-    n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
-    nb = cols // 32
-    rb = nb * 22
-    for r in prange(rows):
-        t0 = (r // group_rows) * n_tok
-        for t in range(n_tok):
-            out[t, r] = _Q5_0_LANES(W[r * rb:(r + 1) * rb], qs[t0 + t], d[t0 + t], d[t0 + t], nb)
-
-
-@njit(**PARALLEL)
-def matmul_q5_1(W, rows, group_rows, cols, qs, d, extra, out, order):
-    n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
-    nb = cols // 32
-    rb = nb * 24
-    for r in prange(rows):
-        t0 = (r // group_rows) * n_tok
-        for t in range(n_tok):
-            out[t, r] = _Q5_1_LANES(W[r * rb:(r + 1) * rb], qs[t0 + t], d[t0 + t], extra[t0 + t], nb)
-
-
-@njit(**PARALLEL)
-def matmul_q8_0(W, rows, group_rows, cols, qs, d, extra, out, order):
-    n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
-    nb = cols // 32
-    rb = nb * 34
-    for r in prange(rows):
-        t0 = (r // group_rows) * n_tok
-        for t in range(n_tok):
-            out[t, r] = _Q8_0_LANES(W[r * rb:(r + 1) * rb], qs[t0 + t], d[t0 + t], d[t0 + t], nb)
-
-
 _LOW_NIBBLES = np.uint64(0x0F0F0F0F0F0F0F0F)
 _BYTE_TOP_BITS = np.uint64(0x8080808080808080)
 _ONE_PER_BYTE = np.uint64(0x0101010101010101)
@@ -136,6 +69,24 @@ def _decode_q5(blk, o, offset, w64, wo):
 
 # ---- Q4_0: d f16, 16 bytes of nibbles; value = nibble - 8 ------------------
 
+@njit(**PARALLEL)
+def matmul_q4_0(W, rows, group_rows, cols, qs, d, extra, out, order):
+    """Repacked by llama.cpp (order != ORDER_LANES; then rows % 8 == 0 and one group,
+    kernels.ggml_order): eight rows per call, so that eight FMA chains are in flight (2x in
+    cache; eight rows at once for the lane-rounded types measured 1.1-1.8x slower from DRAM)."""
+    n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
+    nb = cols // 32
+    rb = nb * 18
+    if order != ORDER_LANES:
+        for task in prange(rows // 8):
+            for t in range(n_tok):
+                q4_0_blocks_dot8(W, task * 8 * rb, rb, qs[t], d[t], nb, out[t], task * 8)
+        return
+    for r in prange(rows):
+        row = W[r * rb:(r + 1) * rb]
+        t0 = (r // group_rows) * n_tok
+        for t in range(n_tok):
+            out[t, r] = _Q4_0_LANES(row, qs[t0 + t], d[t0 + t], d[t0 + t], nb)
 
 
 @njit(**SERIAL)
@@ -156,6 +107,16 @@ def dequantize_q4_0(W, cols, row_ids, out):
 
 # ---- Q4_1: d f16, m f16, nibbles; value = d * nibble + m --------------------
 
+@njit(**PARALLEL)
+def matmul_q4_1(W, rows, group_rows, cols, qs, d, extra, out, order):
+    n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
+    nb = cols // 32
+    rb = nb * 20
+    for r in prange(rows):
+        row = W[r * rb:(r + 1) * rb]
+        t0 = (r // group_rows) * n_tok
+        for t in range(n_tok):
+            out[t, r] = _Q4_1_LANES(row, qs[t0 + t], d[t0 + t], extra[t0 + t], nb)
 
 
 @njit(**SERIAL)
@@ -177,6 +138,16 @@ def dequantize_q4_1(W, cols, row_ids, out):
 
 # ---- Q5_0: d f16, qh u32 (5th bits), nibbles; value = q5 - 16 ---------------
 
+@njit(**PARALLEL)
+def matmul_q5_0(W, rows, group_rows, cols, qs, d, extra, out, order):
+    n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
+    nb = cols // 32
+    rb = nb * 22
+    for r in prange(rows):
+        row = W[r * rb:(r + 1) * rb]
+        t0 = (r // group_rows) * n_tok
+        for t in range(n_tok):
+            out[t, r] = _Q5_0_LANES(row, qs[t0 + t], d[t0 + t], d[t0 + t], nb)
 
 
 @njit(**SERIAL)
@@ -197,6 +168,16 @@ def dequantize_q5_0(W, cols, row_ids, out):
 
 # ---- Q5_1: d f16, m f16, qh u32, nibbles; value = d * q5 + m ----------------
 
+@njit(**PARALLEL)
+def matmul_q5_1(W, rows, group_rows, cols, qs, d, extra, out, order):
+    n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
+    nb = cols // 32
+    rb = nb * 24
+    for r in prange(rows):
+        row = W[r * rb:(r + 1) * rb]
+        t0 = (r // group_rows) * n_tok
+        for t in range(n_tok):
+            out[t, r] = _Q5_1_LANES(row, qs[t0 + t], d[t0 + t], extra[t0 + t], nb)
 
 
 @njit(**SERIAL)
@@ -218,6 +199,16 @@ def dequantize_q5_1(W, cols, row_ids, out):
 
 # ---- Q8_0: d f16, 32 int8 ---------------------------------------------------
 
+@njit(**PARALLEL)
+def matmul_q8_0(W, rows, group_rows, cols, qs, d, extra, out, order):
+    n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
+    nb = cols // 32
+    rb = nb * 34
+    for r in prange(rows):
+        row = W[r * rb:(r + 1) * rb]
+        t0 = (r // group_rows) * n_tok
+        for t in range(n_tok):
+            out[t, r] = _Q8_0_LANES(row, qs[t0 + t], d[t0 + t], d[t0 + t], nb)
 
 
 @njit(**SERIAL)

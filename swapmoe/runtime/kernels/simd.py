@@ -209,17 +209,16 @@ def _groups16_isum(context, builder, target, xt, x, xo, quants, scales):
     whose unsigned values u (< 64) for 128h + 32c .. +32 are quants[h][c] (<32 x i8>) and whose
     scales are <16 x i16> (signed); x the int8 activation x[xo:xo+256].  Q2_K, Q3_K, Q6_K."""
     total = None
+    if target == AVX512:  # values 32c .. +32 beside 128 + 32c .. +32 (Q2_K cuts them so from 64 bytes)
+        for c in range(4):
+            u = _concat(builder, quants[0][c], quants[1][c])
+            xv = _concat(builder, _load_bytes(context, builder, xt, x, _add_offset(builder, xo, 32 * c), 32),
+                         _load_bytes(context, builder, xt, x, _add_offset(builder, xo, 128 + 32 * c), 32))
+            groups = [8 * (lane // 16) + 2 * c + lane % 16 // 8 for lane in range(32)]
+            part = _madd(builder, u, xv, _pick(builder, scales, groups))
+            total = part if total is None else builder.add(total, part)
+        return _reduce_add(builder, total)
     for h in range(2):
-        if target == AVX512:  # values 32c .. +32 beside 128 + 32c .. +32 (see _q2_k_block_isum)
-            if h == 0:
-                for c in range(4):
-                    u = _concat(builder, quants[0][c], quants[1][c])
-                    xv = _concat(builder, _load_bytes(context, builder, xt, x, _add_offset(builder, xo, 32 * c), 32),
-                                 _load_bytes(context, builder, xt, x, _add_offset(builder, xo, 128 + 32 * c), 32))
-                    groups = [8 * (lane // 16) + 2 * c + lane % 16 // 8 for lane in range(32)]
-                    part = _madd(builder, u, xv, _pick(builder, scales, groups))
-                    total = part if total is None else builder.add(total, part)
-            continue
         for c in range(4):
             xv = _load_bytes(context, builder, xt, x, _add_offset(builder, xo, 128 * h + 32 * c), 32)
             if target == AVX2:
@@ -952,7 +951,6 @@ def _iq1_s_vbmi(context, builder, signature, args, target):
     g_ptr, = _data(context, builder, signature, args, 4)
     odd = builder.or_(builder.shl(_field(builder, qh, 12, 7), _splat(I16, 8, 1)), _splat(I16, 8, 1))
     scales = builder.trunc(odd, _vec(I8, 8))
-
     total = _chunks_isum(context, builder, xt, x, xo, lambda j: _gathered_entries(builder, g_ptr, indices, 8 * j),
                          None, lambda j: _scale_words(builder, scales, lambda v: (64 * j + v) // 32))
     sums = builder.load(builder.bitcast(builder.gep(b_ptr, [bo]), _vec(I32, 16).as_pointer()), align=4)
@@ -981,7 +979,6 @@ def _iq1_m_vbmi(context, builder, signature, args, target):
                           ir.Constant(_vec(I16, 16), [3 * (k % 4) for k in range(16)]))
     odd = builder.or_(builder.shl(builder.and_(fields, _splat(I16, 16, 7)), _splat(I16, 16, 1)), _splat(I16, 16, 1))
     scales = builder.trunc(odd, _vec(I8, 16))
-
     total = _chunks_isum(context, builder, xt, x, xo, lambda j: _gathered_entries(builder, g_ptr, indices, 8 * j),
                          None, lambda j: _scale_words(builder, scales, lambda v: (64 * j + v) // 16))
     sums = builder.load(builder.bitcast(builder.gep(b_ptr, [bo]), _vec(I32, 16).as_pointer()), align=4)
@@ -1144,8 +1141,8 @@ def _legacy_dot(context, builder, signature, args, kind, target):
 
 
 def _sums8(builder, vectors):
-    """<8 x i32> of the lane sums of eight <8 x i32> vectors (a transposing tree: 24 shuffles
-    and adds for eight reductions)."""
+    """<8 x i32> of the lane sums of eight <8 x i32> vectors (a transposing tree: 14 shuffles
+    and 7 adds for eight reductions)."""
     level = vectors
     for width in (4, 2, 1):  # each step halves every vector and pairs them up
         paired = []
