@@ -504,7 +504,7 @@ def test_repacked_block_types_rounding(tp):
 # ---- the explicit SIMD helpers (kernels/simd.py), each code generator against numpy ----------
 
 SIMD_TARGETS = [simd.GENERIC, simd.AVX2, simd.AVX512]  # the generators every intrinsic has
-GRID_TARGETS = SIMD_TARGETS + [simd.VBMI]  # the IQ grid types' also decode in registers with VBMI
+GRID_TARGETS = SIMD_TARGETS + [simd.VBMI]  # the IQ grid types also decode in registers with VBMI
 
 
 def skip_unless_this_cpu_runs(target):
