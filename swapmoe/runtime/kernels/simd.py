@@ -1160,17 +1160,24 @@ def _q4_0_rows_dot(context, builder, signature, args, target):
     and row): row r at w[wo + r*rb]; results to out[oo+r].  Eight FMA chains in flight instead of
     one, the token's block loaded once for all eight rows, its sums taken once for the quants'
     offset of 8 ((q - 8) . x = q . x - 8 * sums of x), the eight int32 block sums reduced
-    together and the eight scales converted by one vcvtph2ps."""
+    together and the eight scales converted by one vcvtph2ps.  Each row is prefetched 256 bytes
+    ahead: the hardware prefetcher kept eight interleaved rows fed at only ~8 GB/s per core from
+    DRAM (12.5 with the prefetch; 19 when the rows are in cache)."""
     w, wo, rb, x, dx, nb, out, oo = args
     w_ptr, x_ptr, dx_ptr, out_ptr = _data(context, builder, signature, args, 0, 3, 4, 6)
     v8f = _vec(ir.FloatType(), 8)
     acc = cgutils.alloca_once_value(builder, ir.Constant(v8f, [0.0] * 8))
     fma8 = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v8f, [v8f] * 3), "llvm.fma.v8f32")
+    prefetch = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [I8.as_pointer(), I32, I32, I32]),
+                                              "llvm.prefetch.p0")
     starts = [builder.add(wo, builder.mul(rb, ir.Constant(rb.type, r))) for r in range(8)]
     with cgutils.for_range(builder, nb) as loop:
         b = loop.index
         block_at = builder.mul(b, ir.Constant(b.type, 18))
         offsets = [builder.add(start, block_at) for start in starts]
+        for o in offsets:  # read, keep in all cache levels, data (never faults, past the end included)
+            builder.call(prefetch, [builder.gep(w_ptr, [_add_offset(builder, o, 256)]),
+                                    ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1)])
         x_at = builder.gep(x_ptr, [builder.mul(b, ir.Constant(b.type, 32))])
         xv = builder.load(builder.bitcast(x_at, _vec(I8, 32).as_pointer()), align=1)
         if target == GENERIC:
