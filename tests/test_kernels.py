@@ -484,7 +484,7 @@ def test_lanes_route_rounding():
 @pytest.mark.parametrize("tp", [T.Q4_0, T.IQ4_NL], ids=lambda t: t.name)
 def test_repacked_block_types_rounding(tp):
     """Q4_0 and IQ4_NL with rows % 8 == 0 are repacked: one FMA per 32-value block, for a batch
-    as for one token."""
+    as for one token (MXFP4 likewise: test_simd_rows_dot8 and the golden gpt-oss files)."""
     rng = np.random.default_rng(14)
     W = random_weights(tp, 8, COLS, rng)
     X = random_activations(5, COLS, rng)
@@ -705,26 +705,39 @@ def test_simd_legacy_row_dot(kind, target):
 
 
 @pytest.mark.parametrize("target", [simd.GENERIC, simd.AVX2])
-def test_simd_q4_0_rows_dot8(target):
-    """Eight repacked Q4_0 rows at once, each as llama.cpp's repacked gemv rounds it: one FMA of
-    the block's int32 sum per block."""
+@pytest.mark.parametrize("tp", [T.Q4_0, T.IQ4_NL, T.MXFP4], ids=lambda t: t.name)
+def test_simd_rows_dot8(tp, target):
+    """Eight rows at once of the types llama.cpp repacks, each as its repacked gemv rounds it: one
+    FMA of the block's int32 sum times (weight scale * activation scale) per block."""
     skip_unless_this_cpu_runs(target)
-    dot8 = simd.Q4_0_BLOCKS_DOT8[target]
-    rows, x, dx, _ = legacy_case(T.Q4_0, 32)
-    nb = rows.shape[1]
+    dot8 = simd.ROWS_DOT8[tp.name.lower()][target]
+    rows, x, dx, _ = legacy_case(tp, 32)
+    nb, size = rows.shape[1], rows.shape[2]
+    if tp == T.MXFP4:
+        rows[0, :, 0] = [0, 1, 2, 3] * (nb // 4)  # e8m0 exponents: subnormal scales and the least normal ones
+        rows[1, :, 0] = 150  # 2^22
 
     @njit
     def run(W, x, dx, nb, out):
         dot8(W, 0, W.size // 8, x, dx, nb, out, 0)
     got = np.zeros(8, F32)
     run(rows.reshape(-1), x, dx, nb, got)
+    table = {T.Q4_0: np.arange(16) - 8, T.IQ4_NL: np.array(quants.IQ4_NL.kvalues),
+             T.MXFP4: np.array(quants.MXFP4.kvalues)}[tp]
+    quants_at = size - 16
     for r, blocks in enumerate(rows):
-        products = integer_parts(T.Q4_0, blocks, o0=1.0).astype(np.int64) * x.reshape(nb, 32)
-        scales = (f16_at(blocks, 0) * dx).astype(F32)
+        q = blocks[:, quants_at:].astype(np.int64)
+        values = table[np.concatenate([q & 15, q >> 4], axis=1)]  # low nibbles are values 0..15
+        products = values * x.reshape(nb, 32)
+        if tp == T.MXFP4:
+            dw = (2.0 ** (blocks[:, 0].astype(np.float64) - 128)).astype(F32)
+        else:
+            dw = f16_at(blocks, 0)
+        scales = (dw * dx).astype(F32)
         acc = F32(0)
         for b in range(nb):
             acc = fma(F32(products[b].sum()), scales[b], acc)
-        assert got[r] == acc
+        assert got[r] == acc, r
 
 
 @pytest.mark.parametrize("target", SIMD_TARGETS)

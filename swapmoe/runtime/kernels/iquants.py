@@ -17,10 +17,10 @@ import numpy as np
 from gguf import quants as gq
 from numba import njit, prange
 
-from ._jit import (INLINE, PARALLEL, ROWS_PER_TASK, SERIAL, STRAIGHT_TOKENS, block_fma, block_sum, decode_pairs,
+from ._jit import (INLINE, ORDER_GEMV, PARALLEL, ROWS_PER_TASK, SERIAL, STRAIGHT_TOKENS, block_fma, block_sum, decode_pairs,
                    dot256, f16_to_f32, nibble_pair_words, pair_order, u32, widen4, widen8)
 from .simd import (iq1_m_isum, iq1_s_isum, iq2_s_isum, iq2_xs_isum, iq2_xxs_isum, iq3_s_isum, iq3_xxs_isum,
-                   nibble_table_dot)
+                   nibble_table_dot, rows_dot8)
 
 _ZERO = np.float32(0.0)
 
@@ -77,6 +77,7 @@ _BYTE_MASKS = np.ascontiguousarray(np.where(_SIGNS < 0, 0xFF, 0).astype(np.uint8
 _IQ4_VALUES = np.array(gq.IQ4_NL.kvalues, dtype=np.int8)
 _IQ4_PAIRS = nibble_pair_words(_IQ4_VALUES)
 _IQ1_DELTA = np.float32(0.125)
+_IQ4_NL_ROWS8 = rows_dot8["iq4_nl"]
 
 
 def _grid_row_dot(isum, block_bytes, grid, signs, factor):
@@ -106,10 +107,16 @@ _IQ3_S_ROW = _grid_row_dot(iq3_s_isum, 110, _GRID4_IQ3_S, _BYTE_MASKS, 1.0)
 @njit(**PARALLEL)
 def matmul_iq4_nl(W, rows, group_rows, cols, qs, d, extra, out, order):
     """Values looked up in registers (simd.nibble_table_dot), every token straight from the row
-    bytes: 2.5-4x faster than decoding the row once for a batch, even for 64 tokens."""
+    bytes: 2.5-4x faster than decoding the row once for a batch, even for 64 tokens.  Repacked by
+    llama.cpp (ORDER_GEMV; then rows % 8 == 0 and one group): eight rows per call (simd.rows_dot8)."""
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 32
     rb = nb * 18
+    if order == ORDER_GEMV:
+        for task in prange(rows // 8):
+            for t in range(n_tok):
+                _IQ4_NL_ROWS8(W, task * 8 * rb, rb, qs[t], d[t], nb, out[t], task * 8)
+        return
     for r in prange(rows):
         row = W[r * rb:(r + 1) * rb]
         t0 = (r // group_rows) * n_tok

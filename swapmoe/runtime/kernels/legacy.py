@@ -5,7 +5,7 @@ values decoded in vector registers, exact int32 sums of four products per lane a
 Q8_0/Q8_1 activation, and the float combination of llama.cpp's x86 vec_dot (and tinyBLAS):
 eight FMA lanes per row.  Q4_0 weights llama.cpp repacks (kernels.ggml_order) round with one
 FMA per block; one row alone would wait on that chain, so they go eight rows per call
-(simd.q4_0_blocks_dot8).  The rows' bytes come from memory once; the other tokens find them in
+(simd.rows_dot8).  The rows' bytes come from memory once; the other tokens find them in
 cache.
 
 Kernel signature: matmul_X(W, rows, group_rows, cols, qs, d, extra, out, order) with W
@@ -21,10 +21,11 @@ import numpy as np
 from numba import njit, prange
 
 from ._jit import INLINE, ORDER_LANES, PARALLEL, SERIAL, f16_to_f32, u64
-from .simd import lanes_dot, q4_0_blocks_dot8
+from .simd import lanes_dot, rows_dot8
 
 _Q4_0_LANES, _Q4_1_LANES, _Q5_0_LANES, _Q5_1_LANES, _Q8_0_LANES = (
     lanes_dot[k] for k in ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0"))
+_Q4_0_ROWS8 = rows_dot8["q4_0"]
 
 
 _LOW_NIBBLES = np.uint64(0x0F0F0F0F0F0F0F0F)
@@ -80,7 +81,7 @@ def matmul_q4_0(W, rows, group_rows, cols, qs, d, extra, out, order):
     if order != ORDER_LANES:
         for task in prange(rows // 8):
             for t in range(n_tok):
-                q4_0_blocks_dot8(W, task * 8 * rb, rb, qs[t], d[t], nb, out[t], task * 8)
+                _Q4_0_ROWS8(W, task * 8 * rb, rb, qs[t], d[t], nb, out[t], task * 8)
         return
     for r in prange(rows):
         row = W[r * rb:(r + 1) * rb]

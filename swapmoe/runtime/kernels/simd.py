@@ -1155,17 +1155,45 @@ def _sums8(builder, vectors):
     return level[0]
 
 
-def _q4_0_rows_dot(context, builder, signature, args, target):
-    """Eight consecutive Q4_0 rows . one token in the repacked route's rounding (one FMA per block
-    and row): row r at w[wo + r*rb]; results to out[oo+r].  Eight FMA chains in flight instead of
-    one, the token's block loaded once for all eight rows, its sums taken once for the quants'
-    offset of 8 ((q - 8) . x = q . x - 8 * sums of x), the eight int32 block sums reduced
-    together and the eight scales converted by one vcvtph2ps.  Each row is prefetched 256 bytes
-    ahead: the hardware prefetcher kept eight interleaved rows fed at only ~8 GB/s per core from
-    DRAM (12.5 with the prefetch; 19 when the rows are in cache)."""
+# the 32-value block types whose repacked route (one FMA per block) goes eight rows per call:
+# bytes per block, offset of the quants, nibble -> value table (Q4_0: nibble - 8), e8m0 scale
+ROWS8_BLOCKS = {
+    "q4_0": (18, 2, None, False),
+    "iq4_nl": (18, 2, np.array(gq.IQ4_NL.kvalues, np.int8), False),
+    "mxfp4": (17, 1, np.array(gq.MXFP4.kvalues, np.int8), True),
+}
+
+
+def _table_values_quads(builder, q, xv, table, target):
+    """<8 x i32> quads (lane l: values 4l .. 4l+3) of a block whose 32 values are table[nibble] of
+    the 16 bytes q (low nibbles first) against the int8 activation xv (> -128)."""
+    nibbles = _concat(builder, builder.and_(q, _splat(I8, 16, 15)), builder.lshr(q, _splat(I8, 16, 4)))
+    values16 = ir.Constant(_vec(I8, 16), [int(v) & 0xFF for v in table])
+    if target == GENERIC:
+        values = ir.Constant(_vec(I8, 32), None)
+        for k in range(32):
+            v = builder.extract_element(values16, builder.extract_element(nibbles, ir.Constant(I32, k)))
+            values = builder.insert_element(values, v, ir.Constant(I32, k))
+        return _legacy_quads(builder, values, xv, "q8_0", target)
+    magnitudes = ir.Constant(_vec(I8, 32), [abs(int(v)) for v in table] * 2)  # pshufb looks up per 16-byte lane
+    masks = ir.Constant(_vec(I8, 32), [0xFF if v < 0 else 0 for v in table] * 2)
+    mag = _call(builder, "llvm.x86.avx2.pshuf.b", _vec(I8, 32), magnitudes, nibbles)
+    m = _call(builder, "llvm.x86.avx2.pshuf.b", _vec(I8, 32), masks, nibbles)
+    return _madd(builder, mag, builder.sub(builder.xor(xv, m), m), _splat(I16, 16, 1))
+
+
+def _rows_dot(context, builder, signature, args, kind, target):
+    """Eight consecutive rows of a 32-value block type . one token in the repacked route's
+    rounding (one FMA of the block's int32 sum per block and row): row r at w[wo + r*rb]; results
+    to out[oo+r].  Eight FMA chains in flight instead of one, the token's block loaded once for all
+    eight rows (Q4_0: its sums taken once for the quants' offset of 8, (q - 8) . x = q . x - 8 *
+    sums of x), the eight int32 block sums reduced together and the eight scales converted at
+    once.  Each row is prefetched 256 bytes ahead: the hardware prefetcher kept eight interleaved
+    rows fed at only ~8 GB/s per core from DRAM (Q4_0: 12.5 with the prefetch; 19 in cache)."""
+    size, quants_at, table, e8m0 = ROWS8_BLOCKS[kind]
     w, wo, rb, x, dx, nb, out, oo = args
     w_ptr, x_ptr, dx_ptr, out_ptr = _data(context, builder, signature, args, 0, 3, 4, 6)
-    v8f = _vec(ir.FloatType(), 8)
+    v8f, v8i = _vec(ir.FloatType(), 8), _vec(I32, 8)
     acc = cgutils.alloca_once_value(builder, ir.Constant(v8f, [0.0] * 8))
     fma8 = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v8f, [v8f] * 3), "llvm.fma.v8f32")
     prefetch = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [I8.as_pointer(), I32, I32, I32]),
@@ -1173,46 +1201,59 @@ def _q4_0_rows_dot(context, builder, signature, args, target):
     starts = [builder.add(wo, builder.mul(rb, ir.Constant(rb.type, r))) for r in range(8)]
     with cgutils.for_range(builder, nb) as loop:
         b = loop.index
-        block_at = builder.mul(b, ir.Constant(b.type, 18))
+        block_at = builder.mul(b, ir.Constant(b.type, size))
         offsets = [builder.add(start, block_at) for start in starts]
         for o in offsets:  # read, keep in all cache levels, data (never faults, past the end included)
             builder.call(prefetch, [builder.gep(w_ptr, [_add_offset(builder, o, 256)]),
                                     ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1)])
         x_at = builder.gep(x_ptr, [builder.mul(b, ir.Constant(b.type, 32))])
         xv = builder.load(builder.bitcast(x_at, _vec(I8, 32).as_pointer()), align=1)
-        if target == GENERIC:
-            quads = [_legacy_quads(builder, _legacy_values(context, builder, w_ptr, o, "q4_0"), xv, "q4_0", target)
+        if table is not None:
+            quads = [_table_values_quads(builder, builder.load(builder.bitcast(
+                builder.gep(w_ptr, [_add_offset(builder, o, quants_at)]), _vec(I8, 16).as_pointer()), align=1),
+                xv, table, target) for o in offsets]
+        elif target == GENERIC:
+            quads = [_legacy_quads(builder, _legacy_values(context, builder, w_ptr, o, kind), xv, kind, target)
                      for o in offsets]
         else:
             x_quads = builder.mul(_madd(builder, _splat(I8, 32, 1), xv, _splat(I16, 16, 1)), _splat(I32, 8, 8))
-            quads = [builder.sub(_madd(builder, _legacy_values(context, builder, w_ptr, o, "q4_0", False), xv,
+            quads = [builder.sub(_madd(builder, _legacy_values(context, builder, w_ptr, o, kind, False), xv,
                                        _splat(I16, 16, 1)), x_quads) for o in offsets]
-        halves = ir.Constant(_vec(I16, 8), None)
-        for r, o in enumerate(offsets):
-            bits = builder.load(builder.bitcast(builder.gep(w_ptr, [o]), I16.as_pointer()), align=1)
-            halves = builder.insert_element(halves, bits, ir.Constant(I32, r))
-        scales = builder.fmul(builder.fpext(builder.bitcast(halves, _vec(ir.HalfType(), 8)), v8f),
-                              _broadcast(builder, builder.load(builder.gep(dx_ptr, [b])), 8))
+        if e8m0:  # 0.5 * 2^(e - 127) = 2^(e - 128): exponent field e - 1, subnormal below e = 2
+            e = ir.Constant(v8i, None)
+            for r, o in enumerate(offsets):
+                e = builder.insert_element(e, builder.zext(builder.load(builder.gep(w_ptr, [o])), I32), ir.Constant(I32, r))
+            normal = builder.shl(builder.sub(e, _splat(I32, 8, 1)), _splat(I32, 8, 23))
+            tiny = builder.select(builder.icmp_unsigned("==", e, _splat(I32, 8, 1)), _splat(I32, 8, 0x00400000),
+                                  _splat(I32, 8, 0x00200000))
+            dw = builder.bitcast(builder.select(builder.icmp_unsigned(">=", e, _splat(I32, 8, 2)), normal, tiny), v8f)
+        else:
+            halves = ir.Constant(_vec(I16, 8), None)
+            for r, o in enumerate(offsets):
+                bits = builder.load(builder.bitcast(builder.gep(w_ptr, [o]), I16.as_pointer()), align=1)
+                halves = builder.insert_element(halves, bits, ir.Constant(I32, r))
+            dw = builder.fpext(builder.bitcast(halves, _vec(ir.HalfType(), 8)), v8f)
+        scales = builder.fmul(dw, _broadcast(builder, builder.load(builder.gep(dx_ptr, [b])), 8))
         isums = builder.sitofp(_sums8(builder, quads), v8f)
         builder.store(builder.call(fma8, [isums, scales, builder.load(acc)]), acc)
     builder.store(builder.load(acc), builder.bitcast(builder.gep(out_ptr, [oo]), v8f.as_pointer()), align=4)
     return context.get_dummy_value()
 
 
-def _q4_0_rows_dot8(target: str):
+def _rows_dot8(kind: str, target: str):
     @intrinsic
-    def q4_0_rows_dot8(typingctx, w, wo, rb, x, dx, nb, out, oo):
-        """Eight Q4_0 rows (row r's blocks at w[wo + r*rb:]) . one token, into out[oo:oo+8]; each
-        row rounded as llama.cpp's repacked Q4_0 gemv: one FMA of the block's int32 sum per block
-        (out: a contiguous float32 array)."""
+    def rows_dot8(typingctx, w, wo, rb, x, dx, nb, out, oo):
+        """Eight rows (row r's blocks at w[wo + r*rb:]) . one token, into out[oo:oo+8]; each row
+        rounded as llama.cpp's repacked gemv rounds it: one FMA of the block's int32 sum times
+        (weight scale * activation scale) per block (out: a contiguous float32 array)."""
         if out.dtype != types.float32 or out.layout != "C":
             return None
         sig = types.none(w, wo, rb, x, dx, nb, out, oo)
 
         def codegen(context, builder, signature, args):
-            return _q4_0_rows_dot(context, builder, signature, args, target)
+            return _rows_dot(context, builder, signature, args, kind, target)
         return sig, codegen
-    return q4_0_rows_dot8
+    return rows_dot8
 
 
 def _half_at_scalar(lo, hi):
@@ -1236,9 +1277,9 @@ def _legacy_row_dot(kind: str, target: str):
 
 
 LANES_DOT = {kind: {t: _legacy_row_dot(kind, t) for t in (GENERIC, AVX2)} for kind in LEGACY_BLOCKS}
-Q4_0_BLOCKS_DOT8 = {t: _q4_0_rows_dot8(t) for t in (GENERIC, AVX2)}
+ROWS_DOT8 = {kind: {t: _rows_dot8(kind, t) for t in (GENERIC, AVX2)} for kind in ROWS8_BLOCKS}
 lanes_dot = {kind: _for_this_cpu(generators) for kind, generators in LANES_DOT.items()}
-q4_0_blocks_dot8 = _for_this_cpu(Q4_0_BLOCKS_DOT8)
+rows_dot8 = {kind: _for_this_cpu(generators) for kind, generators in ROWS_DOT8.items()}
 
 
 # ---- f32 dot products in ggml's lanes: true FMAs on <16 x float> --------------------------------
