@@ -31,6 +31,20 @@ from swapmoe.synthetic.blocks import random_blocks
 COLS = 4096
 
 
+def random_weights(tp: T, n_values: int, rng: np.random.Generator) -> np.ndarray:
+    """n_values weights of type tp as raw bytes: normal floats, or valid random blocks (a 4 MiB
+    pool tiled to the size)."""
+    if tp == T.F32:
+        return rng.standard_normal(n_values, dtype=np.float32).view(np.uint8)
+    if tp == T.F16:
+        return rng.standard_normal(n_values).astype(np.float16).view(np.uint8)
+    if tp == T.BF16:
+        return (rng.standard_normal(n_values, dtype=np.float32).view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
+    block, size = GGML_QUANT_SIZES[tp]
+    pool = random_blocks(tp, (4 << 20) // size, 0.02, rng).reshape(-1)
+    return np.resize(pool, n_values // block * size)
+
+
 def memory_bandwidth(threads: int) -> float:
     """Read bandwidth of `threads` threads, each taking numpy's max over its share of a 1 GiB
     uint64 buffer (best of 3).  max is cheap enough per byte to be memory bound on one core; a
@@ -80,15 +94,7 @@ def main() -> None:
         bs, ts = GGML_QUANT_SIZES[tp]
         row_bytes = COLS // bs * ts
         rows = max(8, (args.mib << 20) // row_bytes // 8 * 8)  # real tensors: rows % 8 == 0 (ggml repacks those)
-        if tp == T.F32:
-            W = rng.standard_normal(rows * COLS, dtype=np.float32).view(np.uint8)
-        elif tp == T.F16:
-            W = rng.standard_normal(rows * COLS).astype(np.float16).view(np.uint8)
-        elif tp == T.BF16:
-            W = (rng.standard_normal(rows * COLS, dtype=np.float32).view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
-        else:
-            pool = random_blocks(tp, (4 << 20) // ts, 0.02, rng).reshape(-1)
-            W = np.resize(pool, rows * row_bytes)
+        W = random_weights(tp, rows * COLS, rng)
         X = rng.standard_normal((64, COLS)).astype(np.float32)
 
         t = time.perf_counter()

@@ -27,8 +27,8 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as T
 
+from bench_kernels import random_weights  # tools/ is on the path of a script run from it
 from swapmoe.runtime import kernels as K
-from swapmoe.synthetic.blocks import random_blocks
 
 ROWS, COLS = 4096, 14336  # test-backend-ops' matvec case: m = 4096, k = 14336
 
@@ -53,18 +53,6 @@ def llama_rate(binary: str, tp: T) -> float:
 def weight_bytes(tp: T) -> int:
     block, size = GGML_QUANT_SIZES[tp]
     return ROWS * COLS // block * size
-
-
-def random_weights(tp: T, rng: np.random.Generator) -> np.ndarray:
-    if tp == T.F32:
-        return rng.standard_normal(ROWS * COLS, dtype=np.float32).view(np.uint8)
-    if tp == T.F16:
-        return rng.standard_normal(ROWS * COLS).astype(np.float16).view(np.uint8)
-    if tp == T.BF16:
-        return (rng.standard_normal(ROWS * COLS, dtype=np.float32).view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
-    block, size = GGML_QUANT_SIZES[tp]
-    pool = random_blocks(tp, (4 << 20) // size, 0.02, rng).reshape(-1)
-    return np.resize(pool, weight_bytes(tp))
 
 
 def our_rate(tp: T, W: np.ndarray, x: np.ndarray, reps: int = 10) -> float:
@@ -92,7 +80,7 @@ def main() -> None:
     print(f"{'type':8s} {'swapmoe':>8s} {'llama.cpp':>9s} {'ratio':>6s}")
     for name in args.types.split(","):
         tp = T[name]
-        W = random_weights(tp, rng)
+        W = random_weights(tp, ROWS * COLS, rng)
         K.matvec(tp, W, ROWS, COLS, x)  # compile or load the kernels first
         ours = theirs = 0.0
         for _ in range(args.rounds):

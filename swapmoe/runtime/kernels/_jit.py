@@ -30,7 +30,7 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
-from .simd import f16_to_f32  # noqa: F401  (the kernels take it from here)
+from .simd import f16_to_f32, nibble_table_dot
 
 # Idle OpenMP workers spin briefly (about 10k polls) before they sleep.  Decode makes hundreds of
 # short kernel calls per token: waking sleeping workers (OMP_WAIT_POLICY=passive) cost ~30 us per
@@ -186,3 +186,22 @@ def block_fma(order, acc, sumi, dw, dx):
     if order == ORDER_GEMV:
         return fma32(sumi, dw * dx, acc)
     return acc + (dx * dw) * sumi
+
+
+def nibble_row_dot(block_bytes: int, table: np.ndarray, fp16_scale: bool):
+    """A row . token for a 32-value block type whose values are table[nibble] (IQ4_NL: fp16 scale,
+    MXFP4: e8m0 exponent byte, then 16 nibble bytes) against Q8_0 activations: each block's exact
+    sum by simd.nibble_table_dot, the float step block_fma.  (An inline helper: a top-level kernel
+    made by a factory would not stay in numba's cache across processes.)"""
+    quants_at = 2 if fp16_scale else 1
+
+    @njit(**INLINE)
+    def row_dot(row, x, dx, nb, order):
+        acc = np.float32(0.0)
+        for b in range(nb):
+            o = b * block_bytes
+            sumi = np.float32(nibble_table_dot(row, o + quants_at, x, b * 32, table))
+            dw = f16_to_f32(row[o], row[o + 1]) if fp16_scale else E8M0_HALF[row[o]]
+            acc = block_fma(order, acc, sumi, dw, dx[b])
+        return acc
+    return row_dot

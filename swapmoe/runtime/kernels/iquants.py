@@ -17,8 +17,8 @@ import numpy as np
 from gguf import quants as gq
 from numba import njit, prange
 
-from ._jit import (INLINE, ORDER_GEMV, PARALLEL, ROWS_PER_TASK, SERIAL, STRAIGHT_TOKENS, block_fma, block_sum, decode_pairs,
-                   dot256, f16_to_f32, nibble_pair_words, pair_order, u32, widen4, widen8)
+from ._jit import (INLINE, ORDER_GEMV, PARALLEL, ROWS_PER_TASK, SERIAL, STRAIGHT_TOKENS, block_sum, decode_pairs,
+                   dot256, f16_to_f32, nibble_pair_words, nibble_row_dot, pair_order, u32, widen4, widen8)
 from .simd import (iq1_m_isum, iq1_s_isum, iq2_s_isum, iq2_xs_isum, iq2_xxs_isum, iq3_s_isum, iq3_xxs_isum,
                    nibble_table_dot, rows_dot8)
 
@@ -77,6 +77,7 @@ _BYTE_MASKS = np.ascontiguousarray(np.where(_SIGNS < 0, 0xFF, 0).astype(np.uint8
 _IQ4_VALUES = np.array(gq.IQ4_NL.kvalues, dtype=np.int8)
 _IQ4_PAIRS = nibble_pair_words(_IQ4_VALUES)
 _IQ1_DELTA = np.float32(0.125)
+_IQ4_NL_ROW = nibble_row_dot(18, _IQ4_VALUES, fp16_scale=True)
 _IQ4_NL_ROWS8 = rows_dot8["iq4_nl"]
 
 
@@ -121,13 +122,7 @@ def matmul_iq4_nl(W, rows, group_rows, cols, qs, d, extra, out, order):
         row = W[r * rb:(r + 1) * rb]
         t0 = (r // group_rows) * n_tok
         for t in range(n_tok):
-            x, dx = qs[t0 + t], d[t0 + t]
-            acc = np.float32(0.0)
-            for b in range(nb):
-                o = b * 18
-                sumi = np.float32(nibble_table_dot(row, o + 2, x, b * 32, _IQ4_VALUES))
-                acc = block_fma(order, acc, sumi, f16_to_f32(row[o], row[o + 1]), dx[b])
-            out[t, r] = acc
+            out[t, r] = _IQ4_NL_ROW(row, qs[t0 + t], d[t0 + t], nb, order)
 
 
 @njit(**SERIAL)

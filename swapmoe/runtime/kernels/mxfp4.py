@@ -9,10 +9,11 @@ import numpy as np
 from gguf.quants import MXFP4
 from numba import njit, prange
 
-from ._jit import E8M0_HALF, ORDER_GEMV, PARALLEL, SERIAL, block_fma
-from .simd import nibble_table_dot, rows_dot8
+from ._jit import E8M0_HALF, ORDER_GEMV, PARALLEL, SERIAL, nibble_row_dot
+from .simd import rows_dot8
 
 _KVALUES = np.array(MXFP4.kvalues, dtype=np.int8)
+_ROW = nibble_row_dot(17, _KVALUES, fp16_scale=False)
 _ROWS8 = rows_dot8["mxfp4"]
 
 
@@ -33,13 +34,7 @@ def matmul_mxfp4(W, rows, group_rows, cols, qs, d, extra, out, order):
         row = W[r * rb:(r + 1) * rb]
         t0 = (r // group_rows) * n_tok
         for t in range(n_tok):
-            x, dx = qs[t0 + t], d[t0 + t]
-            acc = np.float32(0.0)
-            for b in range(nb):
-                o = b * 17
-                sumi = np.float32(nibble_table_dot(row, o + 1, x, b * 32, _KVALUES))
-                acc = block_fma(order, acc, sumi, E8M0_HALF[row[o]], dx[b])
-            out[t, r] = acc
+            out[t, r] = _ROW(row, qs[t0 + t], d[t0 + t], nb, order)
 
 
 @njit(**SERIAL)

@@ -92,9 +92,29 @@ def _field(builder, v, shift, mask):
     return builder.and_(builder.lshr(v, ir.Constant(v.type, shift)), ir.Constant(v.type, mask))
 
 
+def _shuffle(builder, a, b, lanes):
+    """Lanes of a (then b, from a.type.count on) listed in `lanes`, as a new vector."""
+    return builder.shuffle_vector(a, b, ir.Constant(_vec(I32, len(lanes)), list(lanes)))
+
+
 def _pick(builder, v, lanes):
     """The lanes of v listed in `lanes`, as a new vector (a constant shuffle)."""
-    return builder.shuffle_vector(v, v, ir.Constant(_vec(I32, len(lanes)), list(lanes)))
+    return _shuffle(builder, v, v, lanes)
+
+
+def _block_sums(context, builder, aryty, ary, offset):
+    """The 16 Q8_K block sums ary[offset:offset+16] (int32) as <16 x i32>."""
+    data = context.make_array(aryty)(context, builder, value=ary).data
+    return builder.load(builder.bitcast(builder.gep(data, [offset]), _vec(I32, 16).as_pointer()), align=4)
+
+
+def _weighted_block_sums(builder, sums, weights, target):
+    """sum_j weights[j] * sums[j] for <16 x i16> weights: x86 in one pmaddwd (Q8_K block sums fit
+    int16: |sum| <= 16 * 127)."""
+    if target == GENERIC:
+        return _reduce_add(builder, builder.mul(sums, builder.sext(weights, _vec(I32, 16))))
+    return _reduce_add(builder, _call(builder, "llvm.x86.avx2.pmadd.wd", _vec(I32, 8), weights,
+                                      builder.trunc(sums, _vec(I16, 16))))
 
 
 def _concat(builder, a, b):
@@ -238,13 +258,7 @@ def _groups16_isum(context, builder, target, xt, x, xo, quants, scales):
 def _minus_offset(context, builder, total, bt, bsums, bo, scales, offset, target):
     """total - offset * sum_j scales[j] * bsums[bo+j]: the unsigned values' offset taken off
     through the Q8_K block sums (llama.cpp does the same); scales <16 x i16>."""
-    data = context.make_array(bt)(context, builder, value=bsums).data
-    sums = builder.load(builder.bitcast(builder.gep(data, [bo]), _vec(I32, 16).as_pointer()), align=4)
-    if target == GENERIC:
-        weighted = _reduce_add(builder, builder.mul(sums, builder.sext(scales, _vec(I32, 16))))
-    else:  # Q8_K block sums fit int16 (|sum| <= 16 * 127): one pmaddwd
-        weighted = _reduce_add(builder, _call(builder, "llvm.x86.avx2.pmadd.wd", _vec(I32, 8), scales,
-                                              builder.trunc(sums, _vec(I16, 16))))
+    weighted = _weighted_block_sums(builder, _block_sums(context, builder, bt, bsums, bo), scales, target)
     return builder.sub(total, builder.mul(weighted, ir.Constant(I32, offset)))
 
 
@@ -303,15 +317,8 @@ def _q2_k_block_isum(context, builder, signature, args, target):
     fields = [builder.and_(builder.lshr(q, _splat(I8, 64, 2 * c)), _splat(I8, 64, 3)) for c in range(4)]
     quants = [[_pick(builder, fields[c], range(32 * h, 32 * h + 32)) for c in range(4)] for h in range(2)]
     isum = _groups16_isum(context, builder, target, xt, x, xo, quants, scales)
-    data = context.make_array(signature.args[4])(context, builder, value=bsums).data
-    sums = builder.load(builder.bitcast(builder.gep(data, [bo]), _vec(I32, 16).as_pointer()), align=4)
-    mins = builder.lshr(packed, _splat(I8, 16, 4))
-    if target == GENERIC:
-        summ = _reduce_add(builder, builder.mul(builder.zext(mins, _vec(I32, 16)), sums))
-    else:  # Q8_K block sums fit int16 (|sum| <= 16 * 127): one pmaddwd
-        pairs = _call(builder, "llvm.x86.avx2.pmadd.wd", _vec(I32, 8), builder.zext(mins, _vec(I16, 16)),
-                      builder.trunc(sums, _vec(I16, 16)))
-        summ = _reduce_add(builder, pairs)
+    mins = builder.zext(builder.lshr(packed, _splat(I8, 16, 4)), _vec(I16, 16))
+    summ = _weighted_block_sums(builder, _block_sums(context, builder, signature.args[4], bsums, bo), mins, target)
     return context.make_tuple(builder, signature.return_type, [isum, summ])
 
 
@@ -551,7 +558,7 @@ def _iq1_s_block_isum(context, builder, signature, args, target):
     sub-block's Q8_K block sums) comes off at the end.  Returns (that sum, ggml's sumi1 =
     sum_ib ±(2s + 1) * block sums)."""
     wo, x, xo, grid, bsums, bo = args[1:7]
-    w_ptr, g_ptr, b_ptr = _data(context, builder, signature, args, 0, 4, 5)
+    w_ptr, g_ptr = _data(context, builder, signature, args, 0, 4)
     i64 = ir.IntType(64)
     weights = signed = ir.Constant(_vec(I32, 8), None)
     sub_blocks = []
@@ -569,7 +576,7 @@ def _iq1_s_block_isum(context, builder, signature, args, target):
         signed = builder.insert_element(signed, signed_weight, ir.Constant(I32, ib))
         sub_blocks.append((_gather(builder, g_ptr, indices), None, scale, scale))
     total = _signed_grid_isum(context, builder, target, signature.args[2], x, xo, sub_blocks)
-    sums = builder.load(builder.bitcast(builder.gep(b_ptr, [bo]), _vec(I32, 16).as_pointer()), align=4)
+    sums = _block_sums(context, builder, signature.args[5], bsums, bo)
     pairs = builder.add(_pick(builder, sums, range(0, 16, 2)), _pick(builder, sums, range(1, 16, 2)))
     isum = builder.sub(total, _reduce_add(builder, builder.mul(pairs, weights)))
     sumi1 = _reduce_add(builder, builder.mul(pairs, signed))
@@ -600,7 +607,7 @@ def _iq1_m_block_isum(context, builder, signature, args, target):
     one, so sum_j s_j * (Q8_K block sum j) comes off.  Returns (that sum, ggml's sumi2 =
     sum_g ±(2s + 1) * (sum of the group's 8 activations))."""
     wo, x, xo, grid, bsums, bo = args[1:7]
-    w_ptr, g_ptr, b_ptr = _data(context, builder, signature, args, 0, 4, 5)
+    w_ptr, g_ptr = _data(context, builder, signature, args, 0, 4)
     xt = signature.args[2]
     i64 = ir.IntType(64)
     words = [builder.or_(_byte_at(builder, w_ptr, wo, 48 + 2 * k, I32),
@@ -622,7 +629,7 @@ def _iq1_m_block_isum(context, builder, signature, args, target):
             deltas.append(builder.select(negative, builder.neg(scale), scale))
         sub_blocks.append((_gather(builder, g_ptr, indices), None, scales[2 * ib], scales[2 * ib + 1]))
     total = _signed_grid_isum(context, builder, target, xt, x, xo, sub_blocks)
-    sums = builder.load(builder.bitcast(builder.gep(b_ptr, [bo]), _vec(I32, 16).as_pointer()), align=4)
+    sums = _block_sums(context, builder, signature.args[5], bsums, bo)
     weights = ir.Constant(_vec(I32, 16), None)
     for j, scale in enumerate(scales):
         weights = builder.insert_element(weights, builder.zext(scale, I32), ir.Constant(I32, j))
@@ -695,11 +702,6 @@ def _grid_isum(name: str, block_isum, target: str):
 
 def _bytes(values):
     return ir.Constant(_vec(I8, len(values)), [int(v) & 0xFF for v in values])
-
-
-def _shuffle(builder, a, b, lanes):
-    """Lanes of a (then b, from a.type.count on) listed in `lanes`, as a new vector."""
-    return builder.shuffle_vector(a, b, ir.Constant(_vec(I32, len(lanes)), list(lanes)))
 
 
 def _multishift(builder, data, offsets):
@@ -941,7 +943,6 @@ def _iq1_s_vbmi(context, builder, signature, args, target):
     """IQ1_S (layout and results in _iq1_s_block_isum), its per-sub-block words as one vector."""
     wt, xt = signature.args[0], signature.args[2]
     w, wo, x, xo, grid, bsums, bo = args[:7]
-    b_ptr, = _data(context, builder, signature, args, 5)
     qs = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 2), 32)
     qh = builder.bitcast(_load_bytes(context, builder, wt, w, _add_offset(builder, wo, 34), 16), _vec(I16, 8))
     spread = _shuffle(builder, qh, qh, [i // 4 for i in range(32)])  # sub-block i // 4's word per index
@@ -953,7 +954,7 @@ def _iq1_s_vbmi(context, builder, signature, args, target):
     scales = builder.trunc(odd, _vec(I8, 8))
     total = _chunks_isum(context, builder, xt, x, xo, lambda j: _gathered_entries(builder, g_ptr, indices, 8 * j),
                          None, lambda j: _scale_words(builder, scales, lambda v: (64 * j + v) // 32))
-    sums = builder.load(builder.bitcast(builder.gep(b_ptr, [bo]), _vec(I32, 16).as_pointer()), align=4)
+    sums = _block_sums(context, builder, signature.args[5], bsums, bo)
     pairs = builder.add(_pick(builder, sums, range(0, 16, 2)), _pick(builder, sums, range(1, 16, 2)))
     weights = builder.zext(odd, _vec(I32, 8))
     negative = builder.icmp_signed("<", qh, _splat(I16, 8, 0))
@@ -966,7 +967,6 @@ def _iq1_m_vbmi(context, builder, signature, args, target):
     """IQ1_M (layout and results in _iq1_m_block_isum), fields cut by vector shifts."""
     wt, xt = signature.args[0], signature.args[2]
     w, wo, x, xo, grid, bsums, bo = args[:7]
-    b_ptr, = _data(context, builder, signature, args, 5)
     qs = _load_bytes(context, builder, wt, w, wo, 32)
     tail = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 32), 16)  # qh[16]
     packed = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 48), 8)  # 4 u16 of scales
@@ -981,8 +981,8 @@ def _iq1_m_vbmi(context, builder, signature, args, target):
     scales = builder.trunc(odd, _vec(I8, 16))
     total = _chunks_isum(context, builder, xt, x, xo, lambda j: _gathered_entries(builder, g_ptr, indices, 8 * j),
                          None, lambda j: _scale_words(builder, scales, lambda v: (64 * j + v) // 16))
-    sums = builder.load(builder.bitcast(builder.gep(b_ptr, [bo]), _vec(I32, 16).as_pointer()), align=4)
-    isum = builder.sub(total, _reduce_add(builder, builder.mul(sums, builder.zext(odd, _vec(I32, 16)))))
+    sums = _block_sums(context, builder, signature.args[5], bsums, bo)
+    isum = builder.sub(total, _weighted_block_sums(builder, sums, odd, target))
     # sumi2: each 8-value group's activation sum times +-(2s + 1), pmaddubsw with ones
     group_scales = _shuffle(builder, odd, odd, [g // 2 for g in range(32)])
     negative = builder.icmp_unsigned("!=", builder.and_(nibbles, _splat(I16, 32, 8)), _splat(I16, 32, 0))
@@ -1379,8 +1379,7 @@ def pair_sums_dot_bytes(typingctx, v, vo, weights):
 
     def codegen(context, builder, signature, args):
         v_, vo_, w_ = args
-        data = context.make_array(signature.args[0])(context, builder, value=v_).data
-        sums = builder.load(builder.bitcast(builder.gep(data, [vo_]), _vec(I32, 16).as_pointer()), align=4)
+        sums = _block_sums(context, builder, signature.args[0], v_, vo_)
         even, odd = _pick(builder, sums, range(0, 16, 2)), _pick(builder, sums, range(1, 16, 2))
         mins = builder.zext(builder.bitcast(w_, _vec(I8, 8)), _vec(I32, 8))
         return _reduce_add(builder, builder.mul(builder.add(even, odd), mins))
