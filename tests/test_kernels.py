@@ -504,11 +504,14 @@ def test_repacked_block_types_rounding(tp):
 # ---- the explicit SIMD helpers (kernels/simd.py), each code generator against numpy ----------
 
 SIMD_TARGETS = [simd.GENERIC, simd.AVX2, simd.AVX512]  # the generators every intrinsic has
-GRID_TARGETS = SIMD_TARGETS + [simd.VBMI]  # the IQ grid types also decode in registers with VBMI
+IQ1_TARGETS = SIMD_TARGETS + [simd.VBMI]  # IQ1_S/IQ1_M's VBMI generators gather their grid entries
+# the other IQ grid types decode in registers with VBMI, their entries permuted or gathered
+GRID_TARGETS = IQ1_TARGETS + [simd.VBMI_GATHER]
 
 
 def skip_unless_this_cpu_runs(target):
-    if simd.TARGETS.index(target) > simd.TARGETS.index(simd.TARGET):
+    needs = simd.VBMI if target == simd.VBMI_GATHER else target
+    if simd.TARGETS.index(needs) > simd.TARGETS.index(simd.TARGET):
         pytest.skip(f"this CPU cannot run the {target} code")  # the generic one runs everywhere
 
 
@@ -836,7 +839,7 @@ def test_numba_configuration_survives_a_reload():
         numba.config.reload_config()
 
 
-@pytest.mark.parametrize("target", GRID_TARGETS)
+@pytest.mark.parametrize("target", IQ1_TARGETS)
 def test_simd_iq1_s_isum(target):
     skip_unless_this_cpu_runs(target)
     from swapmoe.runtime.kernels import iquants
@@ -866,7 +869,7 @@ def test_simd_iq1_s_isum(target):
     np.testing.assert_array_equal(out1, (np.where(qh & 0x8000, -scales, scales) * pairs).sum(axis=1))
 
 
-@pytest.mark.parametrize("target", GRID_TARGETS)
+@pytest.mark.parametrize("target", IQ1_TARGETS)
 def test_simd_iq1_m_isum(target):
     skip_unless_this_cpu_runs(target)
     from swapmoe.runtime.kernels import iquants

@@ -30,7 +30,7 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
-from .simd import f16_to_f32, nibble_table_dot
+from .simd import PREFETCH_AHEAD, f16_to_f32, nibble_table_dot, prefetch_bytes
 
 # Idle OpenMP workers spin briefly (about 10k polls) before they sleep.  Decode makes hundreds of
 # short kernel calls per token: waking sleeping workers (OMP_WAIT_POLICY=passive) cost ~30 us per
@@ -200,6 +200,7 @@ def nibble_row_dot(block_bytes: int, table: np.ndarray, fp16_scale: bool):
         acc = np.float32(0.0)
         for b in range(nb):
             o = b * block_bytes
+            prefetch_bytes(row, o + PREFETCH_AHEAD, block_bytes)
             sumi = np.float32(nibble_table_dot(row, o + quants_at, x, b * 32, table))
             dw = f16_to_f32(row[o], row[o + 1]) if fp16_scale else E8M0_HALF[row[o]]
             acc = block_fma(order, acc, sumi, dw, dx[b])

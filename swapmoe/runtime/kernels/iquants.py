@@ -19,8 +19,8 @@ from numba import njit, prange
 
 from ._jit import (INLINE, ORDER_GEMV, PARALLEL, ROWS_PER_TASK, SERIAL, STRAIGHT_TOKENS, block_sum, decode_pairs,
                    dot256, f16_to_f32, nibble_pair_words, nibble_row_dot, pair_order, u32, widen4, widen8)
-from .simd import (iq1_m_isum, iq1_s_isum, iq2_s_isum, iq2_xs_isum, iq2_xxs_isum, iq3_s_isum, iq3_xxs_isum,
-                   nibble_table_dot, rows_dot8)
+from .simd import (PREFETCH_AHEAD, iq1_m_isum, iq1_s_isum, iq2_s_isum, iq2_xs_isum, iq2_xxs_isum, iq3_s_isum,
+                   iq3_xxs_isum, nibble_table_dot, prefetch_bytes, rows_dot8)
 
 _ZERO = np.float32(0.0)
 
@@ -90,6 +90,7 @@ def _grid_row_dot(isum, block_bytes, grid, signs, factor):
         acc = np.float32(0.0)
         for b in range(nb):
             o = b * block_bytes
+            prefetch_bytes(row, o + PREFETCH_AHEAD, block_bytes)
             block = np.float32(isum(row, o, x, b * 256, grid, signs))
             acc = block_sum(order, acc, block, _ZERO, f16_to_f32(row[o], row[o + 1]), _ZERO, dx[b])
         return np.float32(factor) * acc
@@ -165,6 +166,7 @@ def matmul_iq4_xs(W, rows, group_rows, cols, qs, d, extra, out, order):
                     acc = np.float32(0.0)
                     for b in range(nb):
                         o = b * 136
+                        prefetch_bytes(row, o + PREFETCH_AHEAD, 136)
                         sumi = np.int32(0)
                         for ib in range(8):
                             dot = nibble_table_dot(row, o + 8 + 16 * ib, x, b * 256 + 32 * ib, _IQ4_VALUES)
@@ -583,6 +585,7 @@ def matmul_iq1_s(W, rows, group_rows, cols, qs, d, extra, out, order):
                     acc = np.float32(0.0)
                     for b in range(nb):
                         o = b * 50
+                        prefetch_bytes(row, o + PREFETCH_AHEAD, 50)
                         bsum, sumi1 = iq1_s_isum(row, o, x, b * 256, _GRID8_IQ1_S_PLUS1, bsums, b * 16)
                         block = np.float32(bsum) + _IQ1_DELTA * np.float32(sumi1)
                         acc = block_sum(order, acc, block, _ZERO, f16_to_f32(row[o], row[o + 1]), _ZERO, dx[b])
@@ -681,6 +684,7 @@ def matmul_iq1_m(W, rows, group_rows, cols, qs, d, extra, out, order):
                     x, dx, bsums = qs[t0 + t], d[t0 + t], extra[t0 + t]
                     acc = np.float32(0.0)
                     for b in range(nb):
+                        prefetch_bytes(row, b * 56 + PREFETCH_AHEAD, 56)
                         bsum, sumi2 = iq1_m_isum(row, b * 56, x, b * 256, _GRID8_IQ1_S_PLUS1, bsums, b * 16)
                         block = np.float32(bsum) + _IQ1_DELTA * np.float32(sumi2)
                         acc = block_sum(order, acc, block, _ZERO, _d_iq1_m(row, b * 56), _ZERO, dx[b])

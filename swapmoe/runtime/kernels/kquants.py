@@ -15,7 +15,7 @@ from numba import njit, prange
 
 from ._jit import (INLINE, ORDER_GEMM, ORDER_GEMV, PARALLEL, ROWS_PER_TASK, SERIAL, STRAIGHT_TOKENS, block_sum,
                    dot256, f16_to_f32, fma32, u32)
-from .simd import pair_sums_dot_bytes, q2_k_isum, q3_k_isum, q4_k_isum, q5_k_isum, q6_k_isum
+from .simd import PREFETCH_AHEAD, pair_sums_dot_bytes, prefetch_bytes, q2_k_isum, q3_k_isum, q4_k_isum, q5_k_isum, q6_k_isum
 
 _ZERO = np.float32(0.0)
 
@@ -233,6 +233,7 @@ def _q2_k_straight_dot(row, x, dx, bsums, nb, order):
     acc_min = np.float32(0.0)
     for b in range(nb):
         o = b * 84
+        prefetch_bytes(row, o + PREFETCH_AHEAD, 84)
         isum_i, summ_i = q2_k_isum(row, o, x, b * 256, bsums, b * 16)
         isum, summ = np.float32(isum_i), np.float32(summ_i)
         dw, dmin = f16_to_f32(row[o + 80], row[o + 81]), f16_to_f32(row[o + 82], row[o + 83])
@@ -329,6 +330,7 @@ def matmul_q3_k(W, rows, group_rows, cols, qs, d, extra, out, order):
                     acc = np.float32(0.0)
                     for b in range(nb):
                         o = b * 110
+                        prefetch_bytes(row, o + PREFETCH_AHEAD, 110)
                         isum = q3_k_isum(row, o, x, b * 256, bsums, b * 16)
                         acc = block_sum(order, acc, np.float32(isum), _ZERO, f16_to_f32(row[o + 108], row[o + 109]),
                                         _ZERO, dx[b])
@@ -454,6 +456,7 @@ def _q4_k_gemv_dot(row, x, dx, bsums, nb):
     acc_min = np.float32(0.0)
     for b in range(nb):
         o = b * 144
+        prefetch_bytes(row, o + PREFETCH_AHEAD, 144)
         scales, mins = _scales_mins_k4(row, o + 4)
         isum = q4_k_isum(row, o + 16, x, b * 256, scales)
         summ = pair_sums_dot_bytes(bsums, b * 16, mins)
@@ -514,6 +517,7 @@ def matmul_q5_k(W, rows, group_rows, cols, qs, d, extra, out, order):
                     acc = np.float32(0.0)
                     for b in range(nb):
                         o = b * 176
+                        prefetch_bytes(row, o + PREFETCH_AHEAD, 176)
                         scales, mins = _scales_mins_k4(row, o + 4)
                         isum = np.float32(q5_k_isum(row, o + 48, x, b * 256, scales, o + 16))
                         summ = np.float32(pair_sums_dot_bytes(bsums, b * 16, mins))
@@ -596,6 +600,7 @@ def matmul_q6_k(W, rows, group_rows, cols, qs, d, extra, out, order):
                     acc = np.float32(0.0)
                     for b in range(nb):
                         o = b * 210
+                        prefetch_bytes(row, o + PREFETCH_AHEAD, 210)
                         isum = q6_k_isum(row, o, x, b * 256, bsums, b * 16)
                         acc = block_sum(order, acc, np.float32(isum), _ZERO, f16_to_f32(row[o + 208], row[o + 209]),
                                         _ZERO, dx[b])

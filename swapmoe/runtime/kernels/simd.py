@@ -47,14 +47,42 @@ def _target_features() -> set[str]:
 _FEATURES = _target_features()
 GENERIC, AVX2, AVX512, VBMI = "generic", "avx2", "avx512", "avx512vbmi"
 TARGETS = (GENERIC, AVX2, AVX512, VBMI)  # a CPU that runs one runs those before it
+# the IQ grid types' VBMI generators with the grid entries gathered from memory instead of permuted
+# out of registers (same instructions otherwise): a variant of VBMI, not a further target
+VBMI_GATHER = "avx512vbmi-gather"
 TARGET = (VBMI if {"avx512f", "avx512bw", "avx512vbmi", "avx512bitalg"} <= _FEATURES  # Ice Lake, Zen 4 on
           else AVX512 if {"avx512f", "avx512bw"} <= _FEATURES else AVX2 if "avx2" in _FEATURES else GENERIC)
 # half -> float in one instruction: F16C on x86, base ARMv8 (elsewhere LLVM would call a runtime helper)
 HW_HALF = "f16c" in _FEATURES or platform.machine().lower() in ("aarch64", "arm64")
 
 
+def _gathers_beat_permutes() -> bool:
+    """Whether this CPU looks up grid entries faster by vector gathers than by 512-bit permutes.
+    Intel cores run those permutes on one port but gather fast, unless the microcode mitigation of
+    Gather Data Sampling (Skylake .. Ice Lake, Tiger Lake) slowed gathers several-fold; AMD's Zen 4
+    and 5 took the permutes faster (measured on Zen 5 for the 256-entry grids; on a Sapphire Rapids
+    class VM gathers were 1.05-1.85x faster per block, docs/kernels.md)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            intel = any(line.startswith("vendor_id") and "GenuineIntel" in line for line in f)
+    except OSError:  # not Linux: keep the permutes
+        return False
+    try:
+        with open("/sys/devices/system/cpu/vulnerabilities/gather_data_sampling") as f:
+            gathers_slowed = f.read().startswith("Mitigation")
+    except OSError:
+        gathers_slowed = False
+    return intel and not gathers_slowed
+
+
+GATHER_GRIDS = TARGET == VBMI and _gathers_beat_permutes()
+
+
 def _for_this_cpu(generators: dict):
-    """Of one intrinsic's generators (keyed by target), the most capable one this CPU runs."""
+    """Of one intrinsic's generators (keyed by target), the most capable one this CPU runs (for
+    the IQ grid types on CPUs with fast gathers: their gathering variant)."""
+    if GATHER_GRIDS and VBMI_GATHER in generators:
+        return generators[VBMI_GATHER]
     return next(generators[t] for t in reversed(TARGETS[:TARGETS.index(TARGET) + 1]) if t in generators)
 
 
@@ -100,6 +128,41 @@ def _shuffle(builder, a, b, lanes):
 def _pick(builder, v, lanes):
     """The lanes of v listed in `lanes`, as a new vector (a constant shuffle)."""
     return _shuffle(builder, v, v, lanes)
+
+
+# ---- software prefetch ---------------------------------------------------------------------------
+
+# How far ahead of the block being summed the straight row dots ask for weight bytes.  A row dot
+# spends more time per byte than a plain read, and on some CPUs the hardware prefetcher then stops
+# running far enough ahead: Q4_K from DRAM read 5.3 GB/s per core on a Sapphire Rapids VM against
+# 14.7 in cache and 15.5 for a plain read; with every block prefetched 512-2048 bytes ahead, 13
+# (measured: tools/bench_kernels.py, docs/kernels.md).
+PREFETCH_AHEAD = 2048
+
+
+def _prefetch(builder, ptr, offset):
+    """Prefetch the line holding ptr[offset] into every cache level, for reading (a hint: never
+    faults, past the end of the array included)."""
+    _call(builder, "llvm.prefetch.p0", ir.VoidType(), builder.gep(ptr, [offset]),
+          ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1))
+
+
+@intrinsic
+def prefetch_bytes(typingctx, w, start, n):
+    """Ask the caches for w[start:start+n], one prefetch per 64 bytes (w: a uint8 array)."""
+    if not isinstance(start, types.Integer) or not isinstance(n, types.Integer):
+        return None
+    sig = types.none(w, start, n)
+
+    def codegen(context, builder, signature, args):
+        (w_ptr,) = _data(context, builder, signature, args, 0)
+        start = builder.sext(args[1], ir.IntType(64)) if args[1].type.width < 64 else args[1]
+        n = builder.sext(args[2], ir.IntType(64)) if args[2].type.width < 64 else args[2]
+        lines = builder.udiv(builder.add(n, ir.Constant(n.type, 63)), ir.Constant(n.type, 64))
+        with cgutils.for_range(builder, lines) as loop:
+            _prefetch(builder, w_ptr, builder.add(start, builder.mul(loop.index, ir.Constant(n.type, 64))))
+        return context.get_dummy_value()
+    return sig, codegen
 
 
 def _block_sums(context, builder, aryty, ary, offset):
@@ -697,8 +760,10 @@ def _grid_isum(name: str, block_isum, target: str):
 # 64-value chunks, so vpmultishiftqb cuts a chunk's values (one byte each) straight out of it and
 # vpermb maps those codes to the grid's magnitudes.  Sign bytes are interleaved the same way and
 # vpshufbitqmb turns them into one mask bit per value, negating the activation under the mask.
-# No scalar work per value or per entry: IQ2_XXS 2.1x the gather above.  The 2048-entry IQ1 grid
-# would take 32 table slices: its 8-byte entries are gathered (vpgatherdq) instead.
+# No scalar work per value or per entry: IQ2_XXS 2.1x the gather above (Zen 5).  The 2048-entry
+# IQ1 grid would take 32 table slices: its 8-byte entries are gathered (vpgatherdq) instead.  Intel
+# cores run 512-bit permutes on one port only: there the grid types gather their entries too
+# (VBMI_GATHER, vpgatherdq / vpgatherdd), everything else unchanged.
 
 def _bytes(values):
     return ir.Constant(_vec(I8, len(values)), [int(v) & 0xFF for v in values])
@@ -742,6 +807,27 @@ def _odd_bytes(builder, v, shift=0):
     return builder.or_(builder.shl(nibbles, _splat(I8, n, 1)), _splat(I8, n, 1))
 
 
+def _gathered_entries(builder, grid_ptr, index_words, first):
+    """The 8-byte grid entries grid[index] for indices first .. first + 7 of <32 x i16>
+    index_words, as <64 x i8> (one vpgatherdq)."""
+    indices = builder.zext(_shuffle(builder, index_words, index_words, range(first, first + 8)), _vec(I32, 8))
+    i64 = ir.IntType(64)
+    entries = _call(builder, "llvm.x86.avx512.mask.gather.dpq.512", _vec(i64, 8), ir.Constant(_vec(i64, 8), None),
+                    builder.bitcast(grid_ptr, I8.as_pointer()), indices, ir.Constant(_vec(ir.IntType(1), 8), [1] * 8),
+                    ir.Constant(I32, 8))
+    return builder.bitcast(entries, _vec(I8, 64))
+
+
+def _gathered_dwords(builder, grid_ptr, index_words, first):
+    """The 4-byte grid entries grid[index] for indices first .. first + 15 of <32 x i16>
+    index_words, as <64 x i8> (one vpgatherdd)."""
+    indices = builder.zext(_shuffle(builder, index_words, index_words, range(first, first + 16)), _vec(I32, 16))
+    entries = _call(builder, "llvm.x86.avx512.mask.gather.dpi.512", _vec(I32, 16), ir.Constant(_vec(I32, 16), None),
+                    builder.bitcast(grid_ptr, I8.as_pointer()), indices, ir.Constant(_vec(ir.IntType(1), 16), [1] * 16),
+                    ir.Constant(I32, 4))
+    return builder.bitcast(entries, _vec(I8, 64))
+
+
 class _Grid:
     """A grid as 16-bit codes: `bits` per value, `per_entry` values per entry, `levels` the
     magnitudes the codes stand for (gguf's table)."""
@@ -779,6 +865,20 @@ class _Grid:
             slices = [builder.select(high, b, a) for a, b in zip(slices[::2], slices[1::2])]
             bit *= 2
         return builder.bitcast(slices[0], _vec(I8, 64))
+
+    def magnitudes(self, builder, grid_ptr, index_words, target):
+        """j -> the 64 magnitudes of the block's chunk j (values 64j .. 64j + 63); index_words(order)
+        gives the grid indices of the block's entries listed in `order` as <32 x i16>.  VBMI: looked
+        up in registers (entries in lookup order); VBMI_GATHER: the entries gathered from the grid
+        in memory (grid_ptr: one unsigned integer per entry holding its magnitudes as bytes)."""
+        if target == VBMI_GATHER:
+            if self.per_entry == 8:  # one vpgatherdq of eight 8-byte entries per chunk
+                indices = index_words(range(32))
+                return lambda j: _gathered_entries(builder, grid_ptr, indices, 8 * j)
+            halves = [index_words(range(32 * h, 32 * h + 32)) for h in range(2)]  # 64 4-byte entries
+            return lambda j: _gathered_dwords(builder, grid_ptr, halves[j // 2], 16 * (j % 2))
+        codes = [self.lookup(builder, index_words(self.entry_order(h))) for h in range(8 // self.per_entry)]
+        return lambda j: self.chunk(builder, codes, j)
 
     def chunk(self, builder, codes, j):
         """The 64 magnitudes of chunk j (values 64j .. 64j + 63) from the looked-up codes."""
@@ -833,12 +933,14 @@ def _iq2_xxs_vbmi(context, builder, signature, args, target):
     wt, xt = signature.args[0], signature.args[2]
     w, wo, x, xo = args[:4]
     grid = _IQ2_XXS_GRID
+    (g_ptr,) = _data(context, builder, signature, args, 4)  # the grid in memory (VBMI_GATHER)
     q = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 2), 64)
     aux = _multishift(builder, q, [32, 39, 46, 53, 60, 60, 60, 60])  # 4 sign indices, the scale
     signs = _lookup128(builder, _KSIGNS, _interleaved_signs(builder, aux, _sub_block_byte))
     scales = _odd_bytes(builder, aux)
-    codes = [grid.lookup(builder, _words_from_bytes(builder, q, [_sub_block_byte(e) for e in grid.entry_order(0)]))]
-    return _chunks_isum(context, builder, xt, x, xo, lambda j: grid.chunk(builder, codes, j), signs,
+    magnitudes = grid.magnitudes(builder, g_ptr, lambda order: _words_from_bytes(builder, q, [_sub_block_byte(e) for e in order]),
+                                 target)
+    return _chunks_isum(context, builder, xt, x, xo, magnitudes, signs,
                         lambda j: _scale_words(builder, scales, lambda v: 8 * (2 * j + v // 32) + 4))
 
 
@@ -847,14 +949,15 @@ def _iq3_xxs_vbmi(context, builder, signature, args, target):
     wt, xt = signature.args[0], signature.args[2]
     w, wo, x, xo = args[:4]
     grid = _IQ3_XXS_GRID
+    (g_ptr,) = _data(context, builder, signature, args, 4)  # the grid in memory (VBMI_GATHER)
     q = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 2), 64)
     words = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 66), 32)
     spaced = _shuffle(builder, words, ir.Constant(words.type, None), [4 * k + b if b < 4 else 32 for k in range(8) for b in range(8)])
     aux = _multishift(builder, spaced, [0, 7, 14, 21, 28, 28, 28, 28])
     signs = _lookup128(builder, _KSIGNS, _interleaved_signs(builder, aux, _sub_block_byte))
     scales = _odd_bytes(builder, aux)
-    codes = [grid.lookup(builder, _words_from_bytes(builder, q, grid.entry_order(h))) for h in range(2)]
-    return _chunks_isum(context, builder, xt, x, xo, lambda j: grid.chunk(builder, codes, j), signs,
+    magnitudes = grid.magnitudes(builder, g_ptr, lambda order: _words_from_bytes(builder, q, order), target)
+    return _chunks_isum(context, builder, xt, x, xo, magnitudes, signs,
                         lambda j: _scale_words(builder, scales, lambda v: 8 * (2 * j + v // 32) + 4))
 
 
@@ -863,15 +966,16 @@ def _iq2_xs_vbmi(context, builder, signature, args, target):
     wt, xt = signature.args[0], signature.args[2]
     w, wo, x, xo = args[:4]
     grid = _IQ2_XS_GRID
+    (g_ptr,) = _data(context, builder, signature, args, 4)  # the grid in memory (VBMI_GATHER)
     q = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 2), 64)
     aux = _multishift(builder, q, [9, 25, 41, 57, 57, 57, 57, 57])  # the 4 sign indices of each qword
     signs = _lookup128(builder, _KSIGNS, _interleaved_signs(builder, aux, _sub_block_byte))
     entries = builder.bitcast(q, _vec(I16, 32))
-    indices = builder.and_(_shuffle(builder, entries, entries, grid.entry_order(0)), _splat(I16, 32, 511))
-    codes = [grid.lookup(builder, indices)]
+    magnitudes = grid.magnitudes(
+        builder, g_ptr, lambda order: builder.and_(_shuffle(builder, entries, entries, order), _splat(I16, 32, 511)), target)
     packed = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 66), 8)
     scales = _concat(builder, _odd_bytes(builder, packed), _odd_bytes(builder, packed, 4))  # low nibbles, high
-    return _chunks_isum(context, builder, xt, x, xo, lambda j: grid.chunk(builder, codes, j), signs,
+    return _chunks_isum(context, builder, xt, x, xo, magnitudes, signs,
                         lambda j: _scale_words(builder, scales, lambda v: (64 * j + v) // 32 + 8 * (v % 32 // 16)))
 
 
@@ -881,14 +985,15 @@ def _iq2_s_vbmi(context, builder, signature, args, target):
     wt, xt = signature.args[0], signature.args[2]
     w, wo, x, xo = args[:4]
     grid = _IQ2_S_GRID
+    (g_ptr,) = _data(context, builder, signature, args, 4)  # the grid in memory (VBMI_GATHER)
     q = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 2), 64)
     tail = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 66), 16)
-    order = grid.entry_order(0)
-    high = _high_index_bits(builder, tail, [e // 4 for e in order], [2 * (e % 4) for e in order], 0x300)
-    codes = [grid.lookup(builder, builder.or_(_words_from_bytes(builder, q, order), high))]
+    magnitudes = grid.magnitudes(builder, g_ptr, lambda order: builder.or_(
+        _words_from_bytes(builder, q, order),
+        _high_index_bits(builder, tail, [e // 4 for e in order], [2 * (e % 4) for e in order], 0x300)), target)
     signs = _interleaved_signs(builder, q, lambda g: 32 + g)
     scales = _concat(builder, _odd_bytes(builder, tail), _odd_bytes(builder, tail, 4))
-    return _chunks_isum(context, builder, xt, x, xo, lambda j: grid.chunk(builder, codes, j), signs,
+    return _chunks_isum(context, builder, xt, x, xo, magnitudes, signs,
                         lambda j: _scale_words(builder, scales, lambda v: 8 + (64 * j + v) // 32 + 16 * (v % 32 // 16)))
 
 
@@ -898,24 +1003,24 @@ def _iq3_s_vbmi(context, builder, signature, args, target):
     wt, xt = signature.args[0], signature.args[2]
     w, wo, x, xo = args[:4]
     grid = _IQ3_S_GRID
+    (g_ptr,) = _data(context, builder, signature, args, 4)  # the grid in memory (VBMI_GATHER)
     q = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 2), 64)
     head = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 66), 32)  # qh, signs 0..23
     tail = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 94), 16)  # signs 20..31, scales
     rest = _concat(builder, head, _concat(builder, tail, ir.Constant(tail.type, None)))
-    codes = []
-    for h in range(2):
-        order = grid.entry_order(h)
-        high = _high_index_bits(builder, rest, [e // 8 for e in order], [e % 8 for e in order], 0x100)
-        codes.append(grid.lookup(builder, builder.or_(_words_from_bytes(builder, q, order), high)))
+    magnitudes = grid.magnitudes(builder, g_ptr, lambda order: builder.or_(
+        _words_from_bytes(builder, q, order),
+        _high_index_bits(builder, rest, [e // 8 for e in order], [e % 8 for e in order], 0x100)), target)
     signs = _interleaved_signs(builder, rest, lambda g: 8 + g + (4 if g >= 24 else 0))
     scales = _concat(builder, _odd_bytes(builder, rest), _odd_bytes(builder, rest, 4))  # low nibbles, high
-    return _chunks_isum(context, builder, xt, x, xo, lambda j: grid.chunk(builder, codes, j), signs,
+    return _chunks_isum(context, builder, xt, x, xo, magnitudes, signs,
                         lambda j: _scale_words(builder, scales, lambda v: 44 + (64 * j + v) // 64 + 64 * ((64 * j + v) // 32 % 2)))
 
 
 def _grid_generators(name, block_isum, vbmi_block_isum):
     generators = {t: _grid_isum(name, block_isum, t) for t in (GENERIC, AVX2, AVX512)}
     generators[VBMI] = _grid_isum(name, vbmi_block_isum, VBMI)
+    generators[VBMI_GATHER] = _grid_isum(name, vbmi_block_isum, VBMI_GATHER)
     return generators
 
 
@@ -926,17 +1031,6 @@ IQ2_S_ISUM = _grid_generators("IQ2_S", _iq2_s_block_isum, _iq2_s_vbmi)
 IQ3_S_ISUM = _grid_generators("IQ3_S", _iq3_s_block_isum, _iq3_s_vbmi)
 iq2_xxs_isum, iq3_xxs_isum = _for_this_cpu(IQ2_XXS_ISUM), _for_this_cpu(IQ3_XXS_ISUM)
 iq2_xs_isum, iq2_s_isum, iq3_s_isum = _for_this_cpu(IQ2_XS_ISUM), _for_this_cpu(IQ2_S_ISUM), _for_this_cpu(IQ3_S_ISUM)
-
-
-def _gathered_entries(builder, grid_ptr, index_words, first):
-    """The 8-byte grid entries grid[index] for indices first .. first + 7 of <32 x i16>
-    index_words, as <64 x i8> (one vpgatherdq)."""
-    indices = builder.zext(_shuffle(builder, index_words, index_words, range(first, first + 8)), _vec(I32, 8))
-    i64 = ir.IntType(64)
-    entries = _call(builder, "llvm.x86.avx512.mask.gather.dpq.512", _vec(i64, 8), ir.Constant(_vec(i64, 8), None),
-                    builder.bitcast(grid_ptr, I8.as_pointer()), indices, ir.Constant(_vec(ir.IntType(1), 8), [1] * 8),
-                    ir.Constant(I32, 8))
-    return builder.bitcast(entries, _vec(I8, 64))
 
 
 def _iq1_s_vbmi(context, builder, signature, args, target):
@@ -1126,6 +1220,7 @@ def _legacy_dot(context, builder, signature, args, kind, target):
     with cgutils.for_range(builder, nb) as loop:
         b = loop.index
         o = builder.mul(b, ir.Constant(b.type, size))
+        _prefetch(builder, row_ptr, _add_offset(builder, o, PREFETCH_AHEAD))
         w = _legacy_values(context, builder, row_ptr, o, kind)
         x_at = builder.gep(x_ptr, [builder.mul(b, ir.Constant(b.type, 32))])
         xv = builder.load(builder.bitcast(x_at, _vec(I8, 32).as_pointer()), align=1)
@@ -1410,3 +1505,6 @@ def f16_to_f32(lo, hi):
     if HW_HALF:  # one instruction: the arithmetic cost Q4_K's gemv a third of its speed
         return half_to_float(np.uint16(h))
     return half_bits_to_f32(h)
+
+
+
