@@ -767,6 +767,34 @@ def test_simd_nibble_table_dot(target):
 
 
 @pytest.mark.parametrize("target", SIMD_TARGETS)
+def test_simd_iq4_xs_isum(target):
+    """Whole IQ4_XS blocks (signed 6-bit sub-block scales, table values) against gguf's integer
+    parts, the extremes included: scales -32 and 31, values -127, activations -127."""
+    skip_unless_this_cpu_runs(target)
+    isum = simd.IQ4_XS_ISUM[target]
+    table = np.array(quants.IQ4_NL.kvalues, np.int8)
+
+    @njit
+    def run(w, x, table, out):
+        for i in range(out.size):
+            out[i] = isum(w, 5 + i * 136, x, i * 256, table)
+
+    rng = np.random.default_rng(27)
+    n = 30
+    blocks = rng.integers(0, 256, (n, 136), dtype=np.uint8)
+    blocks[0, 2:8] = 0  # every scale -32, every value -127
+    blocks[0, 8:] = 0
+    blocks[1, 2:8] = 0xFF  # every scale 31
+    x = rng.integers(-127, 128, n * 256, dtype=np.int8)
+    x[:512] = -127
+    w = np.concatenate([np.zeros(5, np.uint8), blocks.reshape(-1)])
+    out = np.empty(n, np.int32)
+    run(w, x, table, out)
+    scaled = integer_parts(T.IQ4_XS, blocks, o0=1.0)
+    np.testing.assert_array_equal(out, (scaled * x.reshape(n, 256)).sum(axis=1).astype(np.int64))
+
+
+@pytest.mark.parametrize("target", SIMD_TARGETS)
 @pytest.mark.parametrize("tp", [T.Q4_K, T.Q5_K], ids=["Q4_K", "Q5_K"])
 def test_simd_k4_isum_real_layout(tp, target):
     """q4_k_isum / q5_k_isum on whole blocks against gguf's integer parts (scale x quant)."""

@@ -20,7 +20,7 @@ from numba import njit, prange
 from ._jit import (INLINE, ORDER_GEMV, PARALLEL, ROWS_PER_TASK, SERIAL, STRAIGHT_TOKENS, block_sum, decode_pairs,
                    dot256, f16_to_f32, nibble_pair_words, nibble_row_dot, pair_order, u32, widen4, widen8)
 from .simd import (PREFETCH_AHEAD, iq1_m_isum, iq1_s_isum, iq2_s_isum, iq2_xs_isum, iq2_xxs_isum, iq3_s_isum,
-                   iq3_xxs_isum, nibble_table_dot, prefetch_bytes, rows_dot8)
+                   iq3_xxs_isum, iq4_xs_isum, prefetch_bytes, rows_dot8)
 
 _ZERO = np.float32(0.0)
 
@@ -154,7 +154,7 @@ def matmul_iq4_xs(W, rows, group_rows, cols, qs, d, extra, out, order):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 256
     rb = nb * 136
-    straight = n_tok <= STRAIGHT_TOKENS  # values looked up in registers (simd.nibble_table_dot)
+    straight = n_tok <= STRAIGHT_TOKENS  # values looked up in registers (simd.iq4_xs_isum)
     xp = pair_order(qs[:0] if straight else qs)  # (a conditional array here would lose its C layout)
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         if straight:
@@ -167,10 +167,7 @@ def matmul_iq4_xs(W, rows, group_rows, cols, qs, d, extra, out, order):
                     for b in range(nb):
                         o = b * 136
                         prefetch_bytes(row, o + PREFETCH_AHEAD, 136)
-                        sumi = np.int32(0)
-                        for ib in range(8):
-                            dot = nibble_table_dot(row, o + 8 + 16 * ib, x, b * 256 + 32 * ib, _IQ4_VALUES)
-                            sumi += _scale_iq4_xs(row, o, ib) * dot
+                        sumi = iq4_xs_isum(row, o, x, b * 256, _IQ4_VALUES)
                         dw = f16_to_f32(row[o], row[o + 1])
                         acc = block_sum(order, acc, np.float32(sumi), _ZERO, dw, _ZERO, dx[b])
                     out[t, r] = acc

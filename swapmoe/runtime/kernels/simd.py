@@ -133,10 +133,10 @@ def _pick(builder, v, lanes):
 # ---- software prefetch ---------------------------------------------------------------------------
 
 # How far ahead of the block being summed the straight row dots ask for weight bytes.  A row dot
-# spends more time per byte than a plain read, and on some CPUs the hardware prefetcher then stops
-# running far enough ahead: Q4_K from DRAM read 5.3 GB/s per core on a Sapphire Rapids VM against
-# 14.7 in cache and 15.5 for a plain read; with every block prefetched 512-2048 bytes ahead, 13
-# (measured: tools/bench_kernels.py, docs/kernels.md).
+# spends more time per byte than a plain read, and on some CPUs the hardware prefetcher then does
+# not run far enough ahead: Q4_K from DRAM read 5.3 GB/s on one core of an Intel Xeon VM against
+# 14.7 in cache and 15.5 for a plain read; prefetched 2048 bytes ahead, 2.5x that on two threads
+# (512-4096 measured; docs/kernels.md).
 PREFETCH_AHEAD = 2048
 
 
@@ -150,7 +150,7 @@ def _prefetch(builder, ptr, offset):
 @intrinsic
 def prefetch_bytes(typingctx, w, start, n):
     """Ask the caches for w[start:start+n], one prefetch per 64 bytes (w: a uint8 array)."""
-    if not isinstance(start, types.Integer) or not isinstance(n, types.Integer):
+    if w.dtype != types.uint8 or not isinstance(start, types.Integer) or not isinstance(n, types.Integer):
         return None
     sig = types.none(w, start, n)
 
@@ -1142,6 +1142,77 @@ def _nibble_table_dot(target: str):
 
 NIBBLE_TABLE_DOT = {target: _nibble_table_dot(target) for target in (GENERIC, AVX2, AVX512)}
 nibble_table_dot = _for_this_cpu(NIBBLE_TABLE_DOT)
+
+
+def _iq4_xs_scales(context, builder, wt, w, wo):
+    """IQ4_XS's eight signed sub-block scales as <8 x i16>: 6 bits each, the low four from the
+    nibbles of w[wo+4:wo+8] (sub-block 2k: low nibble of byte k), the high two from the u16 at
+    w[wo+2] (bits 2ib, 2ib + 1), minus 32."""
+    low = builder.zext(_load_bytes(context, builder, wt, w, _add_offset(builder, wo, 4), 4), _vec(I16, 4))
+    low = builder.lshr(_shuffle(builder, low, low, [ib // 2 for ib in range(8)]),
+                       ir.Constant(_vec(I16, 8), [4 * (ib % 2) for ib in range(8)]))
+    high = builder.bitcast(_load_bytes(context, builder, wt, w, _add_offset(builder, wo, 2), 2), _vec(I16, 1))
+    high = builder.lshr(_shuffle(builder, high, high, [0] * 8), ir.Constant(_vec(I16, 8), [2 * ib for ib in range(8)]))
+    six = builder.or_(builder.and_(low, _splat(I16, 8, 15)), builder.shl(builder.and_(high, _splat(I16, 8, 3)), _splat(I16, 8, 4)))
+    return builder.sub(six, _splat(I16, 8, 32))
+
+
+def _iq4_xs_block_isum(context, builder, signature, args, target):
+    """sum over the eight sub-blocks ib of scale_ib * (32 values table[nibble] . x): the
+    sub-block's 16 nibble bytes at w[wo+8+16ib] (low nibbles values 0..15, high 16..31).
+    AVX-512: four sub-blocks per 64-byte vector, their low and high nibbles looked up by pshufb
+    (magnitudes, sign masks), the activation's 128 bytes rearranged to match (16-byte lanes),
+    pmaddubsw, then one pmaddwd by the sub-blocks' scale words; one reduction per block."""
+    w, wo, x, xo, table = args
+    wt, xt, tt = signature.args[0], signature.args[2], signature.args[4]
+    scales = _iq4_xs_scales(context, builder, wt, w, wo)
+    if target != AVX512:  # one 32-value dot per sub-block (_nibble_table_block_dot)
+        total = ir.Constant(I32, 0)
+        for ib in range(8):
+            dot = _nibble_table_block_dot(context, builder, signature, [
+                w, _add_offset(builder, wo, 8 + 16 * ib), x, _add_offset(builder, xo, 32 * ib), table], target)
+            scale = builder.sext(builder.extract_element(scales, ir.Constant(I32, ib)), I32)
+            total = builder.add(total, builder.mul(scale, dot))
+        return total
+    values16 = _load_bytes(context, builder, tt, table, ir.Constant(I32, 0), 16)
+    table64 = _shuffle(builder, values16, values16, [i % 16 for i in range(64)])  # pshufb looks up per 16-byte lane
+    negative = builder.icmp_signed("<", table64, _splat(I8, 64, 0))
+    magnitudes = builder.select(negative, builder.neg(table64), table64)
+    masks = builder.sext(negative, _vec(I8, 64))
+    total = None
+    for h in range(2):  # sub-blocks 4h .. 4h + 3
+        q = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 8 + 64 * h), 64)
+        x0 = _load_bytes(context, builder, xt, x, _add_offset(builder, xo, 128 * h), 64)
+        x1 = _load_bytes(context, builder, xt, x, _add_offset(builder, xo, 128 * h + 64), 64)
+        words = _shuffle(builder, scales, scales, [4 * h + w_ // 8 for w_ in range(32)])  # word w: sub-block 4h + w // 8
+        for shift, half in ((0, 0), (4, 16)):  # low nibbles: values 0..15 of each sub-block; high: 16..31
+            nibbles = builder.and_(builder.lshr(q, _splat(I8, 64, shift)) if shift else q, _splat(I8, 64, 15))
+            xv = _shuffle(builder, x0, x1, [32 * (k % 2) + 64 * (k // 2) + half + i for k in range(4) for i in range(16)])
+            mag = _call(builder, "llvm.x86.avx512.pshuf.b.512", _vec(I8, 64), magnitudes, nibbles)
+            m = _call(builder, "llvm.x86.avx512.pshuf.b.512", _vec(I8, 64), masks, nibbles)
+            part = _madd(builder, mag, builder.sub(builder.xor(xv, m), m), words)
+            total = part if total is None else builder.add(total, part)
+    return _reduce_add(builder, total)
+
+
+def _iq4_xs_isum(target: str):
+    @intrinsic
+    def iq4_xs_isum(typingctx, w, wo, x, xo, table):
+        """Exact int32 sum of an IQ4_XS super-block's 256 values table[nibble] times their signed
+        6-bit sub-block scale times the int8 activation x[xo:xo+256] (each > -128, as Q8_K's
+        are); the block (fp16 d, scales, 128 nibble bytes) starts at w[wo]."""
+        if w.dtype != types.uint8 or x.dtype != types.int8 or table.dtype != types.int8:
+            return None
+        sig = types.int32(w, wo, x, xo, table)
+
+        def codegen(context, builder, signature, args):
+            return _iq4_xs_block_isum(context, builder, signature, args, target)
+        return sig, codegen
+    return iq4_xs_isum
+
+
+IQ4_XS_ISUM = {target: _iq4_xs_isum(target) for target in (GENERIC, AVX2, AVX512)}
+iq4_xs_isum = _for_this_cpu(IQ4_XS_ISUM)
 
 
 # ---- legacy 32-value blocks: a whole row . token in llama.cpp's eight FMA lanes -------------
