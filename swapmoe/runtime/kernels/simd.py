@@ -57,11 +57,12 @@ HW_HALF = "f16c" in _FEATURES or platform.machine().lower() in ("aarch64", "arm6
 
 
 def _gathers_beat_permutes() -> bool:
-    """Whether this CPU looks up grid entries faster by vector gathers than by 512-bit permutes.
-    Intel cores run those permutes on one port but gather fast, unless the microcode mitigation of
-    Gather Data Sampling (Skylake .. Ice Lake, Tiger Lake) slowed gathers several-fold; AMD's Zen 4
-    and 5 took the permutes faster (measured on Zen 5 for the 256-entry grids; on a Sapphire Rapids
-    class VM gathers were 1.05-1.85x faster per block, docs/kernels.md)."""
+    """Whether the IQ2/IQ3 grid entries should be gathered (vpgatherdq/dd) rather than permuted out
+    of registers: on Intel, which runs 512-bit permutes on one port (a Sapphire Rapids class VM:
+    gathers 1.05-1.85x faster per block, docs/kernels.md), unless the microcode mitigation of
+    Gather Data Sampling (Skylake .. Ice Lake, Tiger Lake) has slowed gathers several-fold.  AMD
+    keeps the permutes, measured on Zen 5 (against the scalar-load generator; vector gathers of
+    these grids are untimed there)."""
     try:
         with open("/proc/cpuinfo") as f:
             intel = any(line.startswith("vendor_id") and "GenuineIntel" in line for line in f)
@@ -938,8 +939,8 @@ def _iq2_xxs_vbmi(context, builder, signature, args, target):
     aux = _multishift(builder, q, [32, 39, 46, 53, 60, 60, 60, 60])  # 4 sign indices, the scale
     signs = _lookup128(builder, _KSIGNS, _interleaved_signs(builder, aux, _sub_block_byte))
     scales = _odd_bytes(builder, aux)
-    magnitudes = grid.magnitudes(builder, g_ptr, lambda order: _words_from_bytes(builder, q, [_sub_block_byte(e) for e in order]),
-                                 target)
+    magnitudes = grid.magnitudes(
+        builder, g_ptr, lambda order: _words_from_bytes(builder, q, [_sub_block_byte(e) for e in order]), target)
     return _chunks_isum(context, builder, xt, x, xo, magnitudes, signs,
                         lambda j: _scale_words(builder, scales, lambda v: 8 * (2 * j + v // 32) + 4))
 
@@ -971,8 +972,8 @@ def _iq2_xs_vbmi(context, builder, signature, args, target):
     aux = _multishift(builder, q, [9, 25, 41, 57, 57, 57, 57, 57])  # the 4 sign indices of each qword
     signs = _lookup128(builder, _KSIGNS, _interleaved_signs(builder, aux, _sub_block_byte))
     entries = builder.bitcast(q, _vec(I16, 32))
-    magnitudes = grid.magnitudes(
-        builder, g_ptr, lambda order: builder.and_(_shuffle(builder, entries, entries, order), _splat(I16, 32, 511)), target)
+    magnitudes = grid.magnitudes(builder, g_ptr, lambda order: builder.and_(
+        _shuffle(builder, entries, entries, order), _splat(I16, 32, 511)), target)
     packed = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 66), 8)
     scales = _concat(builder, _odd_bytes(builder, packed), _odd_bytes(builder, packed, 4))  # low nibbles, high
     return _chunks_isum(context, builder, xt, x, xo, magnitudes, signs,
@@ -1153,7 +1154,8 @@ def _iq4_xs_scales(context, builder, wt, w, wo):
                        ir.Constant(_vec(I16, 8), [4 * (ib % 2) for ib in range(8)]))
     high = builder.bitcast(_load_bytes(context, builder, wt, w, _add_offset(builder, wo, 2), 2), _vec(I16, 1))
     high = builder.lshr(_shuffle(builder, high, high, [0] * 8), ir.Constant(_vec(I16, 8), [2 * ib for ib in range(8)]))
-    six = builder.or_(builder.and_(low, _splat(I16, 8, 15)), builder.shl(builder.and_(high, _splat(I16, 8, 3)), _splat(I16, 8, 4)))
+    six = builder.or_(builder.and_(low, _splat(I16, 8, 15)),
+                      builder.shl(builder.and_(high, _splat(I16, 8, 3)), _splat(I16, 8, 4)))
     return builder.sub(six, _splat(I16, 8, 32))
 
 
@@ -1184,10 +1186,11 @@ def _iq4_xs_block_isum(context, builder, signature, args, target):
         q = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 8 + 64 * h), 64)
         x0 = _load_bytes(context, builder, xt, x, _add_offset(builder, xo, 128 * h), 64)
         x1 = _load_bytes(context, builder, xt, x, _add_offset(builder, xo, 128 * h + 64), 64)
-        words = _shuffle(builder, scales, scales, [4 * h + w_ // 8 for w_ in range(32)])  # word w: sub-block 4h + w // 8
+        words = _shuffle(builder, scales, scales, [4 * h + k // 8 for k in range(32)])  # word k: sub-block 4h + k // 8
         for shift, half in ((0, 0), (4, 16)):  # low nibbles: values 0..15 of each sub-block; high: 16..31
             nibbles = builder.and_(builder.lshr(q, _splat(I8, 64, shift)) if shift else q, _splat(I8, 64, 15))
-            xv = _shuffle(builder, x0, x1, [32 * (k % 2) + 64 * (k // 2) + half + i for k in range(4) for i in range(16)])
+            lanes = [32 * (k % 2) + 64 * (k // 2) + half + i for k in range(4) for i in range(16)]
+            xv = _shuffle(builder, x0, x1, lanes)  # sub-block k's values half .. half + 15
             mag = _call(builder, "llvm.x86.avx512.pshuf.b.512", _vec(I8, 64), magnitudes, nibbles)
             m = _call(builder, "llvm.x86.avx512.pshuf.b.512", _vec(I8, 64), masks, nibbles)
             part = _madd(builder, mag, builder.sub(builder.xor(xv, m), m), words)
@@ -1576,6 +1579,3 @@ def f16_to_f32(lo, hi):
     if HW_HALF:  # one instruction: the arithmetic cost Q4_K's gemv a third of its speed
         return half_to_float(np.uint16(h))
     return half_bits_to_f32(h)
-
-
-
