@@ -177,8 +177,17 @@ def _weighted_block_sums(builder, sums, weights, target):
     int16: |sum| <= 16 * 127)."""
     if target == GENERIC:
         return _reduce_add(builder, builder.mul(sums, builder.sext(weights, _vec(I32, 16))))
-    return _reduce_add(builder, _call(builder, "llvm.x86.avx2.pmadd.wd", _vec(I32, 8), weights,
-                                      builder.trunc(sums, _vec(I16, 16))))
+    return _reduce_add(builder, _weighted_pairs(builder, sums, weights))
+
+
+def _weighted_pairs(builder, sums, weights):
+    """<8 x i32>: weights[2k] * sums[2k] + weights[2k+1] * sums[2k+1] (one pmaddwd, x86)."""
+    return _call(builder, "llvm.x86.avx2.pmadd.wd", _vec(I32, 8), weights, builder.trunc(sums, _vec(I16, 16)))
+
+
+def _folded(builder, v):
+    """<8 x i32>: the two halves of <16 x i32> v added (the same total, half the lanes)."""
+    return builder.add(_pick(builder, v, range(8)), _pick(builder, v, range(8, 16)))
 
 
 def _concat(builder, a, b):
@@ -900,6 +909,11 @@ def _chunks_isum(context, builder, xt, x, xo, magnitudes, signs, scales):
     """Sum over the block's four 64-value chunks j of magnitudes(j) . x with the signs applied,
     weighted per value pair by scales(j) (<32 x i16>); signs: interleaved sign bytes (bit i of
     byte 8p + j: value 8p + i of chunk j negative), or None."""
+    return _reduce_add(builder, _chunks_sums(context, builder, xt, x, xo, magnitudes, signs, scales))
+
+
+def _chunks_sums(context, builder, xt, x, xo, magnitudes, signs, scales):
+    """_chunks_isum before its reduction: <16 x i32> lanes that add up to it."""
     zero = _splat(I8, 64, 0)
     total = None
     for j in range(4):
@@ -910,7 +924,7 @@ def _chunks_isum(context, builder, xt, x, xo, magnitudes, signs, scales):
             xv = builder.select(negative, builder.sub(zero, xv), xv)
         part = _madd(builder, magnitudes(j), xv, scales(j))
         total = part if total is None else builder.add(total, part)
-    return _reduce_add(builder, total)
+    return total
 
 
 def _scale_words(builder, scales, position):
@@ -1047,14 +1061,15 @@ def _iq1_s_vbmi(context, builder, signature, args, target):
     g_ptr, = _data(context, builder, signature, args, 4)
     odd = builder.or_(builder.shl(_field(builder, qh, 12, 7), _splat(I16, 8, 1)), _splat(I16, 8, 1))
     scales = builder.trunc(odd, _vec(I8, 8))
-    total = _chunks_isum(context, builder, xt, x, xo, lambda j: _gathered_entries(builder, g_ptr, indices, 8 * j),
+    total = _chunks_sums(context, builder, xt, x, xo, lambda j: _gathered_entries(builder, g_ptr, indices, 8 * j),
                          None, lambda j: _scale_words(builder, scales, lambda v: (64 * j + v) // 32))
     sums = _block_sums(context, builder, signature.args[5], bsums, bo)
-    pairs = builder.add(_pick(builder, sums, range(0, 16, 2)), _pick(builder, sums, range(1, 16, 2)))
-    weights = builder.zext(odd, _vec(I32, 8))
+    by_sum = [k // 2 for k in range(16)]  # sub-block k // 2's weight for each of its two block sums
     negative = builder.icmp_signed("<", qh, _splat(I16, 8, 0))
-    isum = builder.sub(total, _reduce_add(builder, builder.mul(pairs, weights)))
-    sumi1 = _reduce_add(builder, builder.mul(pairs, builder.select(negative, builder.neg(weights), weights)))
+    signed = builder.select(negative, builder.neg(odd), odd)
+    weighted = _weighted_pairs(builder, sums, _pick(builder, odd, by_sum))
+    isum = _reduce_add(builder, builder.sub(_folded(builder, total), weighted))
+    sumi1 = _reduce_add(builder, _weighted_pairs(builder, sums, _pick(builder, signed, by_sum)))
     return context.make_tuple(builder, signature.return_type, [isum, sumi1])
 
 
@@ -1074,10 +1089,10 @@ def _iq1_m_vbmi(context, builder, signature, args, target):
                           ir.Constant(_vec(I16, 16), [3 * (k % 4) for k in range(16)]))
     odd = builder.or_(builder.shl(builder.and_(fields, _splat(I16, 16, 7)), _splat(I16, 16, 1)), _splat(I16, 16, 1))
     scales = builder.trunc(odd, _vec(I8, 16))
-    total = _chunks_isum(context, builder, xt, x, xo, lambda j: _gathered_entries(builder, g_ptr, indices, 8 * j),
+    total = _chunks_sums(context, builder, xt, x, xo, lambda j: _gathered_entries(builder, g_ptr, indices, 8 * j),
                          None, lambda j: _scale_words(builder, scales, lambda v: (64 * j + v) // 16))
     sums = _block_sums(context, builder, signature.args[5], bsums, bo)
-    isum = builder.sub(total, _weighted_block_sums(builder, sums, odd, target))
+    isum = _reduce_add(builder, builder.sub(_folded(builder, total), _weighted_pairs(builder, sums, odd)))
     # sumi2: each 8-value group's activation sum times +-(2s + 1), pmaddubsw with ones
     group_scales = _shuffle(builder, odd, odd, [g // 2 for g in range(32)])
     negative = builder.icmp_unsigned("!=", builder.and_(nibbles, _splat(I16, 32, 8)), _splat(I16, 32, 0))
