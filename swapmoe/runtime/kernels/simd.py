@@ -136,8 +136,8 @@ def _pick(builder, v, lanes):
 # How far ahead of the block being summed the straight row dots ask for weight bytes.  A row dot
 # spends more time per byte than a plain read, and on some CPUs the hardware prefetcher then does
 # not run far enough ahead: Q4_K from DRAM read 5.3 GB/s on one core of an Intel Xeon VM against
-# 14.7 in cache and 15.5 for a plain read; prefetched 2048 bytes ahead, 2.5x that on two threads
-# (512-4096 measured; docs/kernels.md).
+# 14.7 in cache and 15.5 for a plain read; on two threads 10.2 GB/s, with every block prefetched
+# 2048 bytes ahead 25.7 (512-4096 measured; docs/kernels.md).
 PREFETCH_AHEAD = 2048
 
 
@@ -817,24 +817,15 @@ def _odd_bytes(builder, v, shift=0):
     return builder.or_(builder.shl(nibbles, _splat(I8, n, 1)), _splat(I8, n, 1))
 
 
-def _gathered_entries(builder, grid_ptr, index_words, first):
-    """The 8-byte grid entries grid[index] for indices first .. first + 7 of <32 x i16>
-    index_words, as <64 x i8> (one vpgatherdq)."""
-    indices = builder.zext(_shuffle(builder, index_words, index_words, range(first, first + 8)), _vec(I32, 8))
-    i64 = ir.IntType(64)
-    entries = _call(builder, "llvm.x86.avx512.mask.gather.dpq.512", _vec(i64, 8), ir.Constant(_vec(i64, 8), None),
-                    builder.bitcast(grid_ptr, I8.as_pointer()), indices, ir.Constant(_vec(ir.IntType(1), 8), [1] * 8),
-                    ir.Constant(I32, 8))
-    return builder.bitcast(entries, _vec(I8, 64))
-
-
-def _gathered_dwords(builder, grid_ptr, index_words, first):
-    """The 4-byte grid entries grid[index] for indices first .. first + 15 of <32 x i16>
-    index_words, as <64 x i8> (one vpgatherdd)."""
-    indices = builder.zext(_shuffle(builder, index_words, index_words, range(first, first + 16)), _vec(I32, 16))
-    entries = _call(builder, "llvm.x86.avx512.mask.gather.dpi.512", _vec(I32, 16), ir.Constant(_vec(I32, 16), None),
-                    builder.bitcast(grid_ptr, I8.as_pointer()), indices, ir.Constant(_vec(ir.IntType(1), 16), [1] * 16),
-                    ir.Constant(I32, 4))
+def _gathered_entries(builder, grid_ptr, index_words, first, entry_bytes=8):
+    """The grid entries grid[index] (8 or 4 bytes each) for the 64 / entry_bytes indices from
+    first on of <32 x i16> index_words, as <64 x i8> (one vpgatherdq or vpgatherdd)."""
+    n = 64 // entry_bytes
+    entry = ir.IntType(8 * entry_bytes)
+    indices = builder.zext(_shuffle(builder, index_words, index_words, range(first, first + n)), _vec(I32, n))
+    entries = _call(builder, f"llvm.x86.avx512.mask.gather.{'dpq' if entry_bytes == 8 else 'dpi'}.512", _vec(entry, n),
+                    ir.Constant(_vec(entry, n), None), builder.bitcast(grid_ptr, I8.as_pointer()), indices,
+                    ir.Constant(_vec(ir.IntType(1), n), [1] * n), ir.Constant(I32, entry_bytes))
     return builder.bitcast(entries, _vec(I8, 64))
 
 
@@ -886,7 +877,7 @@ class _Grid:
                 indices = index_words(range(32))
                 return lambda j: _gathered_entries(builder, grid_ptr, indices, 8 * j)
             halves = [index_words(range(32 * h, 32 * h + 32)) for h in range(2)]  # 64 4-byte entries
-            return lambda j: _gathered_dwords(builder, grid_ptr, halves[j // 2], 16 * (j % 2))
+            return lambda j: _gathered_entries(builder, grid_ptr, halves[j // 2], 16 * (j % 2), entry_bytes=4)
         codes = [self.lookup(builder, index_words(self.entry_order(h))) for h in range(8 // self.per_entry)]
         return lambda j: self.chunk(builder, codes, j)
 
@@ -937,6 +928,20 @@ _IQ2_XXS_GRID, _IQ2_XS_GRID, _IQ2_S_GRID = _Grid(gq.IQ2_XXS), _Grid(gq.IQ2_XS), 
 _IQ3_XXS_GRID, _IQ3_S_GRID = _Grid(gq.IQ3_XXS), _Grid(gq.IQ3_S)
 
 
+def _parity_signs(builder, aux):
+    """Interleaved sign bytes from ggml's parity table for the 7-bit sign indices in bytes 0..3 of
+    each qword of aux (one qword per 32-value sub-block)."""
+    return _lookup128(builder, _KSIGNS, _interleaved_signs(builder, aux, _sub_block_byte))
+
+
+def _xxs_isum(context, builder, xt, x, xo, aux, magnitudes):
+    """The block sum of IQ2_XXS and IQ3_XXS: qword k of aux holds sub-block k's four sign indices
+    (bytes 0..3) and its 4-bit scale (byte 4)."""
+    scales = _odd_bytes(builder, aux)
+    return _chunks_isum(context, builder, xt, x, xo, magnitudes, _parity_signs(builder, aux),
+                        lambda j: _scale_words(builder, scales, lambda v: 8 * (2 * j + v // 32) + 4))
+
+
 def _sub_block_byte(g):
     """Byte of 8-value group g's sign index in a vector with one qword per 32-value sub-block
     (its four sign indices in bytes 0..3)."""
@@ -951,12 +956,9 @@ def _iq2_xxs_vbmi(context, builder, signature, args, target):
     (g_ptr,) = _data(context, builder, signature, args, 4)  # the grid in memory (VBMI_GATHER)
     q = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 2), 64)
     aux = _multishift(builder, q, [32, 39, 46, 53, 60, 60, 60, 60])  # 4 sign indices, the scale
-    signs = _lookup128(builder, _KSIGNS, _interleaved_signs(builder, aux, _sub_block_byte))
-    scales = _odd_bytes(builder, aux)
     magnitudes = grid.magnitudes(
         builder, g_ptr, lambda order: _words_from_bytes(builder, q, [_sub_block_byte(e) for e in order]), target)
-    return _chunks_isum(context, builder, xt, x, xo, magnitudes, signs,
-                        lambda j: _scale_words(builder, scales, lambda v: 8 * (2 * j + v // 32) + 4))
+    return _xxs_isum(context, builder, xt, x, xo, aux, magnitudes)
 
 
 def _iq3_xxs_vbmi(context, builder, signature, args, target):
@@ -969,11 +971,8 @@ def _iq3_xxs_vbmi(context, builder, signature, args, target):
     words = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 66), 32)
     spaced = _shuffle(builder, words, ir.Constant(words.type, None), [4 * k + b if b < 4 else 32 for k in range(8) for b in range(8)])
     aux = _multishift(builder, spaced, [0, 7, 14, 21, 28, 28, 28, 28])
-    signs = _lookup128(builder, _KSIGNS, _interleaved_signs(builder, aux, _sub_block_byte))
-    scales = _odd_bytes(builder, aux)
     magnitudes = grid.magnitudes(builder, g_ptr, lambda order: _words_from_bytes(builder, q, order), target)
-    return _chunks_isum(context, builder, xt, x, xo, magnitudes, signs,
-                        lambda j: _scale_words(builder, scales, lambda v: 8 * (2 * j + v // 32) + 4))
+    return _xxs_isum(context, builder, xt, x, xo, aux, magnitudes)
 
 
 def _iq2_xs_vbmi(context, builder, signature, args, target):
@@ -984,7 +983,7 @@ def _iq2_xs_vbmi(context, builder, signature, args, target):
     (g_ptr,) = _data(context, builder, signature, args, 4)  # the grid in memory (VBMI_GATHER)
     q = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 2), 64)
     aux = _multishift(builder, q, [9, 25, 41, 57, 57, 57, 57, 57])  # the 4 sign indices of each qword
-    signs = _lookup128(builder, _KSIGNS, _interleaved_signs(builder, aux, _sub_block_byte))
+    signs = _parity_signs(builder, aux)
     entries = builder.bitcast(q, _vec(I16, 32))
     magnitudes = grid.magnitudes(builder, g_ptr, lambda order: builder.and_(
         _shuffle(builder, entries, entries, order), _splat(I16, 32, 511)), target)
