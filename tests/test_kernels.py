@@ -509,6 +509,14 @@ IQ1_TARGETS = SIMD_TARGETS + [simd.VBMI]  # IQ1_S/IQ1_M's VBMI generators gather
 GRID_TARGETS = IQ1_TARGETS + [simd.VBMI_GATHER]
 
 
+def x_order(x, target):
+    """int8 activations in the order the IQ grid intrinsics of `target` read them (group-major
+    for the VBMI ones: 8-value group j of 32-value sub-block k at 64j + 8k in each block)."""
+    if target not in (simd.VBMI, simd.VBMI_GATHER):
+        return x
+    return np.ascontiguousarray(x.reshape(-1, 8, 4, 8).transpose(0, 2, 1, 3)).reshape(-1)
+
+
 def skip_unless_this_cpu_runs(target):
     needs = simd.VBMI if target == simd.VBMI_GATHER else target
     if simd.TARGETS.index(needs) > simd.TARGETS.index(simd.TARGET):
@@ -657,7 +665,7 @@ def test_simd_grid_isum(tp, target):
     x = rng.integers(-127, 128, n * 256, dtype=np.int8)
     x[:256] = -127
     out = np.empty(n, np.int32)
-    run(blocks.reshape(-1), x, grid, signs, out)
+    run(blocks.reshape(-1), x_order(x, target), grid, signs, out)
     # gguf: d * (0.5 + s) * 0.25 (IQ2) or 0.5 (IQ3_XXS) or d * (2s + 1) (IQ3_S) times the value
     scaled = integer_parts(tp, blocks, o0=d_scale)
     np.testing.assert_array_equal(out, (scaled * x.reshape(n, 256)).sum(axis=1).astype(np.int64))
@@ -874,9 +882,9 @@ def test_simd_iq1_s_isum(target):
     isum = simd.IQ1_S_ISUM[target]
 
     @njit
-    def run(w, x, grid, bsums, out, out1):
+    def run(w, x, grid, bsums, out):
         for i in range(out.size):
-            out[i], out1[i] = isum(w, i * 50, x, i * 256, grid, bsums, i * 16)
+            out[i] = isum(w, i * 50, x, i * 256, grid, bsums, i * 16)
 
     rng = np.random.default_rng(29)
     n = 30
@@ -885,16 +893,16 @@ def test_simd_iq1_s_isum(target):
     x = rng.integers(-128, 128, n * 256, dtype=np.int8)
     x[:256] = -128
     bsums = x.reshape(-1, 16).sum(axis=1).astype(np.int32)
-    out, out1 = np.empty(n, np.int32), np.empty(n, np.int32)
-    run(blocks.reshape(-1), x, iquants._GRID8_IQ1_S_PLUS1, bsums, out, out1)
+    out = np.empty(n, np.int32)
+    run(blocks.reshape(-1), x_order(x, target), iquants._IQ1_DELTA_TABLE, bsums, out)
     qh = blocks[:, 34:50].copy().view(np.uint16).astype(np.int64)  # [n, 8]
     index = blocks[:, 2:34].astype(np.int64).reshape(n, 8, 4) | (((qh[:, :, None] >> (3 * np.arange(4))) & 7) << 8)
     values = iquants._GRID_IQ1_S[index].reshape(n, 8, 32).astype(np.int64)
     scales = 2 * ((qh >> 12) & 7) + 1
-    want = (values * x.reshape(n, 8, 32) * scales[:, :, None]).sum(axis=(1, 2))
-    np.testing.assert_array_equal(out, want)
+    sumi = (values * x.reshape(n, 8, 32) * scales[:, :, None]).sum(axis=(1, 2))
     pairs = bsums.reshape(n, 8, 2).sum(axis=2).astype(np.int64)
-    np.testing.assert_array_equal(out1, (np.where(qh & 0x8000, -scales, scales) * pairs).sum(axis=1))
+    sumi1 = (np.where(qh & 0x8000, -scales, scales) * pairs).sum(axis=1)
+    np.testing.assert_array_equal(out, 8 * sumi + sumi1)
 
 
 @pytest.mark.parametrize("target", IQ1_TARGETS)
@@ -904,9 +912,9 @@ def test_simd_iq1_m_isum(target):
     isum = simd.IQ1_M_ISUM[target]
 
     @njit
-    def run(w, x, grid, bsums, out, out2):
+    def run(w, x, grid, bsums, out):
         for i in range(out.size):
-            out[i], out2[i] = isum(w, i * 56, x, i * 256, grid, bsums, i * 16)
+            out[i] = isum(w, i * 56, x, i * 256, grid, bsums, i * 16)
 
     rng = np.random.default_rng(30)
     n = 30
@@ -915,8 +923,8 @@ def test_simd_iq1_m_isum(target):
     x = rng.integers(-128, 128, n * 256, dtype=np.int8)
     x[:256] = -128
     bsums = x.reshape(-1, 16).sum(axis=1).astype(np.int32)
-    out, out2 = np.empty(n, np.int32), np.empty(n, np.int32)
-    run(blocks.reshape(-1), x, iquants._GRID8_IQ1_S_PLUS1, bsums, out, out2)
+    out = np.empty(n, np.int32)
+    run(blocks.reshape(-1), x_order(x, target), iquants._IQ1_DELTA_TABLE, bsums, out)
     qh = blocks[:, 32:48].astype(np.int64)
     nibbles = np.stack([qh & 15, qh >> 4], axis=2).reshape(n, 32)  # one per 8-value group
     index = blocks[:, :32].astype(np.int64) | ((nibbles & 7) << 8)
@@ -925,9 +933,10 @@ def test_simd_iq1_m_isum(target):
     scales = 2 * ((words[:, :, None] >> (3 * np.arange(4))) & 7).reshape(n, 16) + 1
     per_group = np.repeat(scales, 2, axis=1)  # [n, 32]
     xg = x.reshape(n, 32, 8).astype(np.int64)
-    np.testing.assert_array_equal(out, ((values * xg).sum(axis=2) * per_group).sum(axis=1))
+    sumi1 = ((values * xg).sum(axis=2) * per_group).sum(axis=1)
     delta = np.where(nibbles & 8, -1, 1)
-    np.testing.assert_array_equal(out2, (xg.sum(axis=2) * per_group * delta).sum(axis=1))
+    sumi2 = (xg.sum(axis=2) * per_group * delta).sum(axis=1)
+    np.testing.assert_array_equal(out, 8 * sumi1 + sumi2)
 
 
 def test_activations_never_reach_minus_128():

@@ -30,7 +30,7 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
-from .simd import PREFETCH_AHEAD, f16_to_f32, nibble_table_dot, prefetch_bytes
+from .simd import GROUP_MAJOR, PREFETCH_AHEAD, f16_to_f32, nibble_table_dot, prefetch_bytes
 
 # Idle OpenMP workers spin briefly (about 10k polls) before they sleep.  Decode makes hundreds of
 # short kernel calls per token: waking sleeping workers (OMP_WAIT_POLICY=passive) cost ~30 us per
@@ -179,6 +179,16 @@ def block_sum(order, acc, isum, summ, dw, dmin, dx):
 
 
 @njit(**INLINE)
+def block_step(order, acc, isum, dw, dx):
+    """block_sum for a type without mins (summ = dmin = 0): the same float32 result, the zero
+    terms left out (acc starts at +0.0, so it is never -0.0 and dropping a signed zero changes
+    nothing)."""
+    if order == ORDER_TILED:
+        return fma32(np.float32(isum * dw), dx, acc)
+    return acc + (dw * dx) * isum
+
+
+@njit(**INLINE)
 def block_fma(order, acc, sumi, dw, dx):
     """acc plus a 32-value block's share (int32 sum sumi, scales dw, dx) for Q4_0-like types
     (IQ4_NL, MXFP4): one FMA per block where llama.cpp repacks them (ORDER_GEMV), vec_dot's
@@ -206,3 +216,19 @@ def nibble_row_dot(block_bytes: int, table: np.ndarray, fp16_scale: bool):
             acc = block_fma(order, acc, sumi, dw, dx[b])
         return acc
     return row_dot
+
+
+@njit(**INLINE)
+def grid_activations(qs):
+    """qs (int8 activations [T, cols]) in the order this CPU's IQ grid intrinsics read them: as is,
+    or group-major (simd.GROUP_MAJOR: in each 256-value block, 8-value group j of 32-value
+    sub-block k moves to bytes 64j + 8k .. 64j + 8k + 7)."""
+    if not GROUP_MAJOR:
+        return qs
+    out = np.empty_like(qs)
+    src, dst = qs.reshape(-1).view(np.uint64), out.reshape(-1).view(np.uint64)  # 8-value groups
+    for b in range(src.size // 32):
+        for k in range(8):
+            for j in range(4):
+                dst[32 * b + 8 * j + k] = src[32 * b + 4 * k + j]
+    return out

@@ -17,12 +17,11 @@ import numpy as np
 from gguf import quants as gq
 from numba import njit, prange
 
-from ._jit import (INLINE, ORDER_GEMV, PARALLEL, ROWS_PER_TASK, SERIAL, STRAIGHT_TOKENS, block_sum, decode_pairs,
-                   dot256, f16_to_f32, nibble_pair_words, nibble_row_dot, pair_order, u32, widen4, widen8)
-from .simd import (PREFETCH_AHEAD, iq1_m_isum, iq1_s_isum, iq2_s_isum, iq2_xs_isum, iq2_xxs_isum, iq3_s_isum,
-                   iq3_xxs_isum, iq4_xs_isum, prefetch_bytes, rows_dot8)
-
-_ZERO = np.float32(0.0)
+from ._jit import (INLINE, ORDER_GEMV, PARALLEL, ROWS_PER_TASK, SERIAL, STRAIGHT_TOKENS, block_step, decode_pairs,
+                   dot256, f16_to_f32, grid_activations, nibble_pair_words, nibble_row_dot, pair_order, u32, u64,
+                   widen4, widen8)
+from .simd import (PREFETCH_AHEAD, iq1_delta_table, iq1_m_isum, iq1_s_isum, iq2_s_isum, iq2_xs_isum, iq2_xxs_isum,
+                   iq3_s_isum, iq3_xxs_isum, iq4_xs_isum, prefetch_bytes, rows_dot8)
 
 
 def _grid(cls) -> np.ndarray:
@@ -63,8 +62,7 @@ _SIGNED_IQ2_S = _signed4(_GRID_IQ2_S.reshape(-1, 4))
 _SIGNED_IQ3_XXS = _signed4(_GRID_IQ3_XXS)
 _SIGNED_IQ3_S = _signed4(_GRID_IQ3_S)
 _GRID8_IQ1_S = _GRID_IQ1_S.view(np.uint64).reshape(-1)
-# the IQ1_S grid plus one per value (0, 1, 2: unsigned, for simd.iq1_s_isum)
-_GRID8_IQ1_S_PLUS1 = np.ascontiguousarray(_GRID_IQ1_S + 1).view(np.uint64).reshape(-1)
+_IQ1_DELTA_TABLE = iq1_delta_table(_GRID_IQ1_S)  # for simd.iq1_s_isum / iq1_m_isum
 _GRID8_IQ2_XXS = _GRID_IQ2_XXS.view(np.uint64).reshape(-1)
 _GRID8_IQ2_XS = _GRID_IQ2_XS.view(np.uint64).reshape(-1)
 _GRID4_IQ3_XXS = _GRID_IQ3_XXS.view(np.uint32).reshape(-1)
@@ -83,7 +81,7 @@ _IQ4_NL_ROWS8 = rows_dot8["iq4_nl"]
 
 def _grid_row_dot(isum, block_bytes, grid, signs, factor):
     """A row . token for one of the IQ2/IQ3 grid types, straight from the row bytes: each
-    super-block's exact sum from its simd intrinsic `isum`, ggml's float step (block_sum with the
+    super-block's exact sum from its simd intrinsic `isum`, ggml's float step (block_step with the
     block's fp16 d in its first two bytes), then the type's final factor."""
     @njit(**INLINE)
     def row_dot(row, x, dx, nb, order):
@@ -92,7 +90,7 @@ def _grid_row_dot(isum, block_bytes, grid, signs, factor):
             o = b * block_bytes
             prefetch_bytes(row, o + PREFETCH_AHEAD, block_bytes)
             block = np.float32(isum(row, o, x, b * 256, grid, signs))
-            acc = block_sum(order, acc, block, _ZERO, f16_to_f32(row[o], row[o + 1]), _ZERO, dx[b])
+            acc = block_step(order, acc, block, f16_to_f32(row[o], row[o + 1]), dx[b])
         return np.float32(factor) * acc
     return row_dot
 
@@ -169,7 +167,7 @@ def matmul_iq4_xs(W, rows, group_rows, cols, qs, d, extra, out, order):
                         prefetch_bytes(row, o + PREFETCH_AHEAD, 136)
                         sumi = iq4_xs_isum(row, o, x, b * 256, _IQ4_VALUES)
                         dw = f16_to_f32(row[o], row[o + 1])
-                        acc = block_sum(order, acc, np.float32(sumi), _ZERO, dw, _ZERO, dx[b])
+                        acc = block_step(order, acc, np.float32(sumi), dw, dx[b])
                     out[t, r] = acc
             continue
         ws = np.empty(cols, np.int16)
@@ -190,7 +188,7 @@ def matmul_iq4_xs(W, rows, group_rows, cols, qs, d, extra, out, order):
                 acc = np.float32(0.0)
                 for b in range(nb):
                     sumi = dot256(ws, b * 256, x, b * 256)
-                    acc = block_sum(order, acc, np.float32(sumi), _ZERO, dw[b], _ZERO, dx[b])
+                    acc = block_step(order, acc, np.float32(sumi), dw[b], dx[b])
                 out[t, r] = acc
 
 
@@ -234,13 +232,14 @@ def matmul_iq2_xxs(W, rows, group_rows, cols, qs, d, extra, out, order):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 256
     rb = nb * 66
+    xs = grid_activations(qs) if n_tok <= STRAIGHT_TOKENS else qs
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         if n_tok <= STRAIGHT_TOKENS:  # straight from the row bytes (_jit.STRAIGHT_TOKENS)
             for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
                 row = W[r * rb:(r + 1) * rb]
                 t0 = (r // group_rows) * n_tok
                 for t in range(n_tok):
-                    out[t, r] = _IQ2_XXS_ROW(row, qs[t0 + t], d[t0 + t], nb, order)
+                    out[t, r] = _IQ2_XXS_ROW(row, xs[t0 + t], d[t0 + t], nb, order)
             continue
         ws = np.empty(cols, np.int16)
         dw = np.empty(nb, np.float32)
@@ -257,7 +256,7 @@ def matmul_iq2_xxs(W, rows, group_rows, cols, qs, d, extra, out, order):
                 acc = np.float32(0.0)
                 for b in range(nb):
                     bsum = dot256(ws, b * 256, x, b * 256)
-                    acc = block_sum(order, acc, np.float32(bsum), _ZERO, dw[b], _ZERO, dx[b])
+                    acc = block_step(order, acc, np.float32(bsum), dw[b], dx[b])
                 out[t, r] = np.float32(0.125) * acc
 
 
@@ -299,13 +298,14 @@ def matmul_iq2_xs(W, rows, group_rows, cols, qs, d, extra, out, order):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 256
     rb = nb * 74
+    xs = grid_activations(qs) if n_tok <= STRAIGHT_TOKENS else qs
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         if n_tok <= STRAIGHT_TOKENS:  # straight from the row bytes (_jit.STRAIGHT_TOKENS)
             for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
                 row = W[r * rb:(r + 1) * rb]
                 t0 = (r // group_rows) * n_tok
                 for t in range(n_tok):
-                    out[t, r] = _IQ2_XS_ROW(row, qs[t0 + t], d[t0 + t], nb, order)
+                    out[t, r] = _IQ2_XS_ROW(row, xs[t0 + t], d[t0 + t], nb, order)
             continue
         ws = np.empty(cols, np.int16)
         dw = np.empty(nb, np.float32)
@@ -322,7 +322,7 @@ def matmul_iq2_xs(W, rows, group_rows, cols, qs, d, extra, out, order):
                 acc = np.float32(0.0)
                 for b in range(nb):
                     bsum = dot256(ws, b * 256, x, b * 256)
-                    acc = block_sum(order, acc, np.float32(bsum), _ZERO, dw[b], _ZERO, dx[b])
+                    acc = block_step(order, acc, np.float32(bsum), dw[b], dx[b])
                 out[t, r] = np.float32(0.125) * acc
 
 
@@ -362,13 +362,14 @@ def matmul_iq2_s(W, rows, group_rows, cols, qs, d, extra, out, order):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 256
     rb = nb * 82
+    xs = grid_activations(qs) if n_tok <= STRAIGHT_TOKENS else qs
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         if n_tok <= STRAIGHT_TOKENS:  # straight from the row bytes (_jit.STRAIGHT_TOKENS)
             for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
                 row = W[r * rb:(r + 1) * rb]
                 t0 = (r // group_rows) * n_tok
                 for t in range(n_tok):
-                    out[t, r] = _IQ2_S_ROW(row, qs[t0 + t], d[t0 + t], nb, order)
+                    out[t, r] = _IQ2_S_ROW(row, xs[t0 + t], d[t0 + t], nb, order)
             continue
         ws = np.empty(cols, np.int16)
         dw = np.empty(nb, np.float32)
@@ -385,7 +386,7 @@ def matmul_iq2_s(W, rows, group_rows, cols, qs, d, extra, out, order):
                 acc = np.float32(0.0)
                 for b in range(nb):
                     bsum = dot256(ws, b * 256, x, b * 256)
-                    acc = block_sum(order, acc, np.float32(bsum), _ZERO, dw[b], _ZERO, dx[b])
+                    acc = block_step(order, acc, np.float32(bsum), dw[b], dx[b])
                 out[t, r] = np.float32(0.125) * acc
 
 
@@ -430,13 +431,14 @@ def matmul_iq3_xxs(W, rows, group_rows, cols, qs, d, extra, out, order):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 256
     rb = nb * 98
+    xs = grid_activations(qs) if n_tok <= STRAIGHT_TOKENS else qs
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         if n_tok <= STRAIGHT_TOKENS:  # straight from the row bytes (_jit.STRAIGHT_TOKENS)
             for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
                 row = W[r * rb:(r + 1) * rb]
                 t0 = (r // group_rows) * n_tok
                 for t in range(n_tok):
-                    out[t, r] = _IQ3_XXS_ROW(row, qs[t0 + t], d[t0 + t], nb, order)
+                    out[t, r] = _IQ3_XXS_ROW(row, xs[t0 + t], d[t0 + t], nb, order)
             continue
         ws = np.empty(cols, np.int16)
         dw = np.empty(nb, np.float32)
@@ -453,7 +455,7 @@ def matmul_iq3_xxs(W, rows, group_rows, cols, qs, d, extra, out, order):
                 acc = np.float32(0.0)
                 for b in range(nb):
                     bsum = dot256(ws, b * 256, x, b * 256)
-                    acc = block_sum(order, acc, np.float32(bsum), _ZERO, dw[b], _ZERO, dx[b])
+                    acc = block_step(order, acc, np.float32(bsum), dw[b], dx[b])
                 out[t, r] = np.float32(0.25) * acc
 
 
@@ -495,13 +497,14 @@ def matmul_iq3_s(W, rows, group_rows, cols, qs, d, extra, out, order):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 256
     rb = nb * 110
+    xs = grid_activations(qs) if n_tok <= STRAIGHT_TOKENS else qs
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         if n_tok <= STRAIGHT_TOKENS:  # straight from the row bytes (_jit.STRAIGHT_TOKENS)
             for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
                 row = W[r * rb:(r + 1) * rb]
                 t0 = (r // group_rows) * n_tok
                 for t in range(n_tok):
-                    out[t, r] = _IQ3_S_ROW(row, qs[t0 + t], d[t0 + t], nb, order)
+                    out[t, r] = _IQ3_S_ROW(row, xs[t0 + t], d[t0 + t], nb, order)
             continue
         ws = np.empty(cols, np.int16)
         dw = np.empty(nb, np.float32)
@@ -518,7 +521,7 @@ def matmul_iq3_s(W, rows, group_rows, cols, qs, d, extra, out, order):
                 acc = np.float32(0.0)
                 for b in range(nb):
                     bsum = dot256(ws, b * 256, x, b * 256)
-                    acc = block_sum(order, acc, np.float32(bsum), _ZERO, dw[b], _ZERO, dx[b])
+                    acc = block_step(order, acc, np.float32(bsum), dw[b], dx[b])
                 out[t, r] = acc
 
 
@@ -572,20 +575,21 @@ def matmul_iq1_s(W, rows, group_rows, cols, qs, d, extra, out, order):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 256
     rb = nb * 50
+    xs = grid_activations(qs) if n_tok <= STRAIGHT_TOKENS else qs
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         if n_tok <= STRAIGHT_TOKENS:  # straight from the row bytes (_jit.STRAIGHT_TOKENS)
             for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
                 row = W[r * rb:(r + 1) * rb]
                 t0 = (r // group_rows) * n_tok
                 for t in range(n_tok):
-                    x, dx, bsums = qs[t0 + t], d[t0 + t], extra[t0 + t]
+                    x, dx, bsums = xs[t0 + t], d[t0 + t], extra[t0 + t]
                     acc = np.float32(0.0)
                     for b in range(nb):
                         o = b * 50
                         prefetch_bytes(row, o + PREFETCH_AHEAD, 50)
-                        bsum, sumi1 = iq1_s_isum(row, o, x, b * 256, _GRID8_IQ1_S_PLUS1, bsums, b * 16)
-                        block = np.float32(bsum) + _IQ1_DELTA * np.float32(sumi1)
-                        acc = block_sum(order, acc, block, _ZERO, f16_to_f32(row[o], row[o + 1]), _ZERO, dx[b])
+                        sums8 = iq1_s_isum(row, o, x, b * 256, _IQ1_DELTA_TABLE, bsums, b * 16)
+                        block = np.float32(sums8) * _IQ1_DELTA  # ggml's sumi + 0.125 * sumi1, exactly
+                        acc = block_step(order, acc, block, f16_to_f32(row[o], row[o + 1]), dx[b])
                     out[t, r] = acc
             continue
         ws = np.empty(cols, np.int16)
@@ -612,7 +616,7 @@ def matmul_iq1_s(W, rows, group_rows, cols, qs, d, extra, out, order):
                     sumi1 = 0
                     for ib in range(8):
                         sumi1 += shift[b * 8 + ib] * (bsums[b * 16 + 2 * ib] + bsums[b * 16 + 2 * ib + 1])
-                    acc = block_sum(order, acc, np.float32(bsum) + _IQ1_DELTA * np.float32(sumi1), _ZERO, dw[b], _ZERO, dx[b])
+                    acc = block_step(order, acc, np.float32(bsum) + _IQ1_DELTA * np.float32(sumi1), dw[b], dx[b])
                 out[t, r] = acc
 
 
@@ -662,9 +666,11 @@ def _decode_iq1_m(blk, o, ws, wo, scaled):
 
 @njit(**INLINE)
 def _d_iq1_m(blk, o):
-    lo = (blk[o + 49] >> 4) | (blk[o + 51] & 0xF0)
-    hi = (blk[o + 53] >> 4) | (blk[o + 55] & 0xF0)
-    return f16_to_f32(lo, hi)
+    """The block's f16 d: the top nibbles of the four scale words at o + 48, low word first."""
+    words = u64(blk, o + 48)
+    bits = ((words >> np.uint64(12)) & np.uint64(0x000F)) | ((words >> np.uint64(24)) & np.uint64(0x00F0)) | \
+        ((words >> np.uint64(36)) & np.uint64(0x0F00)) | ((words >> np.uint64(48)) & np.uint64(0xF000))
+    return f16_to_f32(np.uint8(bits & np.uint64(0xFF)), np.uint8(bits >> np.uint64(8)))
 
 
 @njit(**PARALLEL)
@@ -672,19 +678,20 @@ def matmul_iq1_m(W, rows, group_rows, cols, qs, d, extra, out, order):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 256
     rb = nb * 56
+    xs = grid_activations(qs) if n_tok <= STRAIGHT_TOKENS else qs
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         if n_tok <= STRAIGHT_TOKENS:  # straight from the row bytes (_jit.STRAIGHT_TOKENS)
             for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
                 row = W[r * rb:(r + 1) * rb]
                 t0 = (r // group_rows) * n_tok
                 for t in range(n_tok):
-                    x, dx, bsums = qs[t0 + t], d[t0 + t], extra[t0 + t]
+                    x, dx, bsums = xs[t0 + t], d[t0 + t], extra[t0 + t]
                     acc = np.float32(0.0)
                     for b in range(nb):
                         prefetch_bytes(row, b * 56 + PREFETCH_AHEAD, 56)
-                        bsum, sumi2 = iq1_m_isum(row, b * 56, x, b * 256, _GRID8_IQ1_S_PLUS1, bsums, b * 16)
-                        block = np.float32(bsum) + _IQ1_DELTA * np.float32(sumi2)
-                        acc = block_sum(order, acc, block, _ZERO, _d_iq1_m(row, b * 56), _ZERO, dx[b])
+                        sums8 = iq1_m_isum(row, b * 56, x, b * 256, _IQ1_DELTA_TABLE, bsums, b * 16)
+                        block = np.float32(sums8) * _IQ1_DELTA  # ggml's sumi1 + 0.125 * sumi2, exactly
+                        acc = block_step(order, acc, block, _d_iq1_m(row, b * 56), dx[b])
                     out[t, r] = acc
             continue
         ws = np.empty(cols, np.int16)
@@ -710,7 +717,7 @@ def matmul_iq1_m(W, rows, group_rows, cols, qs, d, extra, out, order):
                 for b in range(nb):
                     bsum = dot256(ws, b * 256, x, b * 256)
                     sumi2 = dot256(shifts, b * 256, x, b * 256)
-                    acc = block_sum(order, acc, np.float32(bsum) + _IQ1_DELTA * np.float32(sumi2), _ZERO, dw[b], _ZERO, dx[b])
+                    acc = block_step(order, acc, np.float32(bsum) + _IQ1_DELTA * np.float32(sumi2), dw[b], dx[b])
                 out[t, r] = acc
 
 

@@ -13,12 +13,10 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ._jit import (INLINE, ORDER_GEMM, ORDER_GEMV, PARALLEL, ROWS_PER_TASK, SERIAL, STRAIGHT_TOKENS, block_sum,
-                   dot256, f16_to_f32, fma32, u32)
+from ._jit import (INLINE, ORDER_GEMM, ORDER_GEMV, PARALLEL, ROWS_PER_TASK, SERIAL, STRAIGHT_TOKENS, block_step,
+                   block_sum, dot256, f16_to_f32, fma32, u32)
 from .simd import (PREFETCH_AHEAD, pair_sums_dot_bytes, prefetch_bytes, q2_k_isum, q3_k_isum, q4_k_isum, q5_k_isum,
                    q6_k_isum)
-
-_ZERO = np.float32(0.0)
 
 
 @njit(**INLINE)
@@ -333,8 +331,7 @@ def matmul_q3_k(W, rows, group_rows, cols, qs, d, extra, out, order):
                         o = b * 110
                         prefetch_bytes(row, o + PREFETCH_AHEAD, 110)
                         isum = q3_k_isum(row, o, x, b * 256, bsums, b * 16)
-                        acc = block_sum(order, acc, np.float32(isum), _ZERO, f16_to_f32(row[o + 108], row[o + 109]),
-                                        _ZERO, dx[b])
+                        acc = block_step(order, acc, np.float32(isum), f16_to_f32(row[o + 108], row[o + 109]), dx[b])
                     out[t, r] = acc
             continue
         sc = np.empty(16, np.int32)
@@ -354,7 +351,7 @@ def matmul_q3_k(W, rows, group_rows, cols, qs, d, extra, out, order):
                 acc = np.float32(0.0)
                 for b in range(nb):
                     isum = dot256(ws, b * 256, x, b * 256)
-                    acc = block_sum(order, acc, np.float32(isum), _ZERO, dw[b], _ZERO, dx[b])
+                    acc = block_step(order, acc, np.float32(isum), dw[b], dx[b])
                 out[t, r] = acc
 
 
@@ -603,8 +600,7 @@ def matmul_q6_k(W, rows, group_rows, cols, qs, d, extra, out, order):
                         o = b * 210
                         prefetch_bytes(row, o + PREFETCH_AHEAD, 210)
                         isum = q6_k_isum(row, o, x, b * 256, bsums, b * 16)
-                        acc = block_sum(order, acc, np.float32(isum), _ZERO, f16_to_f32(row[o + 208], row[o + 209]),
-                                        _ZERO, dx[b])
+                        acc = block_step(order, acc, np.float32(isum), f16_to_f32(row[o + 208], row[o + 209]), dx[b])
                     out[t, r] = acc
             continue
         ws = np.empty(cols, np.int16)
@@ -622,7 +618,7 @@ def matmul_q6_k(W, rows, group_rows, cols, qs, d, extra, out, order):
                 acc = np.float32(0.0)
                 for b in range(nb):
                     isum = dot256(ws, b * 256, x, b * 256)
-                    acc = block_sum(order, acc, np.float32(isum), _ZERO, dw[b], _ZERO, dx[b])
+                    acc = block_step(order, acc, np.float32(isum), dw[b], dx[b])
                 out[t, r] = acc
 
 

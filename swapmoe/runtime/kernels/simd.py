@@ -77,6 +77,9 @@ def _gathers_beat_permutes() -> bool:
 
 
 GATHER_GRIDS = TARGET == VBMI and _gathers_beat_permutes()
+# the IQ grid types' VBMI generators take each 256-value activation block group-major: 64-byte
+# chunk j holds 8-value group j of each 32-value sub-block (see _group_major_isum)
+GROUP_MAJOR = TARGET == VBMI
 
 
 def _for_this_cpu(generators: dict):
@@ -183,11 +186,6 @@ def _weighted_block_sums(builder, sums, weights, target):
 def _weighted_pairs(builder, sums, weights):
     """<8 x i32>: weights[2k] * sums[2k] + weights[2k+1] * sums[2k+1] (one pmaddwd, x86)."""
     return _call(builder, "llvm.x86.avx2.pmadd.wd", _vec(I32, 8), weights, builder.trunc(sums, _vec(I16, 16)))
-
-
-def _folded(builder, v):
-    """<8 x i32>: the two halves of <16 x i32> v added (the same total, half the lanes)."""
-    return builder.add(_pick(builder, v, range(8)), _pick(builder, v, range(8, 16)))
 
 
 def _concat(builder, a, b):
@@ -626,121 +624,88 @@ def _iq2_s_block_isum(context, builder, signature, args, target):
 def _iq1_s_block_isum(context, builder, signature, args, target):
     """IQ1_S: per sub-block ib, four 11-bit grid indices of 8-value entries (qs bytes at
     wo+2+4ib, three high bits each from the u16 qh at wo+34+2ib, bits 3l..3l+2), a 3-bit scale s
-    (bits 12..14, weight 2s + 1) and the sign of ggml's delta (bit 15).  The grid holds values
-    -1, 0, 1; `grid` here holds them plus one (pmaddubsw wants unsigned), so sum_ib s_ib * (the
-    sub-block's Q8_K block sums) comes off at the end.  Returns (that sum, ggml's sumi1 =
-    sum_ib ±(2s + 1) * block sums)."""
+    (bits 12..14, weight 2s + 1) and the sign of ggml's delta (bit 15), which becomes bit 11 of
+    each index into the delta table (IQ1_ISUM_DOC)."""
     wo, x, xo, grid, bsums, bo = args[1:7]
     w_ptr, g_ptr = _data(context, builder, signature, args, 0, 4)
     i64 = ir.IntType(64)
-    weights = signed = ir.Constant(_vec(I32, 8), None)
+    weights = ir.Constant(_vec(I32, 8), None)
     sub_blocks = []
     for ib in range(8):
         qh = builder.or_(_byte_at(builder, w_ptr, wo, 34 + 2 * ib, i64),
                          builder.shl(_byte_at(builder, w_ptr, wo, 35 + 2 * ib, i64), ir.Constant(i64, 8)))
-        indices = [builder.or_(_byte_at(builder, w_ptr, wo, 2 + 4 * ib + l, i64),
+        delta = builder.lshr(builder.and_(qh, ir.Constant(i64, 0x8000)), ir.Constant(i64, 4))
+        indices = [builder.or_(builder.or_(_byte_at(builder, w_ptr, wo, 2 + 4 * ib + l, i64), delta),
                                builder.shl(builder.and_(builder.lshr(qh, ir.Constant(i64, 3 * l)), ir.Constant(i64, 7)),
                                            ir.Constant(i64, 8))) for l in range(4)]
         scale = _odd_scale(builder, builder.trunc(_field(builder, qh, 12, 7), I32))
-        weight = builder.zext(scale, I32)
-        negative = builder.icmp_unsigned("!=", builder.and_(qh, ir.Constant(i64, 0x8000)), ir.Constant(i64, 0))
-        weights = builder.insert_element(weights, weight, ir.Constant(I32, ib))
-        signed_weight = builder.select(negative, builder.neg(weight), weight)
-        signed = builder.insert_element(signed, signed_weight, ir.Constant(I32, ib))
+        weights = builder.insert_element(weights, builder.zext(scale, I32), ir.Constant(I32, ib))
         sub_blocks.append((_gather(builder, g_ptr, indices), None, scale, scale))
     total = _signed_grid_isum(context, builder, target, signature.args[2], x, xo, sub_blocks)
     sums = _block_sums(context, builder, signature.args[5], bsums, bo)
     pairs = builder.add(_pick(builder, sums, range(0, 16, 2)), _pick(builder, sums, range(1, 16, 2)))
-    isum = builder.sub(total, _reduce_add(builder, builder.mul(pairs, weights)))
-    sumi1 = _reduce_add(builder, builder.mul(pairs, signed))
-    return context.make_tuple(builder, signature.return_type, [isum, sumi1])
-
-
-def _iq1_s_isum(block_isum, target: str):
-    @intrinsic
-    def iq1_s_isum(typingctx, w, wo, x, xo, grid, bsums, bo):
-        """(exact int32 sum of an IQ1_S super-block's 256 grid values (-1, 0, 1) times their odd
-        sub-block scale (2s + 1) times the int8 activation x[xo:xo+256], ggml's sumi1: the block
-        sums bsums[bo:bo+16] times ±(2s + 1) per sub-block); the block starts at w[wo]; `grid`:
-        uint64 [2048], the IQ1_S grid plus one per value."""
-        if w.dtype != types.uint8 or x.dtype != types.int8 or bsums.dtype != types.int32:
-            return None
-        sig = types.UniTuple(types.int32, 2)(w, wo, x, xo, grid, bsums, bo)
-
-        def codegen(context, builder, signature, args):
-            return block_isum(context, builder, signature, args, target)
-        return sig, codegen
-    return iq1_s_isum
+    return builder.sub(total, _reduce_add(builder, builder.mul(pairs, builder.mul(weights, _splat(I32, 8, 9)))))
 
 
 def _iq1_m_block_isum(context, builder, signature, args, target):
     """IQ1_M: per 8-value group g, an 11-bit grid index (qs byte g at wo, three high bits from
-    nibble g % 2 of qh[g // 2] at wo+32, whose bit 3 is the sign of ggml's delta); 3-bit scales
-    s per 16 values (weight 2s + 1), four per u16 at wo+48.  `grid` holds the IQ1_S grid plus
-    one, so sum_j s_j * (Q8_K block sum j) comes off.  Returns (that sum, ggml's sumi2 =
-    sum_g ±(2s + 1) * (sum of the group's 8 activations))."""
+    nibble g % 2 of qh[g // 2] at wo+32, whose bit 3, the sign of ggml's delta, becomes bit 11 of
+    the index into the delta table); 3-bit scales s per 16 values (weight 2s + 1), four per u16
+    at wo+48."""
     wo, x, xo, grid, bsums, bo = args[1:7]
     w_ptr, g_ptr = _data(context, builder, signature, args, 0, 4)
-    xt = signature.args[2]
     i64 = ir.IntType(64)
     words = [builder.or_(_byte_at(builder, w_ptr, wo, 48 + 2 * k, I32),
                          builder.shl(_byte_at(builder, w_ptr, wo, 49 + 2 * k, I32), ir.Constant(I32, 8)))
              for k in range(4)]
-    fields = [builder.and_(builder.lshr(words[j // 4], ir.Constant(I32, 3 * (j % 4))), ir.Constant(I32, 7))
-              for j in range(16)]
-    scales = [_odd_scale(builder, field) for field in fields]
-    sub_blocks, deltas = [], []
+    scales = [_odd_scale(builder, builder.and_(builder.lshr(words[j // 4], ir.Constant(I32, 3 * (j % 4))),
+                                               ir.Constant(I32, 7))) for j in range(16)]
+    sub_blocks = []
     for ib in range(8):
         indices = []
-        for l in range(4):
-            g = 4 * ib + l
+        for g in range(4 * ib, 4 * ib + 4):
             nibble = builder.lshr(_byte_at(builder, w_ptr, wo, 32 + g // 2, i64), ir.Constant(i64, 4 * (g % 2)))
-            high = builder.shl(builder.and_(nibble, ir.Constant(i64, 7)), ir.Constant(i64, 8))
+            high = builder.shl(builder.and_(nibble, ir.Constant(i64, 15)), ir.Constant(i64, 8))
             indices.append(builder.or_(_byte_at(builder, w_ptr, wo, g, i64), high))
-            negative = builder.icmp_unsigned("!=", builder.and_(nibble, ir.Constant(i64, 8)), ir.Constant(i64, 0))
-            scale = scales[g // 2]
-            deltas.append(builder.select(negative, builder.neg(scale), scale))
         sub_blocks.append((_gather(builder, g_ptr, indices), None, scales[2 * ib], scales[2 * ib + 1]))
-    total = _signed_grid_isum(context, builder, target, xt, x, xo, sub_blocks)
+    total = _signed_grid_isum(context, builder, target, signature.args[2], x, xo, sub_blocks)
     sums = _block_sums(context, builder, signature.args[5], bsums, bo)
     weights = ir.Constant(_vec(I32, 16), None)
     for j, scale in enumerate(scales):
         weights = builder.insert_element(weights, builder.zext(scale, I32), ir.Constant(I32, j))
-    isum = builder.sub(total, _reduce_add(builder, builder.mul(sums, weights)))
-    sumi2 = None
-    for ib in range(8):  # the activations' 8-value sums times ±(2s + 1)
-        xv = _load_bytes(context, builder, xt, x, _add_offset(builder, xo, 32 * ib), 32)
-        if target == GENERIC:
-            per_value = ir.Constant(_vec(I32, 32), None)
-            for j in range(32):
-                delta = builder.sext(deltas[4 * ib + j // 8], I32)
-                per_value = builder.insert_element(per_value, delta, ir.Constant(I32, j))
-            part = _reduce_add(builder, builder.mul(builder.sext(xv, _vec(I32, 32)), per_value))
-        else:
-            quads = [_broadcast(builder, deltas[4 * ib + l], 4) for l in range(4)]  # 4 pairs per group
-            per_pair = _concat(builder, _concat(builder, quads[0], quads[1]), _concat(builder, quads[2], quads[3]))
-            part = _madd(builder, _splat(I8, 32, 1), xv, per_pair)
-        sumi2 = part if sumi2 is None else builder.add(sumi2, part)
-    if target != GENERIC:
-        sumi2 = _reduce_add(builder, sumi2)
-    return context.make_tuple(builder, signature.return_type, [isum, sumi2])
+    return builder.sub(total, _reduce_add(builder, builder.mul(sums, builder.mul(weights, _splat(I32, 16, 9)))))
 
 
-def _iq1_m_isum(block_isum, target: str):
+IQ1_ISUM_DOC = """Exact int32 8 * sumi + sumi1 for an {name} super-block starting at w[wo] against the
+    int8 activation x[xo:xo+256] with its Q8_K block sums bsums[bo:bo+16], where ggml's block
+    value is sumi + 0.125 * sumi1 (sumi: grid values -1/0/1 times their odd scale 2s + 1 times
+    x; sumi1: ggml's delta ±1 per {delta} times the scale times x).  Through the delta table
+    `grid` (uint64 [4096], simd.iq1_delta_table): entry i holds 8 (v + 1) + delta + 1 per value
+    v of grid entry i & 2047, delta -1 where bit 11 of i is set, else 1 (unsigned bytes 0..18),
+    so one dot gives 8 * sumi + sumi1 + 9 * (scale times x), and the last term comes off
+    through the block sums.  |8 * sumi + sumi1| < 2^23, so float32(it) * 0.125 is ggml's float
+    sumi + 0.125 * sumi1 exactly."""
+
+
+def iq1_delta_table(grid: np.ndarray) -> np.ndarray:
+    """The IQ1 delta table (IQ1_ISUM_DOC) from the IQ1_S grid (int8 [2048, 8], values -1/0/1)."""
+    values = 8 * (grid.astype(np.int64) + 1)
+    table = np.concatenate([values + 2, values]).astype(np.uint8)  # delta +1, then delta -1
+    return np.ascontiguousarray(table).view(np.uint64).reshape(-1)
+
+
+def _iq1_isum(name: str, delta: str, block_isum, target: str):
     @intrinsic
-    def iq1_m_isum(typingctx, w, wo, x, xo, grid, bsums, bo):
-        """(exact int32 sum of an IQ1_M super-block's 256 grid values (-1, 0, 1) times their odd
-        scale (2s + 1, per 16 values) times the int8 activation x[xo:xo+256] with its Q8_K block
-        sums bsums[bo:bo+16], ggml's sumi2); the block starts at w[wo]; `grid`: uint64 [2048],
-        the IQ1_S grid plus one per value."""
+    def iq1_isum(typingctx, w, wo, x, xo, grid, bsums, bo):
         if w.dtype != types.uint8 or x.dtype != types.int8 or bsums.dtype != types.int32:
             return None
-        sig = types.UniTuple(types.int32, 2)(w, wo, x, xo, grid, bsums, bo)
+        sig = types.int32(w, wo, x, xo, grid, bsums, bo)
 
         def codegen(context, builder, signature, args):
             return block_isum(context, builder, signature, args, target)
         return sig, codegen
-    return iq1_m_isum
+    iq1_isum.__doc__ = IQ1_ISUM_DOC.format(name=name, delta=delta)
+    return iq1_isum
 
 
 def _grid_isum(name: str, block_isum, target: str):
@@ -761,27 +726,33 @@ def _grid_isum(name: str, block_isum, target: str):
     return grid_isum
 
 
-# ---- AVX-512 VBMI: grid blocks decoded wholly in registers --------------------------------------
-# Every IQ grid entry is a few small codes: 8 values of 3 levels (IQ2_*), 4 values of 8 levels
-# (IQ3_*), 8 values of -1/0/1 (IQ1_*), so an entry packs into 16 bits.  vpermi2w looks 32 such
-# words up in a 64-entry slice of the table held in two registers; selects on the index's higher
-# bits pick among the slices.  The indices go in "interleaved" order: qword p of the looked-up
-# words holds entry p (8-value entries; 2p, 2p + 1 for 4-value ones) of each of the block's
-# 64-value chunks, so vpmultishiftqb cuts a chunk's values (one byte each) straight out of it and
-# vpermb maps those codes to the grid's magnitudes.  Sign bytes are interleaved the same way and
-# vpshufbitqmb turns them into one mask bit per value, negating the activation under the mask.
-# No scalar work per value or per entry: IQ2_XXS 2.1x the gather above (Zen 5).  The 2048-entry
-# IQ1 grid would take 32 table slices: its 8-byte entries are gathered (vpgatherdq) instead.  Intel
-# cores run 512-bit permutes on one port only: there the grid types gather their entries too
-# (VBMI_GATHER, vpgatherdq / vpgatherdd), everything else unchanged.
+# ---- AVX-512 VBMI: grid blocks decoded in registers, the activation group-major ------------------
+# These generators read each 256-value activation block group-major (GROUP_MAJOR, reordered once
+# per call by _jit.grid_activations): 64-byte chunk j holds 8-value group j of each 32-value
+# sub-block k, in qword k.  Then everything a block stores per sub-block (scales, sign indices,
+# grid indices) already sits where the chunk's values are: qword k of a vector holds sub-block
+# k's fields and no per-chunk shuffle is needed to line them up.  Per chunk: the 64 unsigned
+# grid values (gathered, or looked up in registers), the signs as a mask from vpshufbitqmb
+# negating the activation under it, one vpdpbusd into int32 lanes that each stay inside one
+# sub-block; per block: the lanes folded to one sum per sub-block, times its weight (vpmuldq),
+# one reduction.
+# Grid values come from memory (VBMI_GATHER: vpgatherqq / vpgatherdd of whole entries) or from
+# registers: every IQ grid entry is a few small codes (8 values of 3 levels for IQ2_*, 4 values
+# of 8 levels for IQ3_*) that pack into 16 bits; vpermi2w looks 32 such words up in a 64-entry
+# slice of the table held in two registers, selects on the index's higher bits pick among the
+# slices, vpmultishiftqb cuts a chunk's codes out and vpermb maps them to values.  Intel cores
+# run 512-bit permutes on one port only; there the entries are gathered (GATHER_GRIDS).  The
+# 2048-entry IQ1 grid is always gathered.
 
 def _bytes(values):
     return ir.Constant(_vec(I8, len(values)), [int(v) & 0xFF for v in values])
 
 
 def _multishift(builder, data, offsets):
-    """Byte i of each qword of <64 x i8> data: the 8 bits from bit offsets[i % 8] up (vpmultishiftqb)."""
-    return _call(builder, "llvm.x86.avx512.pmultishift.qb.512", _vec(I8, 64), _bytes(offsets * 8), data)
+    """Byte i of <64 x i8> data's qword i // 8: the 8 bits from bit offsets[i] up, cyclically
+    (vpmultishiftqb; 8 offsets: the same for every qword)."""
+    offsets = list(offsets) * 8 if len(offsets) == 8 else offsets
+    return _call(builder, "llvm.x86.avx512.pmultishift.qb.512", _vec(I8, 64), _bytes(offsets), data)
 
 
 def _lookup128(builder, table, indices):
@@ -797,12 +768,6 @@ def _words_from_bytes(builder, v, positions):
                            _vec(I16, 32))
 
 
-def _words(builder, v, positions):
-    """<n x i16> from byte pairs of v: word k = v[positions[k]] | v[positions[k] + 1] << 8."""
-    return builder.bitcast(_shuffle(builder, v, v, [p + b for p in positions for b in (0, 1)]),
-                           _vec(I16, len(positions)))
-
-
 def _high_index_bits(builder, v, positions, shifts, mask):
     """<32 x i16>: ((v[positions[w]] << 8) >> shifts[w]) & mask per word w: high bits of 32 grid
     indices gathered from the bytes of v."""
@@ -810,23 +775,67 @@ def _high_index_bits(builder, v, positions, shifts, mask):
     return builder.and_(builder.lshr(words, ir.Constant(_vec(I16, 32), list(shifts))), _splat(I16, 32, mask))
 
 
-def _odd_bytes(builder, v, shift=0):
-    """2 * ((v >> shift) & 15) + 1 per byte."""
-    n = v.type.count
-    nibbles = builder.and_(builder.lshr(v, _splat(I8, n, shift)) if shift else v, _splat(I8, n, 15))
-    return builder.or_(builder.shl(nibbles, _splat(I8, n, 1)), _splat(I8, n, 1))
+I64 = ir.IntType(64)
 
 
-def _gathered_entries(builder, grid_ptr, index_words, first, entry_bytes=8):
-    """The grid entries grid[index] (8 or 4 bytes each) for the 64 / entry_bytes indices from
-    first on of <32 x i16> index_words, as <64 x i8> (one vpgatherdq or vpgatherdd)."""
-    n = 64 // entry_bytes
-    entry = ir.IntType(8 * entry_bytes)
-    indices = builder.zext(_shuffle(builder, index_words, index_words, range(first, first + n)), _vec(I32, n))
-    entries = _call(builder, f"llvm.x86.avx512.mask.gather.{'dpq' if entry_bytes == 8 else 'dpi'}.512", _vec(entry, n),
+def _qwords(builder, a, b, lanes):
+    """<8 x i64> from bytes of a then b (vectors of one type): byte i of qword k = lanes[k][i]."""
+    return builder.bitcast(_shuffle(builder, a, b, [i for k in range(8) for i in lanes[k]]), _vec(I64, 8))
+
+
+def _byte_qwords(builder, v, positions):
+    """<8 x i64>: qword k = the byte v[positions[k]] zero-extended."""
+    return builder.zext(_shuffle(builder, v, v, positions), _vec(I64, 8))
+
+
+def _odd_scales(builder, v, shifts):
+    """2 * ((v >> shift) & 15) + 1 per qword of <8 x i64> v (shifts: one or one per qword)."""
+    shifts = ir.Constant(v.type, list(shifts) if isinstance(shifts, (list, tuple)) else [shifts] * 8)
+    nibbles = builder.and_(builder.lshr(v, shifts), _splat(I64, 8, 15))
+    return builder.or_(builder.shl(nibbles, _splat(I64, 8, 1)), _splat(I64, 8, 1))
+
+
+def _vnni_dots(builder, acc, u, x):
+    """acc + per int32 lane the sum of four products u8 * s8 of <64 x i8> u (unsigned), x (vpdpbusd)."""
+    return _call(builder, "llvm.x86.avx512.vpdpbusd.512", _vec(I32, 16), acc,
+                 builder.bitcast(u, _vec(I32, 16)), builder.bitcast(x, _vec(I32, 16)))
+
+
+def _gathered(builder, grid_ptr, indices):
+    """grid[indices] as <64 x i8>: <8 x i64> indices into a table of 8-byte entries (vpgatherqq)
+    or <16 x i32> into one of 4-byte entries (vpgatherdd)."""
+    n = indices.type.count
+    entry, name = (I64, "qpq") if n == 8 else (I32, "dpi")
+    entries = _call(builder, f"llvm.x86.avx512.mask.gather.{name}.512", _vec(entry, n),
                     ir.Constant(_vec(entry, n), None), builder.bitcast(grid_ptr, I8.as_pointer()), indices,
-                    ir.Constant(_vec(ir.IntType(1), n), [1] * n), ir.Constant(I32, entry_bytes))
+                    ir.Constant(_vec(ir.IntType(1), n), [1] * n), ir.Constant(I32, 64 // n))
     return builder.bitcast(entries, _vec(I8, 64))
+
+
+def _group_major_isum(context, builder, xt, x, xo, magnitudes, signs, groups):
+    """A block's exact sum, the activation group-major (chunk j: 64 bytes at xo + 64j).
+    magnitudes(j): chunk j's unsigned values (<64 x i8>); signs: bit 8j + i of qword k set where
+    value i of group j of sub-block k is negative, or None; groups: (chunks, start, scales) per
+    set of chunks that share their weights: their vpdpbusd sums start from `start` (<16 x i32>
+    or None), each qword's total (one sub-block's) is multiplied by qword k of `scales`
+    (<8 x i64>, vpmuldq) and added."""
+    zero = _splat(I8, 64, 0)
+    low_dword = _splat(I64, 8, 32)
+    total = None
+    for chunks, start, scales in groups:
+        acc = ir.Constant(_vec(I32, 16), None) if start is None else builder.bitcast(start, _vec(I32, 16))
+        for j in chunks:
+            xv = _load_bytes(context, builder, xt, x, _add_offset(builder, xo, 64 * j), 64)
+            if signs is not None:
+                negative = _call(builder, "llvm.x86.avx512.vpshufbitqmb.512", _vec(ir.IntType(1), 64), signs,
+                                 _bytes([8 * j + i % 8 for i in range(64)]))
+                xv = builder.select(negative, builder.sub(zero, xv), xv)
+            acc = _vnni_dots(builder, acc, magnitudes(j), xv)
+        high = builder.bitcast(builder.lshr(builder.bitcast(acc, _vec(I64, 8)), low_dword), _vec(I32, 16))
+        sums = builder.bitcast(builder.add(acc, high), _vec(I64, 8))  # low dword of qword k: its total
+        part = builder.mul(*(builder.ashr(builder.shl(v, low_dword), low_dword) for v in (sums, scales)))
+        total = part if total is None else builder.add(total, part)
+    return builder.trunc(_call(builder, "llvm.vector.reduce.add.v8i64", I64, total), I32)
 
 
 class _Grid:
@@ -846,12 +855,12 @@ class _Grid:
         self.values = [self.levels[b & mask] if (b & mask) < len(self.levels) else 0 for b in range(64)]
 
     def entry_order(self, h):
-        """The block's entries, in the order of the 32 word lanes of lookup h: qword p holds
-        entry p of each chunk (8-value entries: one lookup), or entries 2p, 2p + 1 of chunks
-        2h, 2h + 1 (4-value entries: lookups h = 0, 1)."""
+        """The block's entries (numbered in storage order) in the 32 word lanes of lookup h, qword
+        k holding sub-block k's: 8-value entries 4k .. 4k + 3 (its groups; one lookup), or 4-value
+        entries 8k + 4h .. 8k + 4h + 3 (groups 2h, 2h + 1; lookups h = 0, 1)."""
         if self.per_entry == 8:
-            return [8 * j + p for p in range(8) for j in range(4)]
-        return [16 * (2 * h + j) + 2 * p + k for p in range(8) for j in range(2) for k in range(2)]
+            return list(range(32))
+        return [8 * k + 4 * h + w for k in range(8) for w in range(4)]
 
     def lookup(self, builder, index_words):
         """codes[index] for 32 i16 indices, as <64 x i8>: vpermi2w over 64-entry slices of the
@@ -867,22 +876,19 @@ class _Grid:
             bit *= 2
         return builder.bitcast(slices[0], _vec(I8, 64))
 
-    def magnitudes(self, builder, grid_ptr, index_words, target):
-        """j -> the 64 magnitudes of the block's chunk j (values 64j .. 64j + 63); index_words(order)
-        gives the grid indices of the block's entries listed in `order` as <32 x i16>.  VBMI: looked
-        up in registers (entries in lookup order); VBMI_GATHER: the entries gathered from the grid
-        in memory (grid_ptr: one unsigned integer per entry holding its magnitudes as bytes)."""
+    def magnitudes(self, builder, grid_ptr, target, chunk_indices, index_words):
+        """j -> the unsigned values of group-major chunk j (<64 x i8>).  VBMI_GATHER: the entries
+        at chunk_indices(j) (<8 x i64> for 8-value entries, <16 x i32> for 4-value ones) gathered
+        from the grid in memory (grid_ptr: one unsigned integer per entry holding its values as
+        bytes); VBMI: looked up in registers, index_words(order) giving the grid indices of the
+        entries listed in `order` as <32 x i16>."""
         if target == VBMI_GATHER:
-            if self.per_entry == 8:  # one vpgatherdq of eight 8-byte entries per chunk
-                indices = index_words(range(32))
-                return lambda j: _gathered_entries(builder, grid_ptr, indices, 8 * j)
-            halves = [index_words(range(32 * h, 32 * h + 32)) for h in range(2)]  # 64 4-byte entries
-            return lambda j: _gathered_entries(builder, grid_ptr, halves[j // 2], 16 * (j % 2), entry_bytes=4)
+            return lambda j: _gathered(builder, grid_ptr, chunk_indices(j))
         codes = [self.lookup(builder, index_words(self.entry_order(h))) for h in range(8 // self.per_entry)]
         return lambda j: self.chunk(builder, codes, j)
 
     def chunk(self, builder, codes, j):
-        """The 64 magnitudes of chunk j (values 64j .. 64j + 63) from the looked-up codes."""
+        """The 64 values of chunk j from the looked-up codes."""
         if self.per_entry == 8:
             fields = _multishift(builder, codes[0], [16 * j + 2 * i for i in range(8)])
         else:
@@ -890,145 +896,134 @@ class _Grid:
         return _call(builder, "llvm.x86.avx512.permvar.qi.512", _vec(I8, 64), _bytes(self.values), fields)
 
 
-def _interleaved_signs(builder, source, position):
-    """Sign bytes in chunk order: byte 8p + j = source[position(8j + p)], the signs of 8-value
-    group p of chunk j (group g: values 8g .. 8g + 7)."""
-    return _shuffle(builder, source, source, [position(8 * (b % 4) + p) for p in range(8) for b in range(8)])
-
-
-def _chunks_isum(context, builder, xt, x, xo, magnitudes, signs, scales):
-    """Sum over the block's four 64-value chunks j of magnitudes(j) . x with the signs applied,
-    weighted per value pair by scales(j) (<32 x i16>); signs: interleaved sign bytes (bit i of
-    byte 8p + j: value 8p + i of chunk j negative), or None."""
-    return _reduce_add(builder, _chunks_sums(context, builder, xt, x, xo, magnitudes, signs, scales))
-
-
-def _chunks_sums(context, builder, xt, x, xo, magnitudes, signs, scales):
-    """_chunks_isum before its reduction: <16 x i32> lanes that add up to it."""
-    zero = _splat(I8, 64, 0)
-    total = None
-    for j in range(4):
-        xv = _load_bytes(context, builder, xt, x, _add_offset(builder, xo, 64 * j), 64)
-        if signs is not None:
-            negative = _call(builder, "llvm.x86.avx512.vpshufbitqmb.512", _vec(ir.IntType(1), 64), signs,
-                             _bytes([8 * j + i % 8 for i in range(64)]))
-            xv = builder.select(negative, builder.sub(zero, xv), xv)
-        part = _madd(builder, magnitudes(j), xv, scales(j))
-        total = part if total is None else builder.add(total, part)
-    return total
-
-
-def _scale_words(builder, scales, position):
-    """Chunk scale words from bytes: word w (values 2w, 2w + 1 of the chunk) = scales[position(2w)]."""
-    return _words_from_bytes(builder, scales, [position(2 * w) for w in range(32)])
-
-
 _KSIGNS = np.frombuffer(gq.IQ2_XXS.ksigns, dtype=np.uint8)
 _IQ2_XXS_GRID, _IQ2_XS_GRID, _IQ2_S_GRID = _Grid(gq.IQ2_XXS), _Grid(gq.IQ2_XS), _Grid(gq.IQ2_S)
 _IQ3_XXS_GRID, _IQ3_S_GRID = _Grid(gq.IQ3_XXS), _Grid(gq.IQ3_S)
 
 
-def _parity_signs(builder, aux):
-    """Interleaved sign bytes from ggml's parity table for the 7-bit sign indices in bytes 0..3 of
-    each qword of aux (one qword per 32-value sub-block)."""
-    return _lookup128(builder, _KSIGNS, _interleaved_signs(builder, aux, _sub_block_byte))
+def _parity_signs(builder, v, offsets):
+    """Sign bytes from ggml's even-parity table: qword k of the result holds group j's in byte j,
+    its 7-bit sign index taken from bit offsets[j] of v's qword k (j = 0..3)."""
+    return _lookup128(builder, _KSIGNS, _multishift(builder, v, list(offsets) + [offsets[-1]] * 4))
 
 
-def _xxs_isum(context, builder, xt, x, xo, aux, magnitudes):
-    """The block sum of IQ2_XXS and IQ3_XXS: qword k of aux holds sub-block k's four sign indices
-    (bytes 0..3) and its 4-bit scale (byte 4)."""
-    scales = _odd_bytes(builder, aux)
-    return _chunks_isum(context, builder, xt, x, xo, magnitudes, _parity_signs(builder, aux),
-                        lambda j: _scale_words(builder, scales, lambda v: 8 * (2 * j + v // 32) + 4))
+def _sign_bytes(builder, v, positions):
+    """Signs of IQ2_S / IQ3_S (one byte per 8-value group g, v[positions[g]]) for
+    _group_major_isum: group j of sub-block k's in byte j of qword k."""
+    return _shuffle(builder, v, v, [positions[4 * k + j % 4] for k in range(8) for j in range(8)])
 
 
-def _sub_block_byte(g):
-    """Byte of 8-value group g's sign index in a vector with one qword per 32-value sub-block
-    (its four sign indices in bytes 0..3)."""
-    return 8 * (g // 4) + g % 4
+def _byte_pair_indices(builder, q, j):
+    """<16 x i32>: bytes 2j and 2j + 1 of each qword of q (group j's two 4-value entries)."""
+    picked = _multishift(builder, q, [16 * j, 0, 0, 0, 16 * j + 8, 0, 0, 0])
+    return builder.and_(builder.bitcast(picked, _vec(I32, 16)), _splat(I32, 16, 255))
+
+
+def _vbmi_args(context, builder, signature, args):
+    """(w's type, x's type, w, wo, x, xo, the grid's data pointer, the 64 bytes at wo + 2)."""
+    wt, xt = signature.args[0], signature.args[2]
+    w, wo, x, xo = args[:4]
+    (g_ptr,) = _data(context, builder, signature, args, 4)
+    q = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 2), 64)
+    return wt, xt, w, wo, x, xo, g_ptr, q
 
 
 def _iq2_xxs_vbmi(context, builder, signature, args, target):
-    """IQ2_XXS (layout in _iq2_xxs_block_isum): qword k of the 64 bytes at wo+2 is sub-block k."""
-    wt, xt = signature.args[0], signature.args[2]
-    w, wo, x, xo = args[:4]
-    grid = _IQ2_XXS_GRID
-    (g_ptr,) = _data(context, builder, signature, args, 4)  # the grid in memory (VBMI_GATHER)
-    q = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 2), 64)
-    aux = _multishift(builder, q, [32, 39, 46, 53, 60, 60, 60, 60])  # 4 sign indices, the scale
-    magnitudes = grid.magnitudes(
-        builder, g_ptr, lambda order: _words_from_bytes(builder, q, [_sub_block_byte(e) for e in order]), target)
-    return _xxs_isum(context, builder, xt, x, xo, aux, magnitudes)
+    """IQ2_XXS (layout in _iq2_xxs_block_isum): qword k of the 64 bytes at wo+2 is sub-block k,
+    group j's grid index in byte j, its sign index at bit 32 + 7j, the scale in bits 60..63."""
+    wt, xt, w, wo, x, xo, g_ptr, q = _vbmi_args(context, builder, signature, args)
+    q64 = builder.bitcast(q, _vec(I64, 8))
+    magnitudes = _IQ2_XXS_GRID.magnitudes(
+        builder, g_ptr, target, lambda j: builder.and_(builder.lshr(q64, _splat(I64, 8, 8 * j)), _splat(I64, 8, 255)),
+        lambda order: _words_from_bytes(builder, q, [8 * (e // 4) + e % 4 for e in order]))
+    signs = _parity_signs(builder, q, [32, 39, 46, 53])
+    scales = _odd_scales(builder, q64, 60)
+    return _group_major_isum(context, builder, xt, x, xo, magnitudes, signs, [(range(4), None, scales)])
 
 
 def _iq3_xxs_vbmi(context, builder, signature, args, target):
-    """IQ3_XXS (layout in _iq3_xxs_block_isum): the 8 sign/scale words spread one per qword."""
-    wt, xt = signature.args[0], signature.args[2]
-    w, wo, x, xo = args[:4]
-    grid = _IQ3_XXS_GRID
-    (g_ptr,) = _data(context, builder, signature, args, 4)  # the grid in memory (VBMI_GATHER)
-    q = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 2), 64)
+    """IQ3_XXS (layout in _iq3_xxs_block_isum): qword k of the 64 bytes at wo+2 holds sub-block
+    k's eight grid indices; its sign/scale word is spread to qword k too."""
+    wt, xt, w, wo, x, xo, g_ptr, q = _vbmi_args(context, builder, signature, args)
     words = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 66), 32)
-    spaced = _shuffle(builder, words, ir.Constant(words.type, None), [4 * k + b if b < 4 else 32 for k in range(8) for b in range(8)])
-    aux = _multishift(builder, spaced, [0, 7, 14, 21, 28, 28, 28, 28])
-    magnitudes = grid.magnitudes(builder, g_ptr, lambda order: _words_from_bytes(builder, q, order), target)
-    return _xxs_isum(context, builder, xt, x, xo, aux, magnitudes)
+    zero = ir.Constant(words.type, None)
+    spaced = _qwords(builder, words, zero, [[4 * k + b for b in range(4)] + [32] * 4 for k in range(8)])
+    magnitudes = _IQ3_XXS_GRID.magnitudes(builder, g_ptr, target, lambda j: _byte_pair_indices(builder, q, j),
+                                          lambda order: _words_from_bytes(builder, q, order))
+    signs = _parity_signs(builder, builder.bitcast(spaced, _vec(I8, 64)), [0, 7, 14, 21])
+    scales = _odd_scales(builder, spaced, 28)
+    return _group_major_isum(context, builder, xt, x, xo, magnitudes, signs, [(range(4), None, scales)])
 
 
 def _iq2_xs_vbmi(context, builder, signature, args, target):
-    """IQ2_XS (layout in _iq2_xs_block_isum)."""
-    wt, xt = signature.args[0], signature.args[2]
-    w, wo, x, xo = args[:4]
-    grid = _IQ2_XS_GRID
-    (g_ptr,) = _data(context, builder, signature, args, 4)  # the grid in memory (VBMI_GATHER)
-    q = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 2), 64)
-    aux = _multishift(builder, q, [9, 25, 41, 57, 57, 57, 57, 57])  # the 4 sign indices of each qword
-    signs = _parity_signs(builder, aux)
+    """IQ2_XS (layout in _iq2_xs_block_isum): u16 j of qword k at wo+2 is group j of sub-block k
+    (9-bit grid index, 7-bit sign index); 4-bit scales per 16 values, a byte per sub-block at
+    wo+66 (low nibble: groups 0, 1)."""
+    wt, xt, w, wo, x, xo, g_ptr, q = _vbmi_args(context, builder, signature, args)
+    q64 = builder.bitcast(q, _vec(I64, 8))
     entries = builder.bitcast(q, _vec(I16, 32))
-    magnitudes = grid.magnitudes(builder, g_ptr, lambda order: builder.and_(
-        _shuffle(builder, entries, entries, order), _splat(I16, 32, 511)), target)
-    packed = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 66), 8)
-    scales = _concat(builder, _odd_bytes(builder, packed), _odd_bytes(builder, packed, 4))  # low nibbles, high
-    return _chunks_isum(context, builder, xt, x, xo, magnitudes, signs,
-                        lambda j: _scale_words(builder, scales, lambda v: (64 * j + v) // 32 + 8 * (v % 32 // 16)))
+    magnitudes = _IQ2_XS_GRID.magnitudes(
+        builder, g_ptr, target, lambda j: builder.and_(builder.lshr(q64, _splat(I64, 8, 16 * j)), _splat(I64, 8, 511)),
+        lambda order: builder.and_(_shuffle(builder, entries, entries, order), _splat(I16, 32, 511)))
+    signs = _parity_signs(builder, q, [9, 25, 41, 57])
+    packed = builder.zext(_load_bytes(context, builder, wt, w, _add_offset(builder, wo, 66), 8), _vec(I64, 8))
+    return _group_major_isum(context, builder, xt, x, xo, magnitudes, signs,
+                             [(range(2), None, _odd_scales(builder, packed, 0)),
+                              (range(2, 4), None, _odd_scales(builder, packed, 4))])
 
 
 def _iq2_s_vbmi(context, builder, signature, args, target):
-    """IQ2_S (layout in _iq2_s_block_isum): qs and sign bytes in one 64-byte load, qh and scales
-    in one of 16."""
-    wt, xt = signature.args[0], signature.args[2]
-    w, wo, x, xo = args[:4]
-    grid = _IQ2_S_GRID
-    (g_ptr,) = _data(context, builder, signature, args, 4)  # the grid in memory (VBMI_GATHER)
-    q = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 2), 64)
+    """IQ2_S (layout in _iq2_s_block_isum): grid index low bytes (4 per sub-block) and sign bytes
+    (one per group) in the 64 bytes at wo+2; the 2-bit high index parts (a byte per sub-block)
+    and 4-bit scales per 16 values (a byte per sub-block) in the 16 at wo+66."""
+    wt, xt, w, wo, x, xo, g_ptr, q = _vbmi_args(context, builder, signature, args)
     tail = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 66), 16)
-    magnitudes = grid.magnitudes(builder, g_ptr, lambda order: builder.or_(
-        _words_from_bytes(builder, q, order),
-        _high_index_bits(builder, tail, [e // 4 for e in order], [2 * (e % 4) for e in order], 0x300)), target)
-    signs = _interleaved_signs(builder, q, lambda g: 32 + g)
-    scales = _concat(builder, _odd_bytes(builder, tail), _odd_bytes(builder, tail, 4))
-    return _chunks_isum(context, builder, xt, x, xo, magnitudes, signs,
-                        lambda j: _scale_words(builder, scales, lambda v: 8 + (64 * j + v) // 32 + 16 * (v % 32 // 16)))
+    tail64 = _concat(builder, _concat(builder, tail, tail), _concat(builder, tail, tail))
+    # qword k: the low index bytes of sub-block k, its high bits byte, its sign bytes
+    v = _qwords(builder, q, tail64, [[4 * k + b for b in range(4)] + [64 + k] + [32 + 4 * k + b for b in range(3)]
+                                     for k in range(8)])
+    v8 = builder.bitcast(v, _vec(I8, 64))
+
+    def chunk_indices(j):  # the low byte of group j's index and qh bits 2j, 2j + 1
+        fields = _multishift(builder, v8, [8 * j, 32 + 2 * j] + [0] * 6)
+        return builder.and_(builder.bitcast(fields, v.type), _splat(I64, 8, 0x3FF))
+
+    def index_words(order):
+        high = _high_index_bits(builder, tail, [e // 4 for e in order], [2 * (e % 4) for e in order], 0x300)
+        return builder.or_(_words_from_bytes(builder, q, order), high)
+    magnitudes = _IQ2_S_GRID.magnitudes(builder, g_ptr, target, chunk_indices, index_words)
+    signs = _sign_bytes(builder, q, [32 + g for g in range(32)])
+    scales = _byte_qwords(builder, tail, range(8, 16))
+    return _group_major_isum(context, builder, xt, x, xo, magnitudes, signs,
+                             [(range(2), None, _odd_scales(builder, scales, 0)),
+                              (range(2, 4), None, _odd_scales(builder, scales, 4))])
 
 
 def _iq3_s_vbmi(context, builder, signature, args, target):
-    """IQ3_S (layout in _iq3_s_block_isum): qh, the sign bytes and the scales as bytes 0..47 of
-    one vector, from loads that stay inside the block."""
-    wt, xt = signature.args[0], signature.args[2]
-    w, wo, x, xo = args[:4]
-    grid = _IQ3_S_GRID
-    (g_ptr,) = _data(context, builder, signature, args, 4)  # the grid in memory (VBMI_GATHER)
-    q = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 2), 64)
+    """IQ3_S (layout in _iq3_s_block_isum): qword k of the 64 bytes at wo+2 holds sub-block k's
+    eight grid index low bytes; qh (a byte per sub-block, bit m: entry m's ninth bit), the sign
+    bytes and the scales (a nibble per sub-block) as bytes 0..47 of one vector, from loads that
+    stay inside the block."""
+    wt, xt, w, wo, x, xo, g_ptr, q = _vbmi_args(context, builder, signature, args)
     head = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 66), 32)  # qh, signs 0..23
     tail = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 94), 16)  # signs 20..31, scales
     rest = _concat(builder, head, _concat(builder, tail, ir.Constant(tail.type, None)))
-    magnitudes = grid.magnitudes(builder, g_ptr, lambda order: builder.or_(
-        _words_from_bytes(builder, q, order),
-        _high_index_bits(builder, rest, [e // 8 for e in order], [e % 8 for e in order], 0x100)), target)
-    signs = _interleaved_signs(builder, rest, lambda g: 8 + g + (4 if g >= 24 else 0))
-    scales = _concat(builder, _odd_bytes(builder, rest), _odd_bytes(builder, rest, 4))  # low nibbles, high
-    return _chunks_isum(context, builder, xt, x, xo, magnitudes, signs,
-                        lambda j: _scale_words(builder, scales, lambda v: 44 + (64 * j + v) // 64 + 64 * ((64 * j + v) // 32 % 2)))
+    high = builder.bitcast(_qwords(builder, rest, rest, [[k, 48, 48, 48, k, 48, 48, 48] for k in range(8)]),
+                           _vec(I32, 16))  # dwords 2k, 2k + 1: qh byte k
+
+    def chunk_indices(j):  # entries 2j, 2j + 1 of each sub-block, the ninth bit from qh bits 2j, 2j + 1
+        shifts = ir.Constant(_vec(I32, 16), [8 - 2 * j - e for _ in range(8) for e in (0, 1)])
+        ninth = builder.and_(builder.shl(high, shifts), _splat(I32, 16, 256))
+        return builder.or_(_byte_pair_indices(builder, q, j), ninth)
+
+    def index_words(order):
+        ninth = _high_index_bits(builder, rest, [e // 8 for e in order], [e % 8 for e in order], 0x100)
+        return builder.or_(_words_from_bytes(builder, q, order), ninth)
+    magnitudes = _IQ3_S_GRID.magnitudes(builder, g_ptr, target, chunk_indices, index_words)
+    signs = _sign_bytes(builder, rest, [8 + g + (4 if g >= 24 else 0) for g in range(32)])
+    nibbles = _byte_qwords(builder, rest, [44 + k // 2 for k in range(8)])  # sub-block k's: nibble k % 2
+    scales = _odd_scales(builder, nibbles, [4 * (k % 2) for k in range(8)])
+    return _group_major_isum(context, builder, xt, x, xo, magnitudes, signs, [(range(4), None, scales)])
 
 
 def _grid_generators(name, block_isum, vbmi_block_isum):
@@ -1047,68 +1042,68 @@ iq2_xxs_isum, iq3_xxs_isum = _for_this_cpu(IQ2_XXS_ISUM), _for_this_cpu(IQ3_XXS_
 iq2_xs_isum, iq2_s_isum, iq3_s_isum = _for_this_cpu(IQ2_XS_ISUM), _for_this_cpu(IQ2_S_ISUM), _for_this_cpu(IQ3_S_ISUM)
 
 
+def _iq1_vbmi_isum(context, builder, signature, args, v, index_bits, delta, groups):
+    """An IQ1 block from <8 x i64> v (qword k: sub-block k's four qs bytes at bits 0..31, the
+    high index bits of its group j at bit 32 + index_bits * j): group-major chunk j's delta-table
+    entries gathered at the qs byte plus those bits from bit 8 on (IQ1_M: the delta bit among
+    them), plus `delta` (IQ1_S: the delta bit at bit 11 of each qword, or None); groups(-9 * the
+    Q8_K block sums): the _group_major_isum groups (the start takes 9 * scale * x off,
+    IQ1_ISUM_DOC)."""
+    (g_ptr,) = _data(context, builder, signature, args, 4)
+    v8 = builder.bitcast(v, _vec(I8, 64))
+    mask = _splat(I64, 8, (1 << (8 + index_bits)) - 1)
+
+    def indices(j):
+        fields = _multishift(builder, v8, [8 * j, 32 + index_bits * j] + [0] * 6)
+        index = builder.and_(builder.bitcast(fields, v.type), mask)
+        return index if delta is None else builder.or_(index, delta)
+    sums = _block_sums(context, builder, signature.args[5], args[5], args[6])
+    return _group_major_isum(context, builder, signature.args[2], args[2], args[3],
+                             lambda j: _gathered(builder, g_ptr, indices(j)), None,
+                             groups(builder.mul(sums, _splat(I32, 16, -9))))
+
+
 def _iq1_s_vbmi(context, builder, signature, args, target):
-    """IQ1_S (layout and results in _iq1_s_block_isum), its per-sub-block words as one vector."""
-    wt, xt = signature.args[0], signature.args[2]
-    w, wo, x, xo, grid, bsums, bo = args[:7]
+    """IQ1_S (layout in _iq1_s_block_isum): qword k = sub-block k's four qs bytes and its u16 qh:
+    the delta bit (qh bit 15, qword bit 47) goes to index bit 11, the scale (qh bits 12..14,
+    qword bits 44..46) weighs all four chunks."""
+    wt, w, wo = signature.args[0], args[0], args[1]
     qs = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 2), 32)
-    qh = builder.bitcast(_load_bytes(context, builder, wt, w, _add_offset(builder, wo, 34), 16), _vec(I16, 8))
-    spread = _shuffle(builder, qh, qh, [i // 4 for i in range(32)])  # sub-block i // 4's word per index
-    high = builder.lshr(builder.shl(spread, ir.Constant(_vec(I16, 32), [(8, 5, 2, 0)[i % 4] for i in range(32)])),
-                        ir.Constant(_vec(I16, 32), [(0, 0, 0, 1)[i % 4] for i in range(32)]))
-    indices = builder.or_(_words_from_bytes(builder, qs, range(32)), builder.and_(high, _splat(I16, 32, 0x700)))
-    g_ptr, = _data(context, builder, signature, args, 4)
-    odd = builder.or_(builder.shl(_field(builder, qh, 12, 7), _splat(I16, 8, 1)), _splat(I16, 8, 1))
-    scales = builder.trunc(odd, _vec(I8, 8))
-    total = _chunks_sums(context, builder, xt, x, xo, lambda j: _gathered_entries(builder, g_ptr, indices, 8 * j),
-                         None, lambda j: _scale_words(builder, scales, lambda v: (64 * j + v) // 32))
-    sums = _block_sums(context, builder, signature.args[5], bsums, bo)
-    by_sum = [k // 2 for k in range(16)]  # sub-block k // 2's weight for each of its two block sums
-    negative = builder.icmp_signed("<", qh, _splat(I16, 8, 0))
-    signed = builder.select(negative, builder.neg(odd), odd)
-    weighted = _weighted_pairs(builder, sums, _pick(builder, odd, by_sum))
-    isum = _reduce_add(builder, builder.sub(_folded(builder, total), weighted))
-    sumi1 = _reduce_add(builder, _weighted_pairs(builder, sums, _pick(builder, signed, by_sum)))
-    return context.make_tuple(builder, signature.return_type, [isum, sumi1])
+    qh = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 34), 16)
+    v = _qwords(builder, qs, _concat(builder, qh, qh), [[4 * k + b for b in range(4)] + [32 + 2 * k, 33 + 2 * k] * 2
+                                                         for k in range(8)])
+    delta = builder.and_(builder.lshr(v, _splat(I64, 8, 47 - 11)), _splat(I64, 8, 0x800))
+    scale = builder.or_(builder.and_(builder.lshr(v, _splat(I64, 8, 43)), _splat(I64, 8, 0xE)), _splat(I64, 8, 1))
+    return _iq1_vbmi_isum(context, builder, signature, args, v, 3, delta, lambda start: [(range(4), start, scale)])
 
 
 def _iq1_m_vbmi(context, builder, signature, args, target):
-    """IQ1_M (layout and results in _iq1_m_block_isum), fields cut by vector shifts."""
-    wt, xt = signature.args[0], signature.args[2]
-    w, wo, x, xo, grid, bsums, bo = args[:7]
-    qs = _load_bytes(context, builder, wt, w, wo, 32)
-    tail = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 32), 16)  # qh[16]
-    packed = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 48), 8)  # 4 u16 of scales
-    nibbles = builder.lshr(_words_from_bytes(builder, tail, [g // 2 for g in range(32)]),
-                           ir.Constant(_vec(I16, 32), [4 * (g % 2) for g in range(32)]))
-    indices = builder.or_(_words_from_bytes(builder, qs, range(32)),
-                          builder.shl(builder.and_(nibbles, _splat(I16, 32, 7)), _splat(I16, 32, 8)))
-    g_ptr, = _data(context, builder, signature, args, 4)
-    fields = builder.lshr(_words(builder, packed, [2 * (k // 4) for k in range(16)]),
-                          ir.Constant(_vec(I16, 16), [3 * (k % 4) for k in range(16)]))
-    odd = builder.or_(builder.shl(builder.and_(fields, _splat(I16, 16, 7)), _splat(I16, 16, 1)), _splat(I16, 16, 1))
-    scales = builder.trunc(odd, _vec(I8, 16))
-    total = _chunks_sums(context, builder, xt, x, xo, lambda j: _gathered_entries(builder, g_ptr, indices, 8 * j),
-                         None, lambda j: _scale_words(builder, scales, lambda v: (64 * j + v) // 16))
-    sums = _block_sums(context, builder, signature.args[5], bsums, bo)
-    isum = _reduce_add(builder, builder.sub(_folded(builder, total), _weighted_pairs(builder, sums, odd)))
-    # sumi2: each 8-value group's activation sum times +-(2s + 1), pmaddubsw with ones
-    group_scales = _shuffle(builder, odd, odd, [g // 2 for g in range(32)])
-    negative = builder.icmp_unsigned("!=", builder.and_(nibbles, _splat(I16, 32, 8)), _splat(I16, 32, 0))
-    deltas = builder.select(negative, builder.neg(group_scales), group_scales)
-    ones = _splat(I8, 64, 1)
-    sumi2 = None
-    for j in range(4):
-        xv = _load_bytes(context, builder, xt, x, _add_offset(builder, xo, 64 * j), 64)
-        part = _madd(builder, ones, xv, _shuffle(builder, deltas, deltas, [(64 * j + 2 * k) // 8 for k in range(32)]))
-        sumi2 = part if sumi2 is None else builder.add(sumi2, part)
-    return context.make_tuple(builder, signature.return_type, [isum, _reduce_add(builder, sumi2)])
+    """IQ1_M (layout in _iq1_m_block_isum): qword k = sub-block k's four qs bytes, its two qh bytes
+    (group j's nibble, delta bit included, at bit 32 + 4j) and the u16 holding its two scales
+    (16-value halves h = j // 2, 3 bits each at bit 48 + 6 (k % 2) + 3h)."""
+    wt, w, wo = signature.args[0], args[0], args[1]
+    head = _load_bytes(context, builder, wt, w, wo, 32)  # qs
+    tail = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 24), 32)  # block bytes 24..55
+    v = _qwords(builder, head, tail, [[4 * k + b for b in range(4)] + [40 + 2 * k, 41 + 2 * k, 56 + 2 * (k // 2),
+                                                                     57 + 2 * (k // 2)] for k in range(8)])
+    fields = _multishift(builder, builder.bitcast(v, _vec(I8, 64)),
+                         [o + 6 * (k % 2) for k in range(8) for o in (48, 0, 0, 0, 51, 0, 0, 0)])
+    odd = builder.or_(builder.shl(builder.and_(builder.bitcast(fields, _vec(I32, 16)), _splat(I32, 16, 7)),
+                                  _splat(I32, 16, 1)), _splat(I32, 16, 1))
+    scales = builder.bitcast(odd, v.type)  # qword k: half 0's scale, half 1's in the high dword
+
+    def groups(start):  # start's qword k: halves 0 and 1 of sub-block k
+        start = builder.bitcast(start, v.type)
+        return [(range(2), builder.and_(start, _splat(I64, 8, 0xFFFFFFFF)), scales),
+                (range(2, 4), builder.lshr(start, _splat(I64, 8, 32)), builder.lshr(scales, _splat(I64, 8, 32)))]
+    return _iq1_vbmi_isum(context, builder, signature, args, v, 4, None, groups)
 
 
-IQ1_S_ISUM = {**{t: _iq1_s_isum(_iq1_s_block_isum, t) for t in (GENERIC, AVX2, AVX512)},
-              VBMI: _iq1_s_isum(_iq1_s_vbmi, VBMI)}
-IQ1_M_ISUM = {**{t: _iq1_m_isum(_iq1_m_block_isum, t) for t in (GENERIC, AVX2, AVX512)},
-              VBMI: _iq1_m_isum(_iq1_m_vbmi, VBMI)}
+IQ1_S_ISUM = {**{t: _iq1_isum("IQ1_S", "sub-block (qh bit 15)", _iq1_s_block_isum, t) for t in (GENERIC, AVX2, AVX512)},
+              VBMI: _iq1_isum("IQ1_S", "sub-block (qh bit 15)", _iq1_s_vbmi, VBMI)}
+IQ1_M_ISUM = {**{t: _iq1_isum("IQ1_M", "8-value group (bit 3 of its qh nibble)", _iq1_m_block_isum, t)
+                 for t in (GENERIC, AVX2, AVX512)},
+              VBMI: _iq1_isum("IQ1_M", "8-value group (bit 3 of its qh nibble)", _iq1_m_vbmi, VBMI)}
 iq1_s_isum, iq1_m_isum = _for_this_cpu(IQ1_S_ISUM), _for_this_cpu(IQ1_M_ISUM)
 
 
