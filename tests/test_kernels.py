@@ -517,6 +517,13 @@ def x_order(x, target):
     return np.ascontiguousarray(x.reshape(-1, 8, 4, 8).transpose(0, 2, 1, 3)).reshape(-1)
 
 
+def test_grid_activations_in_the_order_the_grid_intrinsics_read():
+    from swapmoe.runtime.kernels._jit import grid_activations
+    x = np.random.default_rng(31).integers(-127, 128, (3, 512), dtype=np.int8)
+    reader = simd.VBMI if simd.GROUP_MAJOR else simd.GENERIC
+    np.testing.assert_array_equal(grid_activations(x), np.stack([x_order(row, reader) for row in x]))
+
+
 def skip_unless_this_cpu_runs(target):
     needs = simd.VBMI if target == simd.VBMI_GATHER else target
     if simd.TARGETS.index(needs) > simd.TARGETS.index(simd.TARGET):

@@ -32,7 +32,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-I8, I16, I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
+I8, I16, I32, I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 
 
 def _target_features() -> set[str]:
@@ -57,12 +57,12 @@ HW_HALF = "f16c" in _FEATURES or platform.machine().lower() in ("aarch64", "arm6
 
 
 def _gathers_beat_permutes() -> bool:
-    """Whether the IQ2/IQ3 grid entries should be gathered (vpgatherdq/dd) rather than permuted out
+    """Whether the IQ2/IQ3 grid entries should be gathered (vpgatherqq/dd) rather than permuted out
     of registers: on Intel, which runs 512-bit permutes on one port (a Sapphire Rapids class VM:
-    gathers 1.05-1.85x faster per block, docs/kernels.md), unless the microcode mitigation of
-    Gather Data Sampling (Skylake .. Ice Lake, Tiger Lake) has slowed gathers several-fold.  AMD
-    keeps the permutes, measured on Zen 5 (against the scalar-load generator; vector gathers of
-    these grids are untimed there)."""
+    IQ2_XS, IQ2_S and IQ3_S 1.2-1.7x faster per block gathered, IQ2_XXS 1.05x, IQ3_XXS 0.96x;
+    docs/kernels.md), unless the microcode mitigation of Gather Data Sampling (Skylake .. Ice
+    Lake, Tiger Lake) has slowed gathers several-fold.  AMD keeps the permutes, measured on Zen 5
+    (against the scalar-load generator; vector gathers of these grids are untimed there)."""
     try:
         with open("/proc/cpuinfo") as f:
             intel = any(line.startswith("vendor_id") and "GenuineIntel" in line for line in f)
@@ -775,9 +775,6 @@ def _high_index_bits(builder, v, positions, shifts, mask):
     return builder.and_(builder.lshr(words, ir.Constant(_vec(I16, 32), list(shifts))), _splat(I16, 32, mask))
 
 
-I64 = ir.IntType(64)
-
-
 def _qwords(builder, a, b, lanes):
     """<8 x i64> from bytes of a then b (vectors of one type): byte i of qword k = lanes[k][i]."""
     return builder.bitcast(_shuffle(builder, a, b, [i for k in range(8) for i in lanes[k]]), _vec(I64, 8))
@@ -979,9 +976,8 @@ def _iq2_s_vbmi(context, builder, signature, args, target):
     wt, xt, w, wo, x, xo, g_ptr, q = _vbmi_args(context, builder, signature, args)
     tail = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 66), 16)
     tail64 = _concat(builder, _concat(builder, tail, tail), _concat(builder, tail, tail))
-    # qword k: the low index bytes of sub-block k, its high bits byte, its sign bytes
-    v = _qwords(builder, q, tail64, [[4 * k + b for b in range(4)] + [64 + k] + [32 + 4 * k + b for b in range(3)]
-                                     for k in range(8)])
+    # qword k: the four low index bytes of sub-block k, then its byte of high index bits
+    v = _qwords(builder, q, tail64, [[4 * k + b for b in range(4)] + [64 + k] * 4 for k in range(8)])
     v8 = builder.bitcast(v, _vec(I8, 64))
 
     def chunk_indices(j):  # the low byte of group j's index and qh bits 2j, 2j + 1
