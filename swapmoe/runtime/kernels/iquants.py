@@ -668,8 +668,8 @@ def _decode_iq1_m(blk, o, ws, wo, scaled):
 def _d_iq1_m(blk, o):
     """The block's f16 d: the top nibbles of the four scale words at o + 48, low word first."""
     words = u64(blk, o + 48)
-    bits = ((words >> np.uint64(12)) & np.uint64(0x000F)) | ((words >> np.uint64(24)) & np.uint64(0x00F0)) | \
-        ((words >> np.uint64(36)) & np.uint64(0x0F00)) | ((words >> np.uint64(48)) & np.uint64(0xF000))
+    bits = (((words >> np.uint64(12)) & np.uint64(0x000F)) | ((words >> np.uint64(24)) & np.uint64(0x00F0))
+            | ((words >> np.uint64(36)) & np.uint64(0x0F00)) | ((words >> np.uint64(48)) & np.uint64(0xF000)))
     return f16_to_f32(np.uint8(bits & np.uint64(0xFF)), np.uint8(bits >> np.uint64(8)))
 
 
