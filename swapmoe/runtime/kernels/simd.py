@@ -1130,23 +1130,26 @@ def _nibble_table_block_dot(context, builder, signature, args, target):
     return _reduce_add(builder, _madd(builder, mag, signed_x, _splat(I16, 16, 1)))
 
 
-def _nibble_table_dot(target: str):
+def _table_intrinsic(block_dot, target: str, doc: str):
+    """An intrinsic (w, wo, x, xo, table) -> int32 whose values are table[nibble] (table: int8
+    [16]), its code from block_dot for `target`."""
     @intrinsic
-    def nibble_table_dot(typingctx, w, wo, x, xo, table):
-        """Exact int32 dot of a 32-value block whose values are table[nibble] (IQ4_NL, IQ4_XS,
-        MXFP4: table int8 [16], |value| <= 127) with the int8 activation x[xo:xo+32] (each > -128,
-        as Q8_0's are); the 16 nibble bytes at w[wo]."""
+    def table_dot(typingctx, w, wo, x, xo, table):
         if w.dtype != types.uint8 or x.dtype != types.int8 or table.dtype != types.int8:
             return None
         sig = types.int32(w, wo, x, xo, table)
 
         def codegen(context, builder, signature, args):
-            return _nibble_table_block_dot(context, builder, signature, args, target)
+            return block_dot(context, builder, signature, args, target)
         return sig, codegen
-    return nibble_table_dot
+    table_dot.__doc__ = doc
+    return table_dot
 
 
-NIBBLE_TABLE_DOT = {target: _nibble_table_dot(target) for target in (GENERIC, AVX2, AVX512)}
+NIBBLE_TABLE_DOT = {target: _table_intrinsic(_nibble_table_block_dot, target, """Exact int32 dot of a 32-value
+    block whose values are table[nibble] (IQ4_NL, IQ4_XS, MXFP4: table int8 [16], |value| <= 127)
+    with the int8 activation x[xo:xo+32] (each > -128, as Q8_0's are); the 16 nibble bytes at
+    w[wo].""") for target in (GENERIC, AVX2, AVX512)}
 nibble_table_dot = _for_this_cpu(NIBBLE_TABLE_DOT)
 
 
@@ -1203,23 +1206,10 @@ def _iq4_xs_block_isum(context, builder, signature, args, target):
     return _reduce_add(builder, total)
 
 
-def _iq4_xs_isum(target: str):
-    @intrinsic
-    def iq4_xs_isum(typingctx, w, wo, x, xo, table):
-        """Exact int32 sum of an IQ4_XS super-block's 256 values table[nibble] times their signed
-        6-bit sub-block scale times the int8 activation x[xo:xo+256] (each > -128, as Q8_K's
-        are); the block (fp16 d, scales, 128 nibble bytes) starts at w[wo]."""
-        if w.dtype != types.uint8 or x.dtype != types.int8 or table.dtype != types.int8:
-            return None
-        sig = types.int32(w, wo, x, xo, table)
-
-        def codegen(context, builder, signature, args):
-            return _iq4_xs_block_isum(context, builder, signature, args, target)
-        return sig, codegen
-    return iq4_xs_isum
-
-
-IQ4_XS_ISUM = {target: _iq4_xs_isum(target) for target in (GENERIC, AVX2, AVX512)}
+IQ4_XS_ISUM = {target: _table_intrinsic(_iq4_xs_block_isum, target, """Exact int32 sum of an IQ4_XS
+    super-block's 256 values table[nibble] times their signed 6-bit sub-block scale times the int8
+    activation x[xo:xo+256] (each > -128, as Q8_K's are); the block (fp16 d, scales, 128 nibble
+    bytes) starts at w[wo].""") for target in (GENERIC, AVX2, AVX512)}
 iq4_xs_isum = _for_this_cpu(IQ4_XS_ISUM)
 
 
