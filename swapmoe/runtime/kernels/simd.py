@@ -355,23 +355,26 @@ def _q6_k_block_isum(context, builder, signature, args, target):
     return _minus_offset(context, builder, total, bt, bsums, bo, scales, 32, target)
 
 
-def _q6_k_isum(target: str):
+def _block_sums_intrinsic(block_isum, target: str, doc: str):
+    """An intrinsic (w, wo, x, xo, bsums, bo) -> int32 for a K-quant block that takes the Q8_K
+    block sums bsums[bo:bo+16] (int32), its code from block_isum for `target`."""
     @intrinsic
-    def q6_k_isum(typingctx, w, wo, x, xo, bsums, bo):
-        """Exact int32 sum of a Q6_K super-block's 256 quants (q - 32) times their int8 scale
-        (16 values each) times the int8 activation: the block's ql, qh and scales at w[wo:wo+208],
-        activations x[xo:xo+256] with their Q8_K block sums bsums[bo:bo+16]."""
+    def block_sums_isum(typingctx, w, wo, x, xo, bsums, bo):
         if w.dtype != types.uint8 or x.dtype != types.int8 or bsums.dtype != types.int32:
             return None
         sig = types.int32(w, wo, x, xo, bsums, bo)
 
         def codegen(context, builder, signature, args):
-            return _q6_k_block_isum(context, builder, signature, args, target)
+            return block_isum(context, builder, signature, args, target)
         return sig, codegen
-    return q6_k_isum
+    block_sums_isum.__doc__ = doc
+    return block_sums_isum
 
 
-Q6_K_ISUM = {target: _q6_k_isum(target) for target in (GENERIC, AVX2, AVX512)}
+Q6_K_ISUM = {target: _block_sums_intrinsic(_q6_k_block_isum, target, """Exact int32 sum of a Q6_K
+    super-block's 256 quants (q - 32) times their int8 scale (16 values each) times the int8
+    activation: the block's ql, qh and scales at w[wo:wo+208], activations x[xo:xo+256] with their
+    Q8_K block sums bsums[bo:bo+16].""") for target in (GENERIC, AVX2, AVX512)}
 q6_k_isum = _for_this_cpu(Q6_K_ISUM)
 
 
@@ -443,23 +446,10 @@ def _q3_k_block_isum(context, builder, signature, args, target):
     return _minus_offset(context, builder, total, bt, bsums, bo, scales, 4, target)
 
 
-def _q3_k_isum(target: str):
-    @intrinsic
-    def q3_k_isum(typingctx, w, wo, x, xo, bsums, bo):
-        """Exact int32 sum of a Q3_K super-block's 256 values (u - 4) times their 6-bit scale
-        (16 values each) times the int8 activation x[xo:xo+256] with its Q8_K block sums
-        bsums[bo:bo+16]; the block starts at w[wo]."""
-        if w.dtype != types.uint8 or x.dtype != types.int8 or bsums.dtype != types.int32:
-            return None
-        sig = types.int32(w, wo, x, xo, bsums, bo)
-
-        def codegen(context, builder, signature, args):
-            return _q3_k_block_isum(context, builder, signature, args, target)
-        return sig, codegen
-    return q3_k_isum
-
-
-Q3_K_ISUM = {target: _q3_k_isum(target) for target in (GENERIC, AVX2, AVX512)}
+Q3_K_ISUM = {target: _block_sums_intrinsic(_q3_k_block_isum, target, """Exact int32 sum of a Q3_K
+    super-block's 256 values (u - 4) times their 6-bit scale (16 values each) times the int8
+    activation x[xo:xo+256] with its Q8_K block sums bsums[bo:bo+16]; the block starts at
+    w[wo].""") for target in (GENERIC, AVX2, AVX512)}
 q3_k_isum = _for_this_cpu(Q3_K_ISUM)
 
 
