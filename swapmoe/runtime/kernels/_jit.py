@@ -122,20 +122,6 @@ def pair_order(qs):
     return xp
 
 
-@njit(**INLINE)
-def dot256(ws, wo, x, xo):
-    """Exact int32 dot of int16 scaled weights ws[wo:wo+256] with int8 x[xo:xo+256]
-    (vpmovsxbw + vpmaddwd when x is a 1-D contiguous array).  Four independent
-    sums: one sum makes a single chain of dependent multiply-adds."""
-    s0 = s1 = s2 = s3 = np.int32(0)
-    for j in range(64):
-        s0 = np.int32(s0 + np.int32(ws[wo + j]) * np.int32(x[xo + j]))
-        s1 = np.int32(s1 + np.int32(ws[wo + 64 + j]) * np.int32(x[xo + 64 + j]))
-        s2 = np.int32(s2 + np.int32(ws[wo + 128 + j]) * np.int32(x[xo + 128 + j]))
-        s3 = np.int32(s3 + np.int32(ws[wo + 192 + j]) * np.int32(x[xo + 192 + j]))
-    return np.int32(np.int32(s0 + s1) + np.int32(s2 + s3))
-
-
 # How llama.cpp's CPU backend (x86 with AVX-512 VNNI, the reference build) turns a weight row's
 # exact per-super-block integer sums into a float: which of its matmul routes a call takes decides
 # the rounding.  The kernels take one of these as their `order` argument (see kernels.ggml_order).

@@ -18,10 +18,10 @@ from gguf import quants as gq
 from numba import njit, prange
 
 from ._jit import (INLINE, ORDER_GEMV, PARALLEL, ROWS_PER_TASK, SERIAL, STRAIGHT_TOKENS, block_step, decode_pairs,
-                   dot256, f16_to_f32, grid_activations, nibble_pair_words, nibble_row_dot, pair_order, u32, u64,
-                   widen4, widen8)
-from .simd import (PREFETCH_AHEAD, iq1_delta_table, iq1_m_isum, iq1_s_isum, iq2_s_isum, iq2_xs_isum, iq2_xxs_isum,
-                   iq3_s_isum, iq3_xxs_isum, iq4_xs_isum, prefetch_bytes, rows_dot8)
+                   f16_to_f32, grid_activations, nibble_pair_words, nibble_row_dot, pair_order, u32, u64, widen4,
+                   widen8)
+from .simd import (PREFETCH_AHEAD, dot256, iq1_delta_table, iq1_m_isum, iq1_s_isum, iq2_s_isum, iq2_xs_isum,
+                   iq2_xxs_isum, iq3_s_isum, iq3_xxs_isum, iq4_xs_isum, prefetch_bytes, rows_dot8)
 
 
 def _grid(cls) -> np.ndarray:

@@ -14,9 +14,9 @@ import numpy as np
 from numba import njit, prange
 
 from ._jit import (INLINE, ORDER_GEMM, ORDER_GEMV, PARALLEL, ROWS_PER_TASK, SERIAL, STRAIGHT_TOKENS, block_step,
-                   block_sum, dot256, f16_to_f32, fma32, u32)
-from .simd import (PREFETCH_AHEAD, pair_sums_dot_bytes, prefetch_bytes, q2_k_isum, q3_k_isum, q4_k_isum, q5_k_isum,
-                   q6_k_isum)
+                   block_sum, f16_to_f32, fma32, u32)
+from .simd import (PREFETCH_AHEAD, dot256, pair_sums_dot_bytes, prefetch_bytes, q2_k_isum, q3_k_isum, q4_k_isum,
+                   q5_k_isum, q6_k_isum)
 
 
 @njit(**INLINE)
