@@ -17,7 +17,6 @@ from gguf import GGML_QUANT_SIZES, quants
 from gguf import GGMLQuantizationType as T
 
 from swapmoe.runtime import kernels as K
-from swapmoe.runtime.kernels._jit import STRAIGHT_TOKENS
 from swapmoe.runtime.kernels import simd
 
 ROWS, COLS = 5, 512  # odd row count, two 256-value super-blocks per row
@@ -287,13 +286,39 @@ def test_grouped_rows_equal_separate_matrices(case):
                                       K.matmul(tp, W[g * group_bytes:(g + 1) * group_bytes], 2, COLS, X[g]))
 
 
+def run_route(tp: T, W: np.ndarray, rows: int, X: np.ndarray, straight: bool, stacked: bool) -> np.ndarray:
+    """tp's matmul kernel with its route forced: sums straight from the row bytes, or from a row
+    decoded once for all tokens."""
+    qx = K.quantize_activation(tp, X)
+    out = np.empty((len(X), rows), F32)
+    order = K.ggml_order(tp, rows, COLS, len(X), False, stacked)
+    K.KERNELS[int(tp)].matmul(W, rows, rows, COLS, qx.qs, qx.d, qx.extra, out, order, straight)
+    return out
+
+
+@pytest.mark.parametrize("tp", [tp for tp in TYPES if K.KERNELS[int(tp)].straight_tokens and tp not in (T.F16, T.BF16)],
+                         ids=lambda t: t.name)
+def test_straight_and_decoded_routes_agree(tp):
+    """KERNELS' straight_tokens picks a route by speed alone: both take the same exact block sums
+    and the same float steps, so the same bits, on every rounding route (rows % 8 == 0 repacks
+    Q4_K/Q2_K; stacked experts; >= 8 tokens tiled)."""
+    rng = np.random.default_rng(int(tp) + 40)
+    for rows, stacked in ((ROWS, False), (8, False), (8, True)):
+        W = random_weights(tp, rows, COLS, rng)
+        W.setflags(write=False)  # as kernels.matmul_q passes it: one numba specialization
+        for n_tok in (1, 3, 9):
+            X = random_activations(n_tok, COLS, rng)
+            np.testing.assert_array_equal(run_route(tp, W, rows, X, True, stacked),
+                                          run_route(tp, W, rows, X, False, stacked))
+
+
 @pytest.mark.parametrize("tp", [T.F16, T.BF16], ids=lambda t: t.name)
 def test_float_rows_straight_and_widened(tp):
-    """F16/BF16 rows: up to STRAIGHT_TOKENS tokens convert each value as they sum it, more tokens
+    """F16/BF16 rows: up to straight_tokens tokens convert each value as they sum it, more tokens
     share one widened copy of the row; both within float32 summation error of the exact dot."""
     rng = np.random.default_rng(16)
     W = random_weights(tp, 8, COLS, rng)
-    X = random_activations(STRAIGHT_TOKENS + 2, COLS, rng)
+    X = random_activations(K.KERNELS[int(tp)].straight_tokens + 2, COLS, rng)
     Xr = K.quantize_activation(tp, X).qs.astype(np.float64)  # the activations rounded to the type
     exact = Xr @ quants.dequantize(W.reshape(8, -1), tp).astype(np.float64).T
     magnitude = np.abs(Xr) @ np.abs(quants.dequantize(W.reshape(8, -1), tp).astype(np.float64)).T

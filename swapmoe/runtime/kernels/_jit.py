@@ -48,10 +48,6 @@ SERIAL = dict(nogil=True, cache=True)
 INLINE = dict(nogil=True, cache=True, inline="always")
 # rows per parallel task: amortises the per-task scratch allocations
 ROWS_PER_TASK = 8
-# Up to this many tokens per row, the kernels with simd.py intrinsics read each token's quants
-# straight from the row bytes (one pass per token); more tokens share one decoded int16 row.
-# Measured crossover for Q4_K experts (768 x 2048, 2 threads): about 8 tokens.
-STRAIGHT_TOKENS = 7
 
 
 # ggml_e8m0_to_fp32_half: 0.5 * 2^(e - 127) for each exponent byte

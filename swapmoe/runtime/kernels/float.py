@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ._jit import ORDER_LANES, PARALLEL, SERIAL, STRAIGHT_TOKENS
+from ._jit import ORDER_LANES, PARALLEL, SERIAL
 from .simd import HW_HALF, bf16_to_float, half_to_float, sgemm_dot, vec_dot_f32
 
 _F16_EXP_SCALE = np.float32(2.0**112)
@@ -69,7 +69,7 @@ def _widen_bf16(halves, bits):
 
 
 @njit(**PARALLEL)
-def matmul_f32(W, rows, group_rows, cols, qs, d, extra, out, order):
+def matmul_f32(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     for r in prange(rows):
         t0 = (r // group_rows) * n_tok
@@ -90,12 +90,12 @@ def dequantize_f32(W, cols, row_ids, out):
 
 
 @njit(**PARALLEL)
-def matmul_f16(W, rows, group_rows, cols, qs, d, extra, out, order):
+def matmul_f16(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     for r in prange(rows):
         t0 = (r // group_rows) * n_tok
         halves = W[r * cols * 2:(r + 1) * cols * 2].view(np.uint16)
-        if HW_HALF and n_tok <= STRAIGHT_TOKENS:
+        if HW_HALF and straight:
             for t in range(n_tok):
                 out[t, r] = _dot_f16(halves, qs[t0 + t])
             continue
@@ -117,12 +117,12 @@ def dequantize_f16(W, cols, row_ids, out):
 
 
 @njit(**PARALLEL)
-def matmul_bf16(W, rows, group_rows, cols, qs, d, extra, out, order):
+def matmul_bf16(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     for r in prange(rows):
         t0 = (r // group_rows) * n_tok
         halves = W[r * cols * 2:(r + 1) * cols * 2].view(np.uint16)
-        if n_tok <= STRAIGHT_TOKENS:
+        if straight:
             for t in range(n_tok):
                 out[t, r] = _dot_bf16(halves, qs[t0 + t])
             continue

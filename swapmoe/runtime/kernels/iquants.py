@@ -1,7 +1,7 @@
 """IQ quants: IQ4_NL, IQ4_XS, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M.
 
 Lookup grids come from the gguf package's tables (gguf.quants.<TYPE>.grid, decoded from
-grid_hex at import).  Up to _jit.STRAIGHT_TOKENS tokens per row (IQ4_NL: always) a simd.py
+grid_hex at import).  For few tokens per row (`straight`, kernels.KERNELS; IQ4_NL: always) a simd.py
 intrinsic takes each super-block's exact int32 sum straight from the row bytes: grid entries
 gathered into a vector, signs as byte masks applied to the activation, IQ4 values looked up by
 pshufb.  Larger batches decode each row once through "signed grid" tables (every grid entry
@@ -17,7 +17,7 @@ import numpy as np
 from gguf import quants as gq
 from numba import njit, prange
 
-from ._jit import (INLINE, ORDER_GEMV, PARALLEL, ROWS_PER_TASK, SERIAL, STRAIGHT_TOKENS, block_step, decode_pairs,
+from ._jit import (INLINE, ORDER_GEMV, PARALLEL, ROWS_PER_TASK, SERIAL, block_step, decode_pairs,
                    f16_to_f32, grid_activations, nibble_pair_words, nibble_row_dot, pair_order, u32, u64, widen4,
                    widen8)
 from .simd import (PREFETCH_AHEAD, dot256, iq1_delta_table, iq1_m_isum, iq1_s_isum, iq2_s_isum, iq2_xs_isum,
@@ -105,7 +105,7 @@ _IQ3_S_ROW = _grid_row_dot(iq3_s_isum, 110, _GRID4_IQ3_S, _BYTE_MASKS, 1.0)
 # ---- IQ4_NL: d f16, 16 bytes of indices into a 16-value table (Q8_0 acts) ---
 
 @njit(**PARALLEL)
-def matmul_iq4_nl(W, rows, group_rows, cols, qs, d, extra, out, order):
+def matmul_iq4_nl(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     """Values looked up in registers (simd.nibble_table_dot), every token straight from the row
     bytes: 2.5-4x faster than decoding the row once for a batch, even for 64 tokens.  Repacked by
     llama.cpp (ORDER_GEMV; then rows % 8 == 0 and one group): eight rows per call (simd.rows_dot8)."""
@@ -147,12 +147,11 @@ def _scale_iq4_xs(blk, o, ib):
 
 
 @njit(**PARALLEL)
-def matmul_iq4_xs(W, rows, group_rows, cols, qs, d, extra, out, order):
+def matmul_iq4_xs(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     """Weights in pair order times their sub-block scale, against pair-ordered activations."""
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 256
     rb = nb * 136
-    straight = n_tok <= STRAIGHT_TOKENS  # values looked up in registers (simd.iq4_xs_isum)
     xp = pair_order(qs[:0] if straight else qs)  # (a conditional array here would lose its C layout)
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         if straight:
@@ -228,13 +227,13 @@ def _decode_iq2_xxs(blk, o, ws, wo, scaled):
 
 
 @njit(**PARALLEL)
-def matmul_iq2_xxs(W, rows, group_rows, cols, qs, d, extra, out, order):
+def matmul_iq2_xxs(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 256
     rb = nb * 66
-    xs = grid_activations(qs) if n_tok <= STRAIGHT_TOKENS else qs
+    xs = grid_activations(qs) if straight else qs
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        if n_tok <= STRAIGHT_TOKENS:  # straight from the row bytes (_jit.STRAIGHT_TOKENS)
+        if straight:  # from the row bytes
             for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
                 row = W[r * rb:(r + 1) * rb]
                 t0 = (r // group_rows) * n_tok
@@ -294,13 +293,13 @@ def _decode_iq2_xs(blk, o, ws, wo, scaled):
 
 
 @njit(**PARALLEL)
-def matmul_iq2_xs(W, rows, group_rows, cols, qs, d, extra, out, order):
+def matmul_iq2_xs(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 256
     rb = nb * 74
-    xs = grid_activations(qs) if n_tok <= STRAIGHT_TOKENS else qs
+    xs = grid_activations(qs) if straight else qs
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        if n_tok <= STRAIGHT_TOKENS:  # straight from the row bytes (_jit.STRAIGHT_TOKENS)
+        if straight:  # from the row bytes
             for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
                 row = W[r * rb:(r + 1) * rb]
                 t0 = (r // group_rows) * n_tok
@@ -358,13 +357,13 @@ def _decode_iq2_s(blk, o, ws, wo, scaled):
 
 
 @njit(**PARALLEL)
-def matmul_iq2_s(W, rows, group_rows, cols, qs, d, extra, out, order):
+def matmul_iq2_s(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 256
     rb = nb * 82
-    xs = grid_activations(qs) if n_tok <= STRAIGHT_TOKENS else qs
+    xs = grid_activations(qs) if straight else qs
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        if n_tok <= STRAIGHT_TOKENS:  # straight from the row bytes (_jit.STRAIGHT_TOKENS)
+        if straight:  # from the row bytes
             for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
                 row = W[r * rb:(r + 1) * rb]
                 t0 = (r // group_rows) * n_tok
@@ -427,13 +426,13 @@ def _decode_iq3_xxs(blk, o, ws, wo, scaled):
 
 
 @njit(**PARALLEL)
-def matmul_iq3_xxs(W, rows, group_rows, cols, qs, d, extra, out, order):
+def matmul_iq3_xxs(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 256
     rb = nb * 98
-    xs = grid_activations(qs) if n_tok <= STRAIGHT_TOKENS else qs
+    xs = grid_activations(qs) if straight else qs
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        if n_tok <= STRAIGHT_TOKENS:  # straight from the row bytes (_jit.STRAIGHT_TOKENS)
+        if straight:  # from the row bytes
             for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
                 row = W[r * rb:(r + 1) * rb]
                 t0 = (r // group_rows) * n_tok
@@ -493,13 +492,13 @@ def _decode_iq3_s(blk, o, ws, wo, scaled):
 
 
 @njit(**PARALLEL)
-def matmul_iq3_s(W, rows, group_rows, cols, qs, d, extra, out, order):
+def matmul_iq3_s(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 256
     rb = nb * 110
-    xs = grid_activations(qs) if n_tok <= STRAIGHT_TOKENS else qs
+    xs = grid_activations(qs) if straight else qs
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        if n_tok <= STRAIGHT_TOKENS:  # straight from the row bytes (_jit.STRAIGHT_TOKENS)
+        if straight:  # from the row bytes
             for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
                 row = W[r * rb:(r + 1) * rb]
                 t0 = (r // group_rows) * n_tok
@@ -571,13 +570,13 @@ def _decode_iq1_s(blk, o, ws, wo, scaled):
 
 
 @njit(**PARALLEL)
-def matmul_iq1_s(W, rows, group_rows, cols, qs, d, extra, out, order):
+def matmul_iq1_s(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 256
     rb = nb * 50
-    xs = grid_activations(qs) if n_tok <= STRAIGHT_TOKENS else qs
+    xs = grid_activations(qs) if straight else qs
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        if n_tok <= STRAIGHT_TOKENS:  # straight from the row bytes (_jit.STRAIGHT_TOKENS)
+        if straight:  # from the row bytes
             for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
                 row = W[r * rb:(r + 1) * rb]
                 t0 = (r // group_rows) * n_tok
@@ -674,13 +673,13 @@ def _d_iq1_m(blk, o):
 
 
 @njit(**PARALLEL)
-def matmul_iq1_m(W, rows, group_rows, cols, qs, d, extra, out, order):
+def matmul_iq1_m(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 256
     rb = nb * 56
-    xs = grid_activations(qs) if n_tok <= STRAIGHT_TOKENS else qs
+    xs = grid_activations(qs) if straight else qs
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        if n_tok <= STRAIGHT_TOKENS:  # straight from the row bytes (_jit.STRAIGHT_TOKENS)
+        if straight:  # from the row bytes
             for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
                 row = W[r * rb:(r + 1) * rb]
                 t0 = (r // group_rows) * n_tok

@@ -3,8 +3,8 @@
 Per token and super-block the kernels take exact integer sums against the Q8_K activation,
 isum = sum(scale * q * x) and the mins against the Q8_K block sums, then one float step in the
 rounding of the llama.cpp route `order` (kernels.ggml_order; _jit.block_sum and the repacked
-Q4_K/Q2_K helpers here).  Up to _jit.STRAIGHT_TOKENS tokens per row the sums come straight from
-the row bytes (simd.py intrinsics); larger batches decode each row once into int16 values times
+Q4_K/Q2_K helpers here).  For few tokens per row (`straight`, kernels.KERNELS) the sums come straight
+from the row bytes (simd.py intrinsics); larger batches decode each row once into int16 values times
 their integer sub-block scale and dot every token with it.  ggml's vec_dot spreads the float step
 over 8 lanes, not reproduced (docs/kernels.md).  Kernel signatures as in legacy.py.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ._jit import (INLINE, ORDER_GEMM, ORDER_GEMV, PARALLEL, ROWS_PER_TASK, SERIAL, STRAIGHT_TOKENS, block_step,
+from ._jit import (INLINE, ORDER_GEMM, ORDER_GEMV, PARALLEL, ROWS_PER_TASK, SERIAL, block_step,
                    block_sum, f16_to_f32, fma32, u32)
 from .simd import (PREFETCH_AHEAD, dot256, pair_sums_dot_bytes, prefetch_bytes, q2_k_isum, q3_k_isum, q4_k_isum,
                    q5_k_isum, q6_k_isum)
@@ -184,12 +184,12 @@ def _sum_mins_k4(bsums, bo, mins):
 # ---- Q2_K: scales[16] (lo nibble scale, hi nibble min), qs[64], d, dmin -----
 
 @njit(**PARALLEL)
-def matmul_q2_k(W, rows, group_rows, cols, qs, d, extra, out, order):
+def matmul_q2_k(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 256
     rb = nb * 84
     gemm_tokens = n_tok - n_tok % 4 if order == ORDER_GEMM and n_tok > 3 else 0
-    straight = gemm_tokens == 0 and n_tok <= STRAIGHT_TOKENS  # from the row bytes (_jit.STRAIGHT_TOKENS)
+    straight = straight and gemm_tokens == 0  # from the row bytes
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         if straight:
             for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
@@ -315,12 +315,12 @@ def _decode_q3_k(blk, o, wq):
 
 
 @njit(**PARALLEL)
-def matmul_q3_k(W, rows, group_rows, cols, qs, d, extra, out, order):
+def matmul_q3_k(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 256
     rb = nb * 110
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        if n_tok <= STRAIGHT_TOKENS:  # straight from the row bytes (_jit.STRAIGHT_TOKENS)
+        if straight:  # from the row bytes
             for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
                 row = W[r * rb:(r + 1) * rb]
                 t0 = (r // group_rows) * n_tok
@@ -377,7 +377,7 @@ def dequantize_q3_k(W, cols, row_ids, out):
 # ---- Q4_K: d, dmin, scales[12], qs[128] ------------------------------------
 
 @njit(**PARALLEL)
-def matmul_q4_k(W, rows, group_rows, cols, qs, d, extra, out, order):
+def matmul_q4_k(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 256
     rb = nb * 144
@@ -385,7 +385,7 @@ def matmul_q4_k(W, rows, group_rows, cols, qs, d, extra, out, order):
     gemm_tokens = n_tok - n_tok % 4 if order == ORDER_GEMM and n_tok > 3 else 0
     # gemv alone, few tokens: straight from the quant bytes (simd.q4_k_isum); more tokens share
     # one decoded int16 row
-    straight = (order == ORDER_GEMM or order == ORDER_GEMV) and gemm_tokens == 0 and n_tok <= STRAIGHT_TOKENS
+    straight = straight and (order == ORDER_GEMM or order == ORDER_GEMV) and gemm_tokens == 0
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         if straight:
             for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
@@ -501,12 +501,12 @@ def _decode_q5_k(blk, o, wq):
 
 
 @njit(**PARALLEL)
-def matmul_q5_k(W, rows, group_rows, cols, qs, d, extra, out, order):
+def matmul_q5_k(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 256
     rb = nb * 176
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        if n_tok <= STRAIGHT_TOKENS:  # straight from the row bytes (_jit.STRAIGHT_TOKENS)
+        if straight:  # from the row bytes
             for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
                 row = W[r * rb:(r + 1) * rb]
                 t0 = (r // group_rows) * n_tok
@@ -584,12 +584,12 @@ def _decode_q6_k(blk, o, wq):
 
 
 @njit(**PARALLEL)
-def matmul_q6_k(W, rows, group_rows, cols, qs, d, extra, out, order):
+def matmul_q6_k(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 256
     rb = nb * 210
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        if n_tok <= STRAIGHT_TOKENS:  # straight from the row bytes (_jit.STRAIGHT_TOKENS)
+        if straight:  # from the row bytes
             for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
                 row = W[r * rb:(r + 1) * rb]
                 t0 = (r // group_rows) * n_tok

@@ -8,11 +8,14 @@ FMA per block; one row alone would wait on that chain, so they go eight rows per
 (simd.rows_dot8).  The rows' bytes come from memory once; the other tokens find them in
 cache.
 
-Kernel signature: matmul_X(W, rows, group_rows, cols, qs, d, extra, out, order) with W
-the raw uint8 bytes (rows * row_bytes), qs/d/extra a QuantizedActivation's
+Kernel signature: matmul_X(W, rows, group_rows, cols, qs, d, extra, out, order, straight)
+with W the raw uint8 bytes (rows * row_bytes), qs/d/extra a QuantizedActivation's
 arrays and out float32 [n_tokens, rows]; rows come in groups of group_rows, and
 group g dots activation rows [g*n_tokens, (g+1)*n_tokens) (one group: all rows,
-all tokens; see kernels.matmul_q).  dequantize_X(W, cols, row_ids, out) writes
+all tokens; see kernels.matmul_q).  order: llama.cpp's rounding route
+(kernels.ggml_order).  straight: take every token's sums from the row bytes rather
+than from a row decoded once for all tokens (kernels.KERNELS sets it by token count;
+kernels with one route, such as these, ignore it).  dequantize_X(W, cols, row_ids, out) writes
 out[i] = row row_ids[i] in float32, matching gguf.quants.dequantize exactly.
 """
 from __future__ import annotations
@@ -71,7 +74,7 @@ def _decode_q5(blk, o, offset, w64, wo):
 # ---- Q4_0: d f16, 16 bytes of nibbles; value = nibble - 8 ------------------
 
 @njit(**PARALLEL)
-def matmul_q4_0(W, rows, group_rows, cols, qs, d, extra, out, order):
+def matmul_q4_0(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     """Repacked by llama.cpp (order != ORDER_LANES; then rows % 8 == 0 and one group,
     kernels.ggml_order): eight rows per call, so that eight FMA chains are in flight (2x in
     cache; eight rows at once for the lane-rounded types measured 1.1-1.8x slower from DRAM)."""
@@ -109,7 +112,7 @@ def dequantize_q4_0(W, cols, row_ids, out):
 # ---- Q4_1: d f16, m f16, nibbles; value = d * nibble + m --------------------
 
 @njit(**PARALLEL)
-def matmul_q4_1(W, rows, group_rows, cols, qs, d, extra, out, order):
+def matmul_q4_1(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 32
     rb = nb * 20
@@ -140,7 +143,7 @@ def dequantize_q4_1(W, cols, row_ids, out):
 # ---- Q5_0: d f16, qh u32 (5th bits), nibbles; value = q5 - 16 ---------------
 
 @njit(**PARALLEL)
-def matmul_q5_0(W, rows, group_rows, cols, qs, d, extra, out, order):
+def matmul_q5_0(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 32
     rb = nb * 22
@@ -170,7 +173,7 @@ def dequantize_q5_0(W, cols, row_ids, out):
 # ---- Q5_1: d f16, m f16, qh u32, nibbles; value = d * q5 + m ----------------
 
 @njit(**PARALLEL)
-def matmul_q5_1(W, rows, group_rows, cols, qs, d, extra, out, order):
+def matmul_q5_1(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 32
     rb = nb * 24
@@ -201,7 +204,7 @@ def dequantize_q5_1(W, cols, row_ids, out):
 # ---- Q8_0: d f16, 32 int8 ---------------------------------------------------
 
 @njit(**PARALLEL)
-def matmul_q8_0(W, rows, group_rows, cols, qs, d, extra, out, order):
+def matmul_q8_0(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 32
     rb = nb * 34

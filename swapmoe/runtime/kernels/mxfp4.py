@@ -18,7 +18,7 @@ _ROWS8 = rows_dot8["mxfp4"]
 
 
 @njit(**PARALLEL)
-def matmul_mxfp4(W, rows, group_rows, cols, qs, d, extra, out, order):
+def matmul_mxfp4(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     """Values looked up in registers (simd.nibble_table_dot), every token straight from the row
     bytes: 2.5-4x faster than decoding the row once for a batch, even for 64 tokens.  Repacked by
     llama.cpp (ORDER_GEMV; then rows % 8 == 0 and one group): eight rows per call (simd.rows_dot8)."""
