@@ -446,7 +446,7 @@ def test_repacked_route_rounding(tp, gemm_step):
     W = random_weights(tp, rows, COLS, rng)
     X = random_activations(5, COLS, rng)
     batch = K.matmul(tp, W, rows, COLS, X)
-    # experts: up to 7 tokens Q4_K reads quants straight from the row, more share a decoded row
+    # stacked experts: gemv rounding for 5 and for 10 tokens (whichever route KERNELS picks)
     few = K.matmul_q(tp, W, rows, COLS, K.quantize_activation(tp, X), stacked=True)
     many = K.matmul_q(tp, W, rows, COLS, K.quantize_activation(tp, np.tile(X, (2, 1))), stacked=True)
     for t in range(5):

@@ -72,30 +72,33 @@ class Kernel(NamedTuple):
     straight_tokens: int = 0
 
 
+# straight_tokens: the largest token count up to which the straight route was at least 5 % faster
+# than the decoded one in two runs of tools/bench_routes.py (an expert matrix, 768 x 2048, on 2
+# threads of a Xeon VM; docs/kernels.md).  Where they are closer the decoded row is kept.
 KERNELS: dict[int, Kernel] = {
     int(T.F32): Kernel(int(T.F32), _float.matmul_f32, _float.dequantize_f32),
-    int(T.F16): Kernel(int(T.F16), _float.matmul_f16, _float.dequantize_f16, 7),
-    int(T.BF16): Kernel(int(T.BF16), _float.matmul_bf16, _float.dequantize_bf16, 7),
+    int(T.F16): Kernel(int(T.F16), _float.matmul_f16, _float.dequantize_f16, 8),
+    int(T.BF16): Kernel(int(T.BF16), _float.matmul_bf16, _float.dequantize_bf16, 4),
     int(T.Q4_0): Kernel(int(T.Q8_0), legacy.matmul_q4_0, legacy.dequantize_q4_0),
     int(T.Q4_1): Kernel(int(T.Q8_1), legacy.matmul_q4_1, legacy.dequantize_q4_1),
     int(T.Q5_0): Kernel(int(T.Q8_0), legacy.matmul_q5_0, legacy.dequantize_q5_0),
     int(T.Q5_1): Kernel(int(T.Q8_1), legacy.matmul_q5_1, legacy.dequantize_q5_1),
     int(T.Q8_0): Kernel(int(T.Q8_0), legacy.matmul_q8_0, legacy.dequantize_q8_0),
-    int(T.Q2_K): Kernel(int(T.Q8_K), kquants.matmul_q2_k, kquants.dequantize_q2_k, 7),
-    int(T.Q3_K): Kernel(int(T.Q8_K), kquants.matmul_q3_k, kquants.dequantize_q3_k, 7),
-    int(T.Q4_K): Kernel(int(T.Q8_K), kquants.matmul_q4_k, kquants.dequantize_q4_k, 7),
-    int(T.Q5_K): Kernel(int(T.Q8_K), kquants.matmul_q5_k, kquants.dequantize_q5_k, 7),
-    int(T.Q6_K): Kernel(int(T.Q8_K), kquants.matmul_q6_k, kquants.dequantize_q6_k, 7),
+    int(T.Q2_K): Kernel(int(T.Q8_K), kquants.matmul_q2_k, kquants.dequantize_q2_k, 24),
+    int(T.Q3_K): Kernel(int(T.Q8_K), kquants.matmul_q3_k, kquants.dequantize_q3_k, 2),
+    int(T.Q4_K): Kernel(int(T.Q8_K), kquants.matmul_q4_k, kquants.dequantize_q4_k, 4),
+    int(T.Q5_K): Kernel(int(T.Q8_K), kquants.matmul_q5_k, kquants.dequantize_q5_k, 2),
+    int(T.Q6_K): Kernel(int(T.Q8_K), kquants.matmul_q6_k, kquants.dequantize_q6_k, 2),
     int(T.IQ4_NL): Kernel(int(T.Q8_0), iquants.matmul_iq4_nl, iquants.dequantize_iq4_nl),
-    int(T.IQ4_XS): Kernel(int(T.Q8_K), iquants.matmul_iq4_xs, iquants.dequantize_iq4_xs, 7),
+    int(T.IQ4_XS): Kernel(int(T.Q8_K), iquants.matmul_iq4_xs, iquants.dequantize_iq4_xs, 32),
     int(T.MXFP4): Kernel(int(T.Q8_0), mxfp4.matmul_mxfp4, mxfp4.dequantize_mxfp4),
-    int(T.IQ2_XXS): Kernel(int(T.Q8_K), iquants.matmul_iq2_xxs, iquants.dequantize_iq2_xxs, 7),
-    int(T.IQ2_XS): Kernel(int(T.Q8_K), iquants.matmul_iq2_xs, iquants.dequantize_iq2_xs, 7),
-    int(T.IQ2_S): Kernel(int(T.Q8_K), iquants.matmul_iq2_s, iquants.dequantize_iq2_s, 7),
-    int(T.IQ3_XXS): Kernel(int(T.Q8_K), iquants.matmul_iq3_xxs, iquants.dequantize_iq3_xxs, 7),
-    int(T.IQ3_S): Kernel(int(T.Q8_K), iquants.matmul_iq3_s, iquants.dequantize_iq3_s, 7),
-    int(T.IQ1_S): Kernel(int(T.Q8_K), iquants.matmul_iq1_s, iquants.dequantize_iq1_s, 7),
-    int(T.IQ1_M): Kernel(int(T.Q8_K), iquants.matmul_iq1_m, iquants.dequantize_iq1_m, 7),
+    int(T.IQ2_XXS): Kernel(int(T.Q8_K), iquants.matmul_iq2_xxs, iquants.dequantize_iq2_xxs, 12),
+    int(T.IQ2_XS): Kernel(int(T.Q8_K), iquants.matmul_iq2_xs, iquants.dequantize_iq2_xs, 8),
+    int(T.IQ2_S): Kernel(int(T.Q8_K), iquants.matmul_iq2_s, iquants.dequantize_iq2_s, 8),
+    int(T.IQ3_XXS): Kernel(int(T.Q8_K), iquants.matmul_iq3_xxs, iquants.dequantize_iq3_xxs, 8),
+    int(T.IQ3_S): Kernel(int(T.Q8_K), iquants.matmul_iq3_s, iquants.dequantize_iq3_s, 4),
+    int(T.IQ1_S): Kernel(int(T.Q8_K), iquants.matmul_iq1_s, iquants.dequantize_iq1_s, 8),
+    int(T.IQ1_M): Kernel(int(T.Q8_K), iquants.matmul_iq1_m, iquants.dequantize_iq1_m, 48),
 }
 
 
