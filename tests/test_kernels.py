@@ -806,28 +806,29 @@ def test_simd_nibble_table_dot(target):
         np.testing.assert_array_equal(out, (values * x.reshape(n, 32)).sum(axis=1))
 
 
+@pytest.mark.parametrize("span", [64, 128, 256])
 @pytest.mark.parametrize("target", SIMD_TARGETS)
-def test_simd_dot256(target):
+def test_simd_words_dot(target, span):
     """Decoded-row dots against numpy's int64 sums, the extremes included (int16 -32768 and 32767
     against int8 -128 and 127: the largest sums an int32 must hold), at unaligned offsets."""
     skip_unless_this_cpu_runs(target)
-    dot = simd.DOT256[target]
+    dot = simd.WORDS_DOT[span][target]
 
     @njit
     def run(ws, x, out):
         for i in range(out.size):
-            out[i] = dot(ws, 5 + i * 256, x, 3 + i * 256)
+            out[i] = dot(ws, 5 + i * span, x, 3 + i * span)
 
     rng = np.random.default_rng(28)
     n = 12
-    ws = rng.integers(-32768, 32768, 5 + n * 256).astype(np.int16)
-    x = rng.integers(-128, 128, 3 + n * 256).astype(np.int8)
-    ws[5:5 + 256], x[3:3 + 256] = -32768, -128
-    ws[5 + 256:5 + 512], x[3 + 256:3 + 512] = -32768, 127
-    ws[5 + 512:5 + 768], x[3 + 512:3 + 768] = 32767, -128
+    ws = rng.integers(-32768, 32768, 5 + n * span).astype(np.int16)
+    x = rng.integers(-128, 128, 3 + n * span).astype(np.int8)
+    ws[5:5 + span], x[3:3 + span] = -32768, -128
+    ws[5 + span:5 + 2 * span], x[3 + span:3 + 2 * span] = -32768, 127
+    ws[5 + 2 * span:5 + 3 * span], x[3 + 2 * span:3 + 3 * span] = 32767, -128
     out = np.empty(n, np.int32)
     run(ws, x, out)
-    expected = (ws[5:].reshape(n, 256).astype(np.int64) * x[3:].reshape(n, 256)).sum(axis=1)
+    expected = (ws[5:].reshape(n, span).astype(np.int64) * x[3:].reshape(n, span)).sum(axis=1)
     np.testing.assert_array_equal(out, expected)
 
 

@@ -175,6 +175,7 @@ def matmul_iq4_xs(W, rows, group_rows, cols, qs, d, extra, out, order, straight)
             row = W[r * rb:(r + 1) * rb]
             for b in range(nb):
                 o = b * 136
+                prefetch_bytes(row, o + PREFETCH_AHEAD, 136)
                 dw[b] = f16_to_f32(row[o], row[o + 1])
                 for ib in range(8):
                     s = _scale_iq4_xs(row, o, ib)
@@ -246,6 +247,7 @@ def matmul_iq2_xxs(W, rows, group_rows, cols, qs, d, extra, out, order, straight
             row = W[r * rb:(r + 1) * rb]
             for b in range(nb):
                 o = b * 66
+                prefetch_bytes(row, o + PREFETCH_AHEAD, 66)
                 dw[b] = f16_to_f32(row[o], row[o + 1])
                 _decode_iq2_xxs(row, o, ws, b * 256, True)
             t0 = (r // group_rows) * n_tok
@@ -312,6 +314,7 @@ def matmul_iq2_xs(W, rows, group_rows, cols, qs, d, extra, out, order, straight)
             row = W[r * rb:(r + 1) * rb]
             for b in range(nb):
                 o = b * 74
+                prefetch_bytes(row, o + PREFETCH_AHEAD, 74)
                 dw[b] = f16_to_f32(row[o], row[o + 1])
                 _decode_iq2_xs(row, o, ws, b * 256, True)
             t0 = (r // group_rows) * n_tok
@@ -376,6 +379,7 @@ def matmul_iq2_s(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
             row = W[r * rb:(r + 1) * rb]
             for b in range(nb):
                 o = b * 82
+                prefetch_bytes(row, o + PREFETCH_AHEAD, 82)
                 dw[b] = f16_to_f32(row[o], row[o + 1])
                 _decode_iq2_s(row, o, ws, b * 256, True)
             t0 = (r // group_rows) * n_tok
@@ -445,6 +449,7 @@ def matmul_iq3_xxs(W, rows, group_rows, cols, qs, d, extra, out, order, straight
             row = W[r * rb:(r + 1) * rb]
             for b in range(nb):
                 o = b * 98
+                prefetch_bytes(row, o + PREFETCH_AHEAD, 98)
                 dw[b] = f16_to_f32(row[o], row[o + 1])
                 _decode_iq3_xxs(row, o, ws, b * 256, True)
             t0 = (r // group_rows) * n_tok
@@ -511,6 +516,7 @@ def matmul_iq3_s(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
             row = W[r * rb:(r + 1) * rb]
             for b in range(nb):
                 o = b * 110
+                prefetch_bytes(row, o + PREFETCH_AHEAD, 110)
                 dw[b] = f16_to_f32(row[o], row[o + 1])
                 _decode_iq3_s(row, o, ws, b * 256, True)
             t0 = (r // group_rows) * n_tok
@@ -598,6 +604,7 @@ def matmul_iq1_s(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
             row = W[r * rb:(r + 1) * rb]
             for b in range(nb):
                 o = b * 50
+                prefetch_bytes(row, o + PREFETCH_AHEAD, 50)
                 dw[b] = f16_to_f32(row[o], row[o + 1])
                 _decode_iq1_s(row, o, ws, b * 256, True)
             for b in range(nb):
@@ -700,6 +707,7 @@ def matmul_iq1_m(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
             row = W[r * rb:(r + 1) * rb]
             for b in range(nb):
                 o = b * 56
+                prefetch_bytes(row, o + PREFETCH_AHEAD, 56)
                 dw[b] = _d_iq1_m(row, o)
                 _decode_iq1_m(row, o, ws, b * 256, True)
             # delta * scale of each 8-value group, per value, so its sum is one more dot

@@ -13,10 +13,10 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ._jit import (INLINE, ORDER_GEMM, ORDER_GEMV, PARALLEL, ROWS_PER_TASK, SERIAL, block_step,
-                   block_sum, f16_to_f32, fma32, u32)
-from .simd import (PREFETCH_AHEAD, dot256, pair_sums_dot_bytes, prefetch_bytes, q2_k_isum, q3_k_isum, q4_k_isum,
-                   q5_k_isum, q6_k_isum)
+from ._jit import (INLINE, ORDER_GEMM, ORDER_GEMV, PARALLEL, ROWS_PER_TASK, SERIAL, block_step, block_sum, f16_to_f32,
+                   fma32, u32)
+from .simd import (PREFETCH_AHEAD, dot64, dot128, dot256, pair_sums_dot_bytes, prefetch_bytes, q2_k_isum, q3_k_isum,
+                   q4_k_isum, q5_k_isum, q6_k_isum)
 
 
 @njit(**INLINE)
@@ -205,6 +205,7 @@ def matmul_q2_k(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
             row = W[r * rb:(r + 1) * rb]
             for b in range(nb):
                 o = b * 84
+                prefetch_bytes(row, o + PREFETCH_AHEAD, 84)
                 dw[b] = f16_to_f32(row[o + 80], row[o + 81])
                 dmin[b] = f16_to_f32(row[o + 82], row[o + 83])
                 _scaled_q2_k(row, o, ws, b * 256)
@@ -254,9 +255,7 @@ def _repacked_q2_k_dot(ws, x, dx, bsums, dw, dmin, row, nb, gemm):
         scale, scale_min = dw[b] * dx[b], dmin[b] * dx[b]
         if gemm:
             for h in range(2):
-                isum = np.int32(0)
-                for j in range(128):
-                    isum = np.int32(isum + np.int32(ws[b * 256 + h * 128 + j]) * np.int32(x[b * 256 + h * 128 + j]))
+                isum = dot128(ws, b * 256 + h * 128, x, b * 256 + h * 128)
                 summ = np.int32(0)
                 for j in range(8 * h, 8 * h + 8):
                     summ = np.int32(summ + bsums[b * 16 + j] * np.int32(row[b * 84 + j] >> 4))
@@ -341,6 +340,7 @@ def matmul_q3_k(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
             row = W[r * rb:(r + 1) * rb]
             for b in range(nb):
                 o = b * 110
+                prefetch_bytes(row, o + PREFETCH_AHEAD, 110)
                 dw[b] = f16_to_f32(row[o + 108], row[o + 109])
                 _scales_q3_k(row, o, sc)
                 _scaled_q3_k(row, o, sc, ws, b * 256)
@@ -402,6 +402,7 @@ def matmul_q4_k(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
             row = W[r * rb:(r + 1) * rb]
             for b in range(nb):
                 o = b * 144
+                prefetch_bytes(row, o + PREFETCH_AHEAD, 144)
                 dw[b] = f16_to_f32(row[o], row[o + 1])
                 dmin[b] = f16_to_f32(row[o + 2], row[o + 3])
                 scales, mins[b] = _scales_mins_k4(row, o + 4)
@@ -432,9 +433,7 @@ def _repacked_q4_k_dot(ws, x, dx, bsums, dw, dmin, mins, nb, gemm):
         scale, scale_min = dw[b] * dx[b], dmin[b] * dx[b]
         if gemm:
             for h in range(4):
-                isum = np.int32(0)
-                for j in range(64):
-                    isum = np.int32(isum + np.int32(ws[b * 256 + h * 64 + j]) * np.int32(x[b * 256 + h * 64 + j]))
+                isum = dot64(ws, b * 256 + h * 64, x, b * 256 + h * 64)
                 o = b * 16 + 4 * h
                 summ = ((bsums[o] + bsums[o + 1]) * _byte(mins[b], 2 * h)
                         + (bsums[o + 2] + bsums[o + 3]) * _byte(mins[b], 2 * h + 1))
@@ -531,6 +530,7 @@ def matmul_q5_k(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
             row = W[r * rb:(r + 1) * rb]
             for b in range(nb):
                 o = b * 176
+                prefetch_bytes(row, o + PREFETCH_AHEAD, 176)
                 dw[b] = f16_to_f32(row[o], row[o + 1])
                 dmin[b] = f16_to_f32(row[o + 2], row[o + 3])
                 scales, mins[b] = _scales_mins_k4(row, o + 4)
@@ -609,6 +609,7 @@ def matmul_q6_k(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
             row = W[r * rb:(r + 1) * rb]
             for b in range(nb):
                 o = b * 210
+                prefetch_bytes(row, o + PREFETCH_AHEAD, 210)
                 dw[b] = f16_to_f32(row[o + 208], row[o + 209])
                 _scaled_q6_k(row, o, ws, b * 256)
             t0 = (r // group_rows) * n_tok

@@ -1205,18 +1205,18 @@ iq4_xs_isum = _for_this_cpu(IQ4_XS_ISUM)
 
 # ---- decoded rows: int16 weights . int8 activation ----------------------------------------------
 
-def _words_dot(context, builder, signature, args, target):
-    """Exact int32 sum of ws[wo:wo+256] (int16) times x[xo:xo+256] (int8): x86 in pmaddwd steps of
-    32 (AVX-512) or 16 (AVX2) values into one int32 vector, one reduction at the end (LLVM's own
-    vectorization of the scalar loop used 16-byte vectors: 1.5x slower per block alone, 2-3x in
-    the matmuls).  Each product is at most 2^22 in size, 256 of them sum below 2^31: exact for
-    every input."""
+def _words_dot(context, builder, signature, args, target, span):
+    """Exact int32 sum of ws[wo:wo+span] (int16) times x[xo:xo+span] (int8): x86 in pmaddwd steps
+    of 32 (AVX-512) or 16 (AVX2) values into one int32 vector, one reduction at the end (LLVM's
+    own vectorization of the scalar loop used 16-byte vectors: 1.5x slower per 256 values alone,
+    2-3x in the matmuls).  Each product is at most 2^22 in size, 256 of them sum below 2^31:
+    exact for every input."""
     xt = signature.args[2]
     _, wo, x, xo = args
     (w_ptr,) = _data(context, builder, signature, args, 0)
-    n = {GENERIC: 256, AVX2: 16, AVX512: 32}[target]
+    n = {GENERIC: span, AVX2: 16, AVX512: 32}[target]
     total = None
-    for k in range(0, 256, n):
+    for k in range(0, span, n):
         w = builder.load(builder.bitcast(builder.gep(w_ptr, [_add_offset(builder, wo, k)]), _vec(I16, n).as_pointer()),
                          align=2)
         xv = builder.sext(_load_bytes(context, builder, xt, x, _add_offset(builder, xo, k), n), _vec(I16, n))
@@ -1229,23 +1229,25 @@ def _words_dot(context, builder, signature, args, target):
     return _reduce_add(builder, total)
 
 
-def _dot256_intrinsic(target: str):
+def _words_dot_intrinsic(span: int, target: str):
     @intrinsic
-    def dot256(typingctx, ws, wo, x, xo):
-        """Exact int32 dot of int16 weights ws[wo:wo+256] (a decoded row: quant x integer
-        sub-block scale) with the int8 activation x[xo:xo+256] (both contiguous)."""
+    def words_dot(typingctx, ws, wo, x, xo):
         if ws.dtype != types.int16 or x.dtype != types.int8 or ws.layout != "C" or x.layout != "C":
             return None
         sig = types.int32(ws, wo, x, xo)
 
         def codegen(context, builder, signature, args):
-            return _words_dot(context, builder, signature, args, target)
+            return _words_dot(context, builder, signature, args, target, span)
         return sig, codegen
-    return dot256
+    words_dot.__doc__ = (f"Exact int32 dot of int16 weights ws[wo:wo+{span}] (a decoded row: quant x integer "
+                         f"sub-block scale) with the int8 activation x[xo:xo+{span}] (both contiguous).")
+    return words_dot
 
 
-DOT256 = {target: _dot256_intrinsic(target) for target in (GENERIC, AVX2, AVX512)}
-dot256 = _for_this_cpu(DOT256)
+# per span of values (256: a super-block; 64 and 128: the steps of ggml's repacked Q4_K/Q2_K gemm)
+WORDS_DOT = {span: {target: _words_dot_intrinsic(span, target) for target in (GENERIC, AVX2, AVX512)}
+             for span in (64, 128, 256)}
+dot64, dot128, dot256 = (_for_this_cpu(WORDS_DOT[span]) for span in (64, 128, 256))
 
 
 # ---- legacy 32-value blocks: a whole row . token in llama.cpp's eight FMA lanes -------------
