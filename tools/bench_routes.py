@@ -6,16 +6,19 @@ The K- and IQ-quant kernels (and F16/BF16) have two routes for T tokens per row:
 (every token's block sums taken from the row bytes, decoding them again per token) and decoded
 (the row decoded once into int16 values times their sub-block scale, then one plain dot per
 token).  kernels.KERNELS[type].straight_tokens picks straight up to that many tokens.  This
-times both routes, forced, on the same stacked-expert matrix (Qwen3-30B-A3B's gate/up shape by
-default) for a range of token counts, the two routes alternating so that both see the same
-machine noise, and prints microseconds per call, decoded/straight, and the largest measured
+times both routes, forced, on stacked-expert matrices (Qwen3-30B-A3B's gate/up shape by
+default) for a range of token counts, each call on the next of --pool-mib of experts so that its
+weights come from memory, as a prompt's experts do, in 4 KiB pages like the runtime's file
+mappings (with one matrix in cache, or in numpy's 2 MiB pages, the decoded route looked faster
+than it is in the runtime); the two routes alternate so that both see the same machine noise.  Prints microseconds per call, decoded/straight, and the largest measured
 token count up to which straight was at least 5 % faster (a suggestion for straight_tokens,
-next to the current value; KERNELS takes the smaller of two runs).  Both routes give the same bits (tests/test_kernels.py), so the choice is
-speed alone.
+next to the current value; KERNELS takes the smaller of two runs).  Both routes give the same
+bits (tests/test_kernels.py), so the choice is speed alone.
 """
 from __future__ import annotations
 
 import argparse
+import mmap
 
 import numba
 import numpy as np
@@ -27,15 +30,34 @@ from swapmoe.runtime import kernels as K
 TOKENS = (2, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 
 
-def route_timer(tp: T, W: np.ndarray, rows: int, cols: int, n_tok: int, rng):
-    """A function timing one call of tp's kernel on n_tok stacked-expert tokens, route forced."""
+def expert_pool(one: np.ndarray, size: int) -> list[np.ndarray]:
+    """Copies of one expert's bytes filling `size` bytes of 4 KiB pages, as the runtime's file
+    mappings have (numpy's own large arrays get 2 MiB pages here, and fewer TLB misses), each
+    read-only as kernels.matmul_q passes weights (one numba specialization)."""
+    n = max(1, size // one.nbytes)
+    memory = mmap.mmap(-1, n * one.nbytes)
+    memory.madvise(mmap.MADV_NOHUGEPAGE)
+    pool = np.frombuffer(memory, np.uint8).reshape(n, one.nbytes)
+    pool[:] = one
+    pool.setflags(write=False)
+    return list(pool)
+
+
+def route_timer(tp: T, experts: list[np.ndarray], rows: int, cols: int, n_tok: int, rng):
+    """A function timing calls of tp's kernel on n_tok tokens, route forced, each call on the next
+    expert matrix (best of `reps` calls)."""
     qx = K.quantize_activation(tp, rng.standard_normal((n_tok, cols)).astype(np.float32))
     out = np.empty((n_tok, rows), np.float32)
     order = K.ggml_order(tp, rows, cols, n_tok, False, True)
     kernel = K.KERNELS[int(tp)].matmul
+    turn = iter(range(1 << 62))
+
+    def call(straight: bool) -> None:
+        W = experts[next(turn) % len(experts)]
+        kernel(W, rows, rows, cols, qx.qs, qx.d, qx.extra, out, order, straight)
 
     def timed(straight: bool, reps: int) -> float:
-        return best_time(lambda: kernel(W, rows, rows, cols, qx.qs, qx.d, qx.extra, out, order, straight), reps)[0]
+        return best_time(lambda: call(straight), reps)[0]
     return timed
 
 
@@ -47,20 +69,21 @@ def main() -> None:
     ap.add_argument("--cols", type=int, default=2048)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tokens", default=",".join(map(str, TOKENS)))
+    ap.add_argument("--pool-mib", type=int, default=1024,
+                    help="expert weights cycled through (MiB): more than the last-level cache")
     ap.add_argument("--rounds", type=int, default=3, help="alternating timings per route (best of 3 calls each)")
     args = ap.parse_args()
     numba.set_num_threads(args.threads)
     rng = np.random.default_rng(0)
     tokens = [int(t) for t in args.tokens.split(",")]
-    print(f"{args.rows} x {args.cols} stacked expert, {args.threads} threads; µs per call straight / decoded "
-          f"(decoded ÷ straight)")
+    print(f"{args.rows} x {args.cols} stacked experts ({args.pool_mib} MiB of them), {args.threads} threads; "
+          f"µs per call straight / decoded (decoded ÷ straight)")
     for name in args.types.split(","):
         tp = T[name]
-        W = random_weights(tp, args.rows * args.cols, rng)
-        W.setflags(write=False)  # as kernels.matmul_q passes weights: one numba specialization
+        experts = expert_pool(random_weights(tp, args.rows * args.cols, rng), args.pool_mib << 20)
         cells, suggestion, behind = [], 0, False
         for n_tok in tokens:
-            timed = route_timer(tp, W, args.rows, args.cols, n_tok, rng)
+            timed = route_timer(tp, experts, args.rows, args.cols, n_tok, rng)
             timed(True, 1), timed(False, 1)  # compile, warm the caches
             straight = decoded = float("inf")
             for _ in range(args.rounds):

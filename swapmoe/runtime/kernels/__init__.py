@@ -78,7 +78,7 @@ class Kernel(NamedTuple):
 KERNELS: dict[int, Kernel] = {
     int(T.F32): Kernel(int(T.F32), _float.matmul_f32, _float.dequantize_f32),
     int(T.F16): Kernel(int(T.F16), _float.matmul_f16, _float.dequantize_f16, 8),
-    int(T.BF16): Kernel(int(T.BF16), _float.matmul_bf16, _float.dequantize_bf16, 4),
+    int(T.BF16): Kernel(int(T.BF16), _float.matmul_bf16, _float.dequantize_bf16, 8),
     int(T.Q4_0): Kernel(int(T.Q8_0), legacy.matmul_q4_0, legacy.dequantize_q4_0),
     int(T.Q4_1): Kernel(int(T.Q8_1), legacy.matmul_q4_1, legacy.dequantize_q4_1),
     int(T.Q5_0): Kernel(int(T.Q8_0), legacy.matmul_q5_0, legacy.dequantize_q5_0),
@@ -98,7 +98,7 @@ KERNELS: dict[int, Kernel] = {
     int(T.IQ3_XXS): Kernel(int(T.Q8_K), iquants.matmul_iq3_xxs, iquants.dequantize_iq3_xxs, 8),
     int(T.IQ3_S): Kernel(int(T.Q8_K), iquants.matmul_iq3_s, iquants.dequantize_iq3_s, 4),
     int(T.IQ1_S): Kernel(int(T.Q8_K), iquants.matmul_iq1_s, iquants.dequantize_iq1_s, 8),
-    int(T.IQ1_M): Kernel(int(T.Q8_K), iquants.matmul_iq1_m, iquants.dequantize_iq1_m, 48),
+    int(T.IQ1_M): Kernel(int(T.Q8_K), iquants.matmul_iq1_m, iquants.dequantize_iq1_m, 64),
 }
 
 
