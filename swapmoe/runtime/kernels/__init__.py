@@ -73,8 +73,9 @@ class Kernel(NamedTuple):
 
 
 # straight_tokens: the largest token count up to which the straight route was at least 5 % faster
-# than the decoded one in two runs of tools/bench_routes.py (an expert matrix, 768 x 2048, on 2
-# threads of a Xeon VM; docs/kernels.md).  Where they are closer the decoded row is kept.
+# than the decoded one in both of two runs of tools/bench_routes.py (expert matrices, 768 x 2048,
+# from memory, on 2 threads of a Xeon VM; docs/kernels.md); where they are closer the decoded row
+# is kept.  F16 (noisy: 0.93 at 2 tokens in one run, >= 1.07 up to 16 in the other) as BF16.
 KERNELS: dict[int, Kernel] = {
     int(T.F32): Kernel(int(T.F32), _float.matmul_f32, _float.dequantize_f32),
     int(T.F16): Kernel(int(T.F16), _float.matmul_f16, _float.dequantize_f16, 8),
