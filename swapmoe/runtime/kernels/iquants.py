@@ -152,9 +152,8 @@ def matmul_iq4_xs(W, rows, group_rows, cols, qs, d, extra, out, order, straight)
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 256
     rb = nb * 136
-    xp = pair_order(qs[:0] if straight else qs)  # (a conditional array here would lose its C layout)
-    for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        if straight:
+    if straight:
+        for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
             for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
                 row = W[r * rb:(r + 1) * rb]
                 t0 = (r // group_rows) * n_tok
@@ -168,7 +167,9 @@ def matmul_iq4_xs(W, rows, group_rows, cols, qs, d, extra, out, order, straight)
                         dw = f16_to_f32(row[o], row[o + 1])
                         acc = block_step(order, acc, np.float32(sumi), dw, dx[b])
                     out[t, r] = acc
-            continue
+        return
+    xp = pair_order(qs)
+    for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         ws = np.empty(cols, np.int16)
         dw = np.empty(nb, np.float32)
         for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
@@ -232,15 +233,16 @@ def matmul_iq2_xxs(W, rows, group_rows, cols, qs, d, extra, out, order, straight
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 256
     rb = nb * 66
-    xs = grid_activations(qs) if straight else qs
-    for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        if straight:  # from the row bytes
+    if straight:  # from the row bytes
+        xs = grid_activations(qs)
+        for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
             for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
                 row = W[r * rb:(r + 1) * rb]
                 t0 = (r // group_rows) * n_tok
                 for t in range(n_tok):
                     out[t, r] = _IQ2_XXS_ROW(row, xs[t0 + t], d[t0 + t], nb, order)
-            continue
+        return
+    for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         ws = np.empty(cols, np.int16)
         dw = np.empty(nb, np.float32)
         for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
@@ -299,15 +301,16 @@ def matmul_iq2_xs(W, rows, group_rows, cols, qs, d, extra, out, order, straight)
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 256
     rb = nb * 74
-    xs = grid_activations(qs) if straight else qs
-    for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        if straight:  # from the row bytes
+    if straight:  # from the row bytes
+        xs = grid_activations(qs)
+        for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
             for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
                 row = W[r * rb:(r + 1) * rb]
                 t0 = (r // group_rows) * n_tok
                 for t in range(n_tok):
                     out[t, r] = _IQ2_XS_ROW(row, xs[t0 + t], d[t0 + t], nb, order)
-            continue
+        return
+    for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         ws = np.empty(cols, np.int16)
         dw = np.empty(nb, np.float32)
         for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
@@ -364,15 +367,16 @@ def matmul_iq2_s(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 256
     rb = nb * 82
-    xs = grid_activations(qs) if straight else qs
-    for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        if straight:  # from the row bytes
+    if straight:  # from the row bytes
+        xs = grid_activations(qs)
+        for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
             for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
                 row = W[r * rb:(r + 1) * rb]
                 t0 = (r // group_rows) * n_tok
                 for t in range(n_tok):
                     out[t, r] = _IQ2_S_ROW(row, xs[t0 + t], d[t0 + t], nb, order)
-            continue
+        return
+    for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         ws = np.empty(cols, np.int16)
         dw = np.empty(nb, np.float32)
         for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
@@ -434,15 +438,16 @@ def matmul_iq3_xxs(W, rows, group_rows, cols, qs, d, extra, out, order, straight
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 256
     rb = nb * 98
-    xs = grid_activations(qs) if straight else qs
-    for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        if straight:  # from the row bytes
+    if straight:  # from the row bytes
+        xs = grid_activations(qs)
+        for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
             for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
                 row = W[r * rb:(r + 1) * rb]
                 t0 = (r // group_rows) * n_tok
                 for t in range(n_tok):
                     out[t, r] = _IQ3_XXS_ROW(row, xs[t0 + t], d[t0 + t], nb, order)
-            continue
+        return
+    for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         ws = np.empty(cols, np.int16)
         dw = np.empty(nb, np.float32)
         for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
@@ -501,15 +506,16 @@ def matmul_iq3_s(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 256
     rb = nb * 110
-    xs = grid_activations(qs) if straight else qs
-    for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        if straight:  # from the row bytes
+    if straight:  # from the row bytes
+        xs = grid_activations(qs)
+        for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
             for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
                 row = W[r * rb:(r + 1) * rb]
                 t0 = (r // group_rows) * n_tok
                 for t in range(n_tok):
                     out[t, r] = _IQ3_S_ROW(row, xs[t0 + t], d[t0 + t], nb, order)
-            continue
+        return
+    for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         ws = np.empty(cols, np.int16)
         dw = np.empty(nb, np.float32)
         for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
@@ -580,9 +586,9 @@ def matmul_iq1_s(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 256
     rb = nb * 50
-    xs = grid_activations(qs) if straight else qs
-    for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        if straight:  # from the row bytes
+    if straight:  # from the row bytes
+        xs = grid_activations(qs)
+        for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
             for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
                 row = W[r * rb:(r + 1) * rb]
                 t0 = (r // group_rows) * n_tok
@@ -596,7 +602,8 @@ def matmul_iq1_s(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
                         block = np.float32(sums8) * _IQ1_DELTA  # ggml's sumi + 0.125 * sumi1, exactly
                         acc = block_step(order, acc, block, f16_to_f32(row[o], row[o + 1]), dx[b])
                     out[t, r] = acc
-            continue
+        return
+    for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         ws = np.empty(cols, np.int16)
         dw = np.empty(nb, np.float32)
         shift = np.empty(nb * 8, np.int32)
@@ -684,9 +691,9 @@ def matmul_iq1_m(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 256
     rb = nb * 56
-    xs = grid_activations(qs) if straight else qs
-    for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        if straight:  # from the row bytes
+    if straight:  # from the row bytes
+        xs = grid_activations(qs)
+        for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
             for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
                 row = W[r * rb:(r + 1) * rb]
                 t0 = (r // group_rows) * n_tok
@@ -699,7 +706,8 @@ def matmul_iq1_m(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
                         block = np.float32(sums8) * _IQ1_DELTA  # ggml's sumi1 + 0.125 * sumi2, exactly
                         acc = block_step(order, acc, block, _d_iq1_m(row, b * 56), dx[b])
                     out[t, r] = acc
-            continue
+        return
+    for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         ws = np.empty(cols, np.int16)
         dw = np.empty(nb, np.float32)
         shifts = np.empty(cols, np.int16)

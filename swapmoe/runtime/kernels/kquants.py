@@ -190,14 +190,15 @@ def matmul_q2_k(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     rb = nb * 84
     gemm_tokens = n_tok - n_tok % 4 if order == ORDER_GEMM and n_tok > 3 else 0
     straight = straight and gemm_tokens == 0  # from the row bytes
-    for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        if straight:
+    if straight:
+        for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
             for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
                 row = W[r * rb:(r + 1) * rb]
                 t0 = (r // group_rows) * n_tok
                 for t in range(n_tok):
                     out[t, r] = _q2_k_straight_dot(row, qs[t0 + t], d[t0 + t], extra[t0 + t], nb, order)
-            continue
+        return
+    for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         ws = np.empty(cols, np.int16)
         dw = np.empty(nb, np.float32)
         dmin = np.empty(nb, np.float32)
@@ -318,8 +319,8 @@ def matmul_q3_k(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 256
     rb = nb * 110
-    for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        if straight:  # from the row bytes
+    if straight:  # from the row bytes
+        for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
             for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
                 row = W[r * rb:(r + 1) * rb]
                 t0 = (r // group_rows) * n_tok
@@ -332,7 +333,8 @@ def matmul_q3_k(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
                         isum = q3_k_isum(row, o, x, b * 256, bsums, b * 16)
                         acc = block_step(order, acc, np.float32(isum), f16_to_f32(row[o + 108], row[o + 109]), dx[b])
                     out[t, r] = acc
-            continue
+        return
+    for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         sc = np.empty(16, np.int32)
         ws = np.empty(cols, np.int16)
         dw = np.empty(nb, np.float32)
@@ -386,14 +388,15 @@ def matmul_q4_k(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     # gemv alone, few tokens: straight from the quant bytes (simd.q4_k_isum); more tokens share
     # one decoded int16 row
     straight = straight and (order == ORDER_GEMM or order == ORDER_GEMV) and gemm_tokens == 0
-    for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        if straight:
+    if straight:
+        for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
             for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
                 row = W[r * rb:(r + 1) * rb]
                 t0 = (r // group_rows) * n_tok
                 for t in range(n_tok):
                     out[t, r] = _q4_k_gemv_dot(row, qs[t0 + t], d[t0 + t], extra[t0 + t], nb)
-            continue
+        return
+    for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         ws = np.empty(cols, np.int16)
         dw = np.empty(nb, np.float32)
         dmin = np.empty(nb, np.float32)
@@ -504,8 +507,8 @@ def matmul_q5_k(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 256
     rb = nb * 176
-    for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        if straight:  # from the row bytes
+    if straight:  # from the row bytes
+        for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
             for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
                 row = W[r * rb:(r + 1) * rb]
                 t0 = (r // group_rows) * n_tok
@@ -521,7 +524,8 @@ def matmul_q5_k(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
                         dw, dmin = f16_to_f32(row[o], row[o + 1]), f16_to_f32(row[o + 2], row[o + 3])
                         acc = block_sum(order, acc, isum, summ, dw, dmin, dx[b])
                     out[t, r] = acc
-            continue
+        return
+    for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         ws = np.empty(cols, np.int16)
         dw = np.empty(nb, np.float32)
         dmin = np.empty(nb, np.float32)
@@ -588,8 +592,8 @@ def matmul_q6_k(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // 256
     rb = nb * 210
-    for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        if straight:  # from the row bytes
+    if straight:  # from the row bytes
+        for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
             for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
                 row = W[r * rb:(r + 1) * rb]
                 t0 = (r // group_rows) * n_tok
@@ -602,7 +606,8 @@ def matmul_q6_k(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
                         isum = q6_k_isum(row, o, x, b * 256, bsums, b * 16)
                         acc = block_step(order, acc, np.float32(isum), f16_to_f32(row[o + 208], row[o + 209]), dx[b])
                     out[t, r] = acc
-            continue
+        return
+    for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         ws = np.empty(cols, np.int16)
         dw = np.empty(nb, np.float32)
         for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
