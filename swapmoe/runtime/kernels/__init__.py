@@ -75,10 +75,10 @@ class Kernel(NamedTuple):
 # straight_tokens: the largest token count up to which the straight route was at least 5 % faster
 # than the decoded one in both of two runs of tools/bench_routes.py (expert matrices, 768 x 2048,
 # from memory, on 2 threads of a Xeon VM; docs/kernels.md); where they are closer the decoded row
-# is kept.  F16 (noisy: 0.93 at 2 tokens in one run, >= 1.07 up to 16 in the other) as BF16.
+# is kept.
 KERNELS: dict[int, Kernel] = {
     int(T.F32): Kernel(int(T.F32), _float.matmul_f32, _float.dequantize_f32),
-    int(T.F16): Kernel(int(T.F16), _float.matmul_f16, _float.dequantize_f16, 8),
+    int(T.F16): Kernel(int(T.F16), _float.matmul_f16, _float.dequantize_f16, 4),
     int(T.BF16): Kernel(int(T.BF16), _float.matmul_bf16, _float.dequantize_bf16, 8),
     int(T.Q4_0): Kernel(int(T.Q8_0), legacy.matmul_q4_0, legacy.dequantize_q4_0),
     int(T.Q4_1): Kernel(int(T.Q8_1), legacy.matmul_q4_1, legacy.dequantize_q4_1),
@@ -98,8 +98,8 @@ KERNELS: dict[int, Kernel] = {
     int(T.IQ2_S): Kernel(int(T.Q8_K), iquants.matmul_iq2_s, iquants.dequantize_iq2_s, 8),
     int(T.IQ3_XXS): Kernel(int(T.Q8_K), iquants.matmul_iq3_xxs, iquants.dequantize_iq3_xxs, 8),
     int(T.IQ3_S): Kernel(int(T.Q8_K), iquants.matmul_iq3_s, iquants.dequantize_iq3_s, 4),
-    int(T.IQ1_S): Kernel(int(T.Q8_K), iquants.matmul_iq1_s, iquants.dequantize_iq1_s, 8),
-    int(T.IQ1_M): Kernel(int(T.Q8_K), iquants.matmul_iq1_m, iquants.dequantize_iq1_m, 64),
+    int(T.IQ1_S): Kernel(int(T.Q8_K), iquants.matmul_iq1_s, iquants.dequantize_iq1_s, 12),
+    int(T.IQ1_M): Kernel(int(T.Q8_K), iquants.matmul_iq1_m, iquants.dequantize_iq1_m, 48),
 }
 
 
