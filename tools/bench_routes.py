@@ -8,16 +8,18 @@ The K- and IQ-quant kernels (and F16/BF16) have two routes for T tokens per row:
 token).  kernels.KERNELS[type].straight_tokens picks straight up to that many tokens.  This
 times both routes, forced, on stacked-expert matrices (Qwen3-30B-A3B's gate/up shape by
 default) for a range of token counts, each call on the next of --pool-mib of experts so that its
-weights come from memory, as a prompt's experts do, in 4 KiB pages like the runtime's file
-mappings (with one matrix in cache, or in numpy's 2 MiB pages, the decoded route looked faster
-than it is in the runtime); the two routes alternate so that both see the same machine noise.  Prints microseconds per call, decoded/straight, and the largest measured
-token count up to which straight was at least 5 % faster (a suggestion for straight_tokens,
-next to the current value; KERNELS takes the smaller of two runs).  Both routes give the same
-bits (tests/test_kernels.py), so the choice is speed alone.
+weights come from memory as a prompt's experts do (with one matrix kept in cache the decoded
+route looked 10-30 % faster at few tokens than it is in the runtime), in 4 KiB pages like the
+runtime's file mappings; the two routes alternate so that both see the same machine noise.
+Prints microseconds per call, decoded/straight, and the largest measured token count up to
+which straight was at least 5 % faster (a suggestion for straight_tokens, next to the current
+value; KERNELS takes the smaller of two runs).  Both routes give the same bits
+(tests/test_kernels.py), so the choice is speed alone.
 """
 from __future__ import annotations
 
 import argparse
+import itertools
 import mmap
 
 import numba
@@ -36,7 +38,8 @@ def expert_pool(one: np.ndarray, size: int) -> list[np.ndarray]:
     read-only as kernels.matmul_q passes weights (one numba specialization)."""
     n = max(1, size // one.nbytes)
     memory = mmap.mmap(-1, n * one.nbytes)
-    memory.madvise(mmap.MADV_NOHUGEPAGE)
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):  # Linux
+        memory.madvise(mmap.MADV_NOHUGEPAGE)
     pool = np.frombuffer(memory, np.uint8).reshape(n, one.nbytes)
     pool[:] = one
     pool.setflags(write=False)
@@ -50,7 +53,7 @@ def route_timer(tp: T, experts: list[np.ndarray], rows: int, cols: int, n_tok: i
     out = np.empty((n_tok, rows), np.float32)
     order = K.ggml_order(tp, rows, cols, n_tok, False, True)
     kernel = K.KERNELS[int(tp)].matmul
-    turn = iter(range(1 << 62))
+    turn = itertools.count()
 
     def call(straight: bool) -> None:
         W = experts[next(turn) % len(experts)]
