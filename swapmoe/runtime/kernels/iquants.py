@@ -1,10 +1,10 @@
 """IQ quants: IQ4_NL, IQ4_XS, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M.
 
 Lookup grids come from the gguf package's tables (gguf.quants.<TYPE>.grid, decoded from
-grid_hex at import).  For few tokens per row (`straight`, kernels.KERNELS; IQ4_NL: always) a simd.py
-intrinsic takes each super-block's exact int32 sum straight from the row bytes: grid entries
-gathered into a vector, signs as byte masks applied to the activation, IQ4 values looked up by
-pshufb.  Larger batches decode each row once through "signed grid" tables (every grid entry
+grid_hex at import).  For few tokens per row (`straight`, set by kernels.KERNELS; IQ4_NL:
+always) a simd.py intrinsic takes each super-block's exact int32 sum straight from the row
+bytes: grid entries gathered into a vector, signs as byte masks applied to the activation, IQ4
+values looked up by pshufb.  Larger batches decode each row once through "signed grid" tables (every grid entry
 times every sign pattern, packed as uint32/uint64: one table load per 4 or 8 weights, widened
 into int16 values times their integer sub-block scale, _jit.widen8) and dot every token with it.
 Either way the float step is ggml's (generic vec_dot, ggml-cpu/quants.c), including the final
@@ -17,9 +17,8 @@ import numpy as np
 from gguf import quants as gq
 from numba import njit, prange
 
-from ._jit import (INLINE, ORDER_GEMV, PARALLEL, ROWS_PER_TASK, SERIAL, block_step, decode_pairs,
-                   f16_to_f32, grid_activations, nibble_pair_words, nibble_row_dot, pair_order, u32, u64, widen4,
-                   widen8)
+from ._jit import (INLINE, ORDER_GEMV, PARALLEL, ROWS_PER_TASK, SERIAL, block_step, decode_pairs, f16_to_f32,
+                   grid_activations, nibble_pair_words, nibble_row_dot, pair_order, u32, u64, widen4, widen8)
 from .simd import (PREFETCH_AHEAD, dot256, iq1_delta_table, iq1_m_isum, iq1_s_isum, iq2_s_isum, iq2_xs_isum,
                    iq2_xxs_isum, iq3_s_isum, iq3_xxs_isum, iq4_xs_isum, prefetch_bytes, rows_dot8)
 

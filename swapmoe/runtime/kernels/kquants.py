@@ -3,9 +3,9 @@
 Per token and super-block the kernels take exact integer sums against the Q8_K activation,
 isum = sum(scale * q * x) and the mins against the Q8_K block sums, then one float step in the
 rounding of the llama.cpp route `order` (kernels.ggml_order; _jit.block_sum and the repacked
-Q4_K/Q2_K helpers here).  For few tokens per row (`straight`, kernels.KERNELS) the sums come straight
-from the row bytes (simd.py intrinsics); larger batches decode each row once into int16 values times
-their integer sub-block scale and dot every token with it.  ggml's vec_dot spreads the float step
+Q4_K/Q2_K helpers here).  For few tokens per row (`straight`, set by kernels.KERNELS) the sums
+come straight from the row bytes (simd.py intrinsics); larger batches decode each row once into
+int16 values times their integer sub-block scale and dot every token with it.  ggml's vec_dot spreads the float step
 over 8 lanes, not reproduced (docs/kernels.md).  Kernel signatures as in legacy.py.
 """
 from __future__ import annotations
