@@ -78,13 +78,10 @@ _IQ4_NL_ROW = nibble_row_dot(18, _IQ4_VALUES, fp16_scale=True)
 _IQ4_NL_ROWS8 = rows_dot8["iq4_nl"]
 
 
-def _grid_row_dots(isum, block_bytes, grid, signs, factor):
-    """Row r . each of its n_tok tokens (xs[t0:t0+n_tok], into out[:, r]) for one of the IQ2/IQ3
-    grid types, straight from the row bytes: each super-block's exact sum from its simd intrinsic
-    `isum`, ggml's float step (block_step with the block's fp16 d in its first two bytes), then the
-    type's final factor.  Two tokens per pass over the row, each rounded as alone: LLVM shares the
-    two intrinsic calls' weight side (grid gathers, sign masks, scales; IQ2_XXS 8.9 -> 7.5 ns per
-    block and token, one core, in cache); an odd last token alone."""
+def _grid_row_dot(isum, block_bytes, grid, signs, factor):
+    """A row . token for one of the IQ2/IQ3 grid types, straight from the row bytes: each
+    super-block's exact sum from its simd intrinsic `isum`, ggml's float step (block_step with the
+    block's fp16 d in its first two bytes), then the type's final factor."""
     @njit(**INLINE)
     def row_dot(row, x, dx, nb, order):
         acc = np.float32(0.0)
@@ -94,32 +91,14 @@ def _grid_row_dots(isum, block_bytes, grid, signs, factor):
             block = np.float32(isum(row, o, x, b * 256, grid, signs))
             acc = block_step(order, acc, block, f16_to_f32(row[o], row[o + 1]), dx[b])
         return np.float32(factor) * acc
-
-    @njit(**INLINE)
-    def row_dot2(row, x1, x2, dx1, dx2, nb, order):
-        acc1 = acc2 = np.float32(0.0)
-        for b in range(nb):
-            o = b * block_bytes
-            prefetch_bytes(row, o + PREFETCH_AHEAD, block_bytes)
-            dw = f16_to_f32(row[o], row[o + 1])
-            acc1 = block_step(order, acc1, np.float32(isum(row, o, x1, b * 256, grid, signs)), dw, dx1[b])
-            acc2 = block_step(order, acc2, np.float32(isum(row, o, x2, b * 256, grid, signs)), dw, dx2[b])
-        return np.float32(factor) * acc1, np.float32(factor) * acc2
-
-    @njit(**INLINE)
-    def row_dots(row, xs, d, t0, n_tok, nb, order, out, r):
-        for t in range(t0, t0 + n_tok - 1, 2):
-            out[t - t0, r], out[t - t0 + 1, r] = row_dot2(row, xs[t], xs[t + 1], d[t], d[t + 1], nb, order)
-        if n_tok % 2:
-            out[n_tok - 1, r] = row_dot(row, xs[t0 + n_tok - 1], d[t0 + n_tok - 1], nb, order)
-    return row_dots
+    return row_dot
 
 
-_IQ2_XXS_ROWS = _grid_row_dots(iq2_xxs_isum, 66, _GRID8_IQ2_XXS, _SIGN_MASKS, 0.125)
-_IQ2_XS_ROWS = _grid_row_dots(iq2_xs_isum, 74, _GRID8_IQ2_XS, _SIGN_MASKS, 0.125)
-_IQ2_S_ROWS = _grid_row_dots(iq2_s_isum, 82, _GRID8_IQ2_S, _BYTE_MASKS, 0.125)
-_IQ3_XXS_ROWS = _grid_row_dots(iq3_xxs_isum, 98, _GRID4_IQ3_XXS, _SIGN_MASKS, 0.25)
-_IQ3_S_ROWS = _grid_row_dots(iq3_s_isum, 110, _GRID4_IQ3_S, _BYTE_MASKS, 1.0)
+_IQ2_XXS_ROW = _grid_row_dot(iq2_xxs_isum, 66, _GRID8_IQ2_XXS, _SIGN_MASKS, 0.125)
+_IQ2_XS_ROW = _grid_row_dot(iq2_xs_isum, 74, _GRID8_IQ2_XS, _SIGN_MASKS, 0.125)
+_IQ2_S_ROW = _grid_row_dot(iq2_s_isum, 82, _GRID8_IQ2_S, _BYTE_MASKS, 0.125)
+_IQ3_XXS_ROW = _grid_row_dot(iq3_xxs_isum, 98, _GRID4_IQ3_XXS, _SIGN_MASKS, 0.25)
+_IQ3_S_ROW = _grid_row_dot(iq3_s_isum, 110, _GRID4_IQ3_S, _BYTE_MASKS, 1.0)
 
 
 # ---- IQ4_NL: d f16, 16 bytes of indices into a 16-value table (Q8_0 acts) ---
@@ -259,7 +238,8 @@ def matmul_iq2_xxs(W, rows, group_rows, cols, qs, d, extra, out, order, straight
             for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
                 row = W[r * rb:(r + 1) * rb]
                 t0 = (r // group_rows) * n_tok
-                _IQ2_XXS_ROWS(row, xs, d, t0, n_tok, nb, order, out, r)
+                for t in range(n_tok):
+                    out[t, r] = _IQ2_XXS_ROW(row, xs[t0 + t], d[t0 + t], nb, order)
         return
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         ws = np.empty(cols, np.int16)
@@ -326,7 +306,8 @@ def matmul_iq2_xs(W, rows, group_rows, cols, qs, d, extra, out, order, straight)
             for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
                 row = W[r * rb:(r + 1) * rb]
                 t0 = (r // group_rows) * n_tok
-                _IQ2_XS_ROWS(row, xs, d, t0, n_tok, nb, order, out, r)
+                for t in range(n_tok):
+                    out[t, r] = _IQ2_XS_ROW(row, xs[t0 + t], d[t0 + t], nb, order)
         return
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         ws = np.empty(cols, np.int16)
@@ -391,7 +372,8 @@ def matmul_iq2_s(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
             for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
                 row = W[r * rb:(r + 1) * rb]
                 t0 = (r // group_rows) * n_tok
-                _IQ2_S_ROWS(row, xs, d, t0, n_tok, nb, order, out, r)
+                for t in range(n_tok):
+                    out[t, r] = _IQ2_S_ROW(row, xs[t0 + t], d[t0 + t], nb, order)
         return
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         ws = np.empty(cols, np.int16)
@@ -461,7 +443,8 @@ def matmul_iq3_xxs(W, rows, group_rows, cols, qs, d, extra, out, order, straight
             for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
                 row = W[r * rb:(r + 1) * rb]
                 t0 = (r // group_rows) * n_tok
-                _IQ3_XXS_ROWS(row, xs, d, t0, n_tok, nb, order, out, r)
+                for t in range(n_tok):
+                    out[t, r] = _IQ3_XXS_ROW(row, xs[t0 + t], d[t0 + t], nb, order)
         return
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         ws = np.empty(cols, np.int16)
@@ -528,7 +511,8 @@ def matmul_iq3_s(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
             for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
                 row = W[r * rb:(r + 1) * rb]
                 t0 = (r // group_rows) * n_tok
-                _IQ3_S_ROWS(row, xs, d, t0, n_tok, nb, order, out, r)
+                for t in range(n_tok):
+                    out[t, r] = _IQ3_S_ROW(row, xs[t0 + t], d[t0 + t], nb, order)
         return
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         ws = np.empty(cols, np.int16)
