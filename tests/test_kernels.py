@@ -286,16 +286,6 @@ def test_grouped_rows_equal_separate_matrices(case):
                                       K.matmul(tp, W[g * group_bytes:(g + 1) * group_bytes], 2, COLS, X[g]))
 
 
-def run_route(tp: T, W: np.ndarray, rows: int, X: np.ndarray, straight: bool, stacked: bool) -> np.ndarray:
-    """tp's matmul kernel with its route forced: sums straight from the row bytes, or from a row
-    decoded once for all tokens."""
-    qx = K.quantize_activation(tp, X)
-    out = np.empty((len(X), rows), F32)
-    order = K.ggml_order(tp, rows, COLS, len(X), False, stacked)
-    K.KERNELS[int(tp)].matmul(W, rows, rows, COLS, qx.qs, qx.d, qx.extra, out, order, straight)
-    return out
-
-
 @pytest.mark.parametrize("tp", [tp for tp in TYPES if K.KERNELS[int(tp)].straight_tokens and tp not in (T.F16, T.BF16)],
                          ids=lambda t: t.name)
 def test_straight_and_decoded_routes_agree(tp):
@@ -305,11 +295,10 @@ def test_straight_and_decoded_routes_agree(tp):
     rng = np.random.default_rng(int(tp) + 40)
     for rows, stacked in ((ROWS, False), (8, False), (8, True)):
         W = random_weights(tp, rows, COLS, rng)
-        W.setflags(write=False)  # as kernels.matmul_q passes it: one numba specialization
         for n_tok in (1, 3, 9):
-            X = random_activations(n_tok, COLS, rng)
-            np.testing.assert_array_equal(run_route(tp, W, rows, X, True, stacked),
-                                          run_route(tp, W, rows, X, False, stacked))
+            qx = K.quantize_activation(tp, random_activations(n_tok, COLS, rng))
+            np.testing.assert_array_equal(K.matmul_q(tp, W, rows, COLS, qx, stacked=stacked, straight=True),
+                                          K.matmul_q(tp, W, rows, COLS, qx, stacked=stacked, straight=False))
 
 
 @pytest.mark.parametrize("tp", [T.F16, T.BF16], ids=lambda t: t.name)

@@ -34,30 +34,24 @@ TOKENS = (2, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 
 def expert_pool(one: np.ndarray, size: int) -> list[np.ndarray]:
     """Copies of one expert's bytes filling `size` bytes of 4 KiB pages, as the runtime's file
-    mappings have (numpy's own large arrays get 2 MiB pages here, and fewer TLB misses), each
-    read-only as kernels.matmul_q passes weights (one numba specialization)."""
+    mappings have (numpy's own large arrays get 2 MiB pages here, and fewer TLB misses)."""
     n = max(1, size // one.nbytes)
     memory = mmap.mmap(-1, n * one.nbytes)
     if hasattr(mmap, "MADV_NOHUGEPAGE"):  # Linux
         memory.madvise(mmap.MADV_NOHUGEPAGE)
     pool = np.frombuffer(memory, np.uint8).reshape(n, one.nbytes)
     pool[:] = one
-    pool.setflags(write=False)
     return list(pool)
 
 
 def route_timer(tp: T, experts: list[np.ndarray], rows: int, cols: int, n_tok: int, rng):
-    """A function timing calls of tp's kernel on n_tok tokens, route forced, each call on the next
-    expert matrix (best of `reps` calls)."""
+    """A function timing calls of tp's matmul on n_tok stacked-expert tokens, route forced, each
+    call on the next expert matrix (best of `reps` calls)."""
     qx = K.quantize_activation(tp, rng.standard_normal((n_tok, cols)).astype(np.float32))
-    out = np.empty((n_tok, rows), np.float32)
-    order = K.ggml_order(tp, rows, cols, n_tok, False, True)
-    kernel = K.KERNELS[int(tp)].matmul
     turn = itertools.count()
 
     def call(straight: bool) -> None:
-        W = experts[next(turn) % len(experts)]
-        kernel(W, rows, rows, cols, qx.qs, qx.d, qx.extra, out, order, straight)
+        K.matmul_q(tp, experts[next(turn) % len(experts)], rows, cols, qx, stacked=True, straight=straight)
 
     def timed(straight: bool, reps: int) -> float:
         return best_time(lambda: call(straight), reps)[0]

@@ -170,14 +170,17 @@ def ggml_order(ggml_type: int, rows: int, cols: int, n_tok: int, grouped: bool, 
 
 
 def matmul_q(ggml_type: int, W: np.ndarray, rows: int, cols: int, qx: QuantizedActivation,
-             group_rows: int | None = None, stacked: bool = False) -> np.ndarray:
+             group_rows: int | None = None, stacked: bool = False, straight: bool | None = None) -> np.ndarray:
     """Y[T, rows] = X @ W.T with X already passed through quantize_activation.
 
     group_rows: W's rows form groups of this many, each with its own activations (e.g. MLA's
     per-head matrices stacked in one tensor): qx then holds T rows per group, group-major, and
     Y[:, g*group_rows:(g+1)*group_rows] = X_g @ W_g.T; one kernel call for all groups.
     stacked: W is one expert of a stacked expert tensor (llama.cpp's MUL_MAT_ID), which changes
-    the rounding route llama.cpp takes (see ggml_order)."""
+    the rounding route llama.cpp takes (see ggml_order).
+    straight: force the kernel's route (True: every token's sums from the row bytes; False: the
+    row decoded once for all tokens) instead of KERNELS' choice by token count (straight_tokens).
+    Both give the same bits; tests and tools/bench_routes.py compare them."""
     kernel = _kernel(ggml_type)
     _check_weights(ggml_type, W, rows, cols)
     if qx.vec_dot_type != kernel.vec_dot_type or qx.qs.shape[1] != cols:
@@ -189,8 +192,9 @@ def matmul_q(ggml_type: int, W: np.ndarray, rows: int, cols: int, qx: QuantizedA
     out = np.empty((qx.qs.shape[0] // groups, rows), np.float32)
     if rows:
         order = ggml_order(ggml_type, group_rows, cols, len(out), groups > 1, stacked)
-        kernel.matmul(_readonly(W), rows, group_rows, cols, qx.qs, qx.d, qx.extra, out, order,
-                      len(out) <= kernel.straight_tokens)
+        if straight is None:
+            straight = len(out) <= kernel.straight_tokens
+        kernel.matmul(_readonly(W), rows, group_rows, cols, qx.qs, qx.d, qx.extra, out, order, straight)
     return out
 
 

@@ -4,9 +4,10 @@ Lookup grids come from the gguf package's tables (gguf.quants.<TYPE>.grid, decod
 grid_hex at import).  For few tokens per row (`straight`, set by kernels.KERNELS; IQ4_NL:
 always) a simd.py intrinsic takes each super-block's exact int32 sum straight from the row
 bytes: grid entries gathered into a vector, signs as byte masks applied to the activation, IQ4
-values looked up by pshufb.  Larger batches decode each row once through "signed grid" tables (every grid entry
-times every sign pattern, packed as uint32/uint64: one table load per 4 or 8 weights, widened
-into int16 values times their integer sub-block scale, _jit.widen8) and dot every token with it.
+values looked up by pshufb.  Larger batches decode each row once through "signed grid" tables
+(every grid entry times every sign pattern, packed as uint32/uint64: one table load per 4 or 8
+weights, widened into int16 values times their integer sub-block scale, _jit.widen8) and dot
+every token with it.
 Either way the float step is ggml's (generic vec_dot, ggml-cpu/quants.c), including the final
 per-row factor (0.125 for IQ2_*, 0.25 for IQ3_XXS).  IQ4_NL uses Q8_0 activations, the rest
 Q8_K.  Kernel signatures as in legacy.py.
