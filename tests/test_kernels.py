@@ -291,9 +291,9 @@ def test_grouped_rows_equal_separate_matrices(case):
 def test_straight_and_decoded_routes_agree(tp):
     """KERNELS' straight_tokens picks a route by speed alone: both take the same exact block sums
     and the same float steps, so the same bits, on every rounding route (rows % 8 == 0 repacks
-    Q4_K/Q2_K; stacked experts; >= 8 tokens tiled)."""
+    Q4_K/Q2_K; stacked experts; >= 8 tokens tiled; a 32-row expert: Q4_K's 16-row tiles)."""
     rng = np.random.default_rng(int(tp) + 40)
-    for rows, stacked in ((ROWS, False), (8, False), (8, True)):
+    for rows, stacked in ((ROWS, False), (8, False), (8, True), (32, True)):
         W = random_weights(tp, rows, COLS, rng)
         for n_tok in (1, 3, 9):
             qx = K.quantize_activation(tp, random_activations(n_tok, COLS, rng))
@@ -429,10 +429,14 @@ def test_tiled_route_rounding():
 def test_repacked_route_rounding(tp, gemm_step):
     """Q4_K (and Q2_K, AVX-512) with rows % 8 == 0: gemm for tokens in fours (FMA chains per 64 or
     128 values), gemv for the rest and for stacked experts (per block); scales and mins summed
-    apart, subtracted at the end."""
+    apart, subtracted at the end.  24 rows: Q4_K's batches take a 16-row tile (with vpdpbusd) and
+    decode the 8 rows past it."""
     rng = np.random.default_rng(12)
-    rows = 8
+    rows = 24
     W = random_weights(tp, rows, COLS, rng)
+    blocks = W.reshape(-1, GGML_QUANT_SIZES[tp][1])
+    dmin_at = F16_FIELDS[tp][1]  # dmin apart from d (random_weights gives both the same value)
+    blocks[:, dmin_at:dmin_at + 2] = f16_bytes(rng.uniform(-0.05, 0.05, len(blocks)))
     X = random_activations(5, COLS, rng)
     batch = K.matmul(tp, W, rows, COLS, X)
     # stacked experts: gemv rounding for 5 and for 10 tokens (whichever route KERNELS picks)
@@ -568,6 +572,91 @@ def test_simd_q4_k_isum(target):
     values = np.stack([q & 15, q >> 4], axis=2).reshape(n, 8, 32)  # 32 low nibbles, then 32 high
     want = (values * scales[:, :, None] * x.reshape(n, 8, 32)).sum(axis=(1, 2))
     np.testing.assert_array_equal(out, want)
+
+
+@pytest.mark.parametrize("target", [simd.GENERIC, simd.VBMI])
+def test_simd_q4_k_tile16(target):
+    """A 16-row Q4_K tile (quants gathered from rows `stride` bytes apart) against one token: each
+    row's two FMA chains over 64-value steps (gemm) or whole blocks (gemv), as numpy computes
+    them; the other tokens' slots of acc untouched."""
+    skip_unless_this_cpu_runs(target)
+    tile16, tile_dot = simd.Q4_K_TILE16[target], simd.Q4_K_TILE16_DOT[target]
+
+    @njit
+    def run(w, wo, stride, x, scales, mins, bsums, dw, dmin, dx, acc):
+        tile = np.empty(4096, np.uint8)
+        tile16(w, wo, stride, tile, 0)
+        tile_dot(tile, x, 256, scales, mins, bsums, 16, dw, dmin, dx, acc, 32, True)
+        tile_dot(tile, x, 256, scales, mins, bsums, 16, dw, dmin, dx, acc, 64, False)
+
+    rng = np.random.default_rng(23)
+    stride = 300
+    w = rng.integers(0, 256, 7 + 16 * stride, dtype=np.uint8)
+    w[7:7 + 128] = 255  # row 0: the largest nibbles, scales and activations
+    x = rng.integers(-127, 128, 512, dtype=np.int8)
+    x[256:320] = -127
+    scales = rng.integers(0, 64, (8, 16)).astype(np.int32)
+    scales[:, 0] = 63
+    mins = rng.integers(0, 64, (4, 16, 2)).astype(np.int16)
+    bsums = rng.integers(-4064, 4065, 32).astype(np.int32)
+    dw, dmin = rng.uniform(-1, 1, (2, 16)).astype(F32)
+    dx = F32(0.37)
+    acc = rng.standard_normal(96).astype(F32)
+    start = acc.copy()
+    run(w, 7, stride, x, scales, mins.reshape(-1), bsums, dw, dmin, dx, acc)
+    q = np.stack([w[7 + i * stride:7 + i * stride + 128] for i in range(16)]).reshape(16, 4, 32).astype(np.int64)
+    values = np.stack([q & 15, q >> 4], axis=2).reshape(16, 8, 32)  # [row, sub-block, value]
+    sub = (values * x[256:].reshape(8, 32)).sum(axis=2) * scales.T  # [row, sub-block]
+    pairs = bsums[16:].reshape(8, 2).sum(axis=1)  # per sub-block
+    isum = sub[:, 0::2] + sub[:, 1::2]  # [row, 64-value step]
+    summ = mins[:, :, 0].T * pairs[0::2] + mins[:, :, 1].T * pairs[1::2]
+    scale, scale_min = (dw * dx).astype(F32), (dmin * dx).astype(F32)
+    total, total_min = start[32:48], start[48:64]
+    for h in range(4):  # gemm: an FMA per step
+        total = fma(isum[:, h], scale, total)
+        total_min = fma(summ[:, h], scale_min, total_min)
+    np.testing.assert_array_equal(acc[32:48], total)
+    np.testing.assert_array_equal(acc[48:64], total_min)
+    np.testing.assert_array_equal(acc[64:80], fma(isum.sum(axis=1), scale, start[64:80]))  # gemv: per block
+    np.testing.assert_array_equal(acc[80:96], fma(summ.sum(axis=1), scale_min, start[80:96]))
+    np.testing.assert_array_equal(acc[:32], start[:32])
+
+
+@pytest.mark.parametrize("target", [simd.GENERIC, simd.VBMI])
+def test_simd_q6_k_tile16(target):
+    """A 16-row Q6_K tile against one token: each row's exact block sum, stepped as ggml's tiled
+    matmul (fma(isum * dw, dx, acc)) and as its vec_dot (acc + (dw * dx) * isum)."""
+    skip_unless_this_cpu_runs(target)
+    tile16, tile_dot = simd.Q6_K_TILE16[target], simd.Q6_K_TILE16_DOT[target]
+
+    @njit
+    def run(w, wo, stride, x, scales, bsums, dw, dx, acc):
+        tile = np.empty(4096, np.uint8)
+        tile16(w, wo, stride, tile, 0)
+        tile_dot(tile, x, 256, scales, bsums, 16, dw, dx, acc, 16, True)
+        tile_dot(tile, x, 256, scales, bsums, 16, dw, dx, acc, 32, False)
+
+    rng = np.random.default_rng(24)
+    stride = 250
+    w = rng.integers(0, 256, 3 + 16 * stride, dtype=np.uint8)
+    w[3:3 + 192] = 255  # row 0: the largest values
+    x = rng.integers(-127, 128, 512, dtype=np.int8)
+    scales = rng.integers(-128, 128, (16, 16)).astype(np.int32)
+    scales[:, 0] = -128
+    dw = rng.uniform(-1, 1, 16).astype(F32)
+    dx = F32(0.37)
+    bsums = x.reshape(32, 16).sum(axis=1).astype(np.int32)
+    acc = rng.standard_normal(64).astype(F32)
+    start = acc.copy()
+    run(w, 3, stride, x, scales, bsums, dw, dx, acc)
+    unit = np.concatenate([np.ones(16, np.uint8), f16_bytes(np.array([1.0])).reshape(-1)])  # scales 1, d 1
+    values = np.stack([quants.dequantize(np.concatenate([w[3 + i * stride:3 + i * stride + 192], unit]), T.Q6_K)
+                       for i in range(16)]).astype(np.int64) + 32  # u: the 6-bit values
+    isum = ((values - 32) * np.repeat(scales.T, 16, axis=1) * x[256:]).sum(axis=1)
+    np.testing.assert_array_equal(acc[16:32], fma(isum.astype(F32) * dw, dx, start[16:32]))
+    np.testing.assert_array_equal(acc[32:48], (start[32:48] + (dw * dx).astype(F32) * isum.astype(F32)).astype(F32))
+    np.testing.assert_array_equal(acc[:16], start[:16])
+    np.testing.assert_array_equal(acc[48:], start[48:])
 
 
 def test_simd_pair_sums_dot_bytes():

@@ -87,9 +87,10 @@ KERNELS: dict[int, Kernel] = {
     int(T.Q8_0): Kernel(int(T.Q8_0), legacy.matmul_q8_0, legacy.dequantize_q8_0),
     int(T.Q2_K): Kernel(int(T.Q8_K), kquants.matmul_q2_k, kquants.dequantize_q2_k, 24),
     int(T.Q3_K): Kernel(int(T.Q8_K), kquants.matmul_q3_k, kquants.dequantize_q3_k, 2),
-    int(T.Q4_K): Kernel(int(T.Q8_K), kquants.matmul_q4_k, kquants.dequantize_q4_k, 48),
+    # decoded: 16-row tiles where vpdpbusd runs (kquants.TILES), else rows
+    int(T.Q4_K): Kernel(int(T.Q8_K), kquants.matmul_q4_k, kquants.dequantize_q4_k, 3 if kquants.TILES else 48),
     int(T.Q5_K): Kernel(int(T.Q8_K), kquants.matmul_q5_k, kquants.dequantize_q5_k, 2),
-    int(T.Q6_K): Kernel(int(T.Q8_K), kquants.matmul_q6_k, kquants.dequantize_q6_k, 2),
+    int(T.Q6_K): Kernel(int(T.Q8_K), kquants.matmul_q6_k, kquants.dequantize_q6_k, 3 if kquants.TILES else 2),
     int(T.IQ4_NL): Kernel(int(T.Q8_0), iquants.matmul_iq4_nl, iquants.dequantize_iq4_nl),
     int(T.IQ4_XS): Kernel(int(T.Q8_K), iquants.matmul_iq4_xs, iquants.dequantize_iq4_xs, 32),
     int(T.MXFP4): Kernel(int(T.Q8_0), mxfp4.matmul_mxfp4, mxfp4.dequantize_mxfp4),
