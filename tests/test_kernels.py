@@ -659,6 +659,43 @@ def test_simd_q6_k_tile16(target):
     np.testing.assert_array_equal(acc[48:], start[48:])
 
 
+@pytest.mark.parametrize("target", [simd.GENERIC, simd.VBMI])
+def test_simd_int8_tile16(target):
+    """16 rows of decoded int8 values (the full range) as a tile, against one token: each row's
+    exact sum of value * integer scale (per 16 values) * activation, stepped as ggml's tiled
+    matmul and as its vec_dot."""
+    skip_unless_this_cpu_runs(target)
+    tile16, tile_dot = simd.INT8_TILE16[target], simd.INT8_TILE16_DOT[target]
+
+    @njit
+    def run(w, stride, x, scales, bsums, dw, dx, acc):
+        tile = np.empty(4096, np.uint8)
+        tile16(w, 5, stride, tile, 0)
+        tile_dot(tile, x, 256, scales, bsums, 16, dw, dx, acc, 0, True)
+        tile_dot(tile, x, 256, scales, bsums, 16, dw, dx, acc, 16, False)
+
+    rng = np.random.default_rng(25)
+    stride = 300
+    values = rng.integers(-128, 128, (16, 256)).astype(np.int8)
+    values[0] = -128
+    w = np.zeros(5 + 16 * stride, np.uint8)
+    for i in range(16):
+        w[5 + i * stride:5 + i * stride + 256] = values[i].view(np.uint8)
+    x = rng.integers(-127, 128, 512, dtype=np.int8)
+    x[256:272] = -127
+    scales = rng.integers(-64, 64, (16, 16)).astype(np.int32)
+    dw = rng.uniform(-1, 1, 16).astype(F32)
+    dx = F32(0.37)
+    bsums = x.reshape(32, 16).sum(axis=1).astype(np.int32)
+    acc = rng.standard_normal(48).astype(F32)
+    start = acc.copy()
+    run(w, stride, x, scales, bsums, dw, dx, acc)
+    isum = (values.astype(np.int64) * np.repeat(scales.T, 16, axis=1) * x[256:]).sum(axis=1)
+    np.testing.assert_array_equal(acc[:16], fma(isum.astype(F32) * dw, dx, start[:16]))
+    np.testing.assert_array_equal(acc[16:32], (start[16:32] + (dw * dx).astype(F32) * isum.astype(F32)).astype(F32))
+    np.testing.assert_array_equal(acc[32:], start[32:])
+
+
 def test_simd_pair_sums_dot_bytes():
     @njit
     def run(v, weights, out):

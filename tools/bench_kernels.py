@@ -106,7 +106,7 @@ def main() -> None:
 
         qx = K.quantize_activation(tp, X[0])
         mv, mv_cpu = best_time(lambda: K.matvec_q(tp, W, rows, COLS, qx), 5, args.inner)
-        mm_rows = max(8, rows // 8)
+        mm_rows = max(16, rows // 8 // 16 * 16)  # as real tensors: a multiple of 16 (and so of 8)
         qX = K.quantize_activation(tp, X)
         mm, _ = best_time(lambda: K.matmul_q(tp, W, mm_rows, COLS, qX), 2)
         mv_bw = rows * row_bytes / mv

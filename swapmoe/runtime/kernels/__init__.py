@@ -60,6 +60,7 @@ from . import float as _float  # noqa: E402  (kernel modules: after the cache di
 from . import iquants, kquants, legacy, mxfp4  # noqa: E402
 from ._jit import ORDER_DOT, ORDER_GEMM, ORDER_GEMV, ORDER_LANES, ORDER_TILED  # noqa: E402
 from .ggml_math import LANES  # noqa: E402
+from .simd import TILES  # noqa: E402
 from .activation import QUANTIZERS, QuantizedActivation  # noqa: E402
 
 
@@ -75,7 +76,8 @@ class Kernel(NamedTuple):
 # straight_tokens: the largest token count up to which the straight route was at least 5 % faster
 # than the decoded one in both of two runs of tools/bench_routes.py (expert matrices, 768 x 2048,
 # from memory, on 2 threads of a Xeon VM; docs/kernels.md); where they are closer the decoded row
-# is kept.
+# is kept.  Q4_K, Q6_K and IQ2_XXS decode into 16-row tiles where vpdpbusd runs (simd.TILES),
+# which moved their crossovers (the other values: the rows' decode, where it is the only one).
 KERNELS: dict[int, Kernel] = {
     int(T.F32): Kernel(int(T.F32), _float.matmul_f32, _float.dequantize_f32),
     int(T.F16): Kernel(int(T.F16), _float.matmul_f16, _float.dequantize_f16, 4),
@@ -87,14 +89,13 @@ KERNELS: dict[int, Kernel] = {
     int(T.Q8_0): Kernel(int(T.Q8_0), legacy.matmul_q8_0, legacy.dequantize_q8_0),
     int(T.Q2_K): Kernel(int(T.Q8_K), kquants.matmul_q2_k, kquants.dequantize_q2_k, 24),
     int(T.Q3_K): Kernel(int(T.Q8_K), kquants.matmul_q3_k, kquants.dequantize_q3_k, 2),
-    # decoded: 16-row tiles where vpdpbusd runs (kquants.TILES), else rows
-    int(T.Q4_K): Kernel(int(T.Q8_K), kquants.matmul_q4_k, kquants.dequantize_q4_k, 3 if kquants.TILES else 48),
+    int(T.Q4_K): Kernel(int(T.Q8_K), kquants.matmul_q4_k, kquants.dequantize_q4_k, 3 if TILES else 48),
     int(T.Q5_K): Kernel(int(T.Q8_K), kquants.matmul_q5_k, kquants.dequantize_q5_k, 2),
-    int(T.Q6_K): Kernel(int(T.Q8_K), kquants.matmul_q6_k, kquants.dequantize_q6_k, 3 if kquants.TILES else 2),
+    int(T.Q6_K): Kernel(int(T.Q8_K), kquants.matmul_q6_k, kquants.dequantize_q6_k, 3 if TILES else 2),
     int(T.IQ4_NL): Kernel(int(T.Q8_0), iquants.matmul_iq4_nl, iquants.dequantize_iq4_nl),
     int(T.IQ4_XS): Kernel(int(T.Q8_K), iquants.matmul_iq4_xs, iquants.dequantize_iq4_xs, 32),
     int(T.MXFP4): Kernel(int(T.Q8_0), mxfp4.matmul_mxfp4, mxfp4.dequantize_mxfp4),
-    int(T.IQ2_XXS): Kernel(int(T.Q8_K), iquants.matmul_iq2_xxs, iquants.dequantize_iq2_xxs, 12),
+    int(T.IQ2_XXS): Kernel(int(T.Q8_K), iquants.matmul_iq2_xxs, iquants.dequantize_iq2_xxs, 6 if TILES else 12),
     int(T.IQ2_XS): Kernel(int(T.Q8_K), iquants.matmul_iq2_xs, iquants.dequantize_iq2_xs, 8),
     int(T.IQ2_S): Kernel(int(T.Q8_K), iquants.matmul_iq2_s, iquants.dequantize_iq2_s, 8),
     int(T.IQ3_XXS): Kernel(int(T.Q8_K), iquants.matmul_iq3_xxs, iquants.dequantize_iq3_xxs, 8),

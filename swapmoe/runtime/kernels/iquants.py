@@ -18,10 +18,12 @@ import numpy as np
 from gguf import quants as gq
 from numba import njit, prange
 
-from ._jit import (INLINE, ORDER_GEMV, PARALLEL, ROWS_PER_TASK, SERIAL, block_step, decode_pairs, f16_to_f32,
-                   grid_activations, nibble_pair_words, nibble_row_dot, pair_order, u32, u64, widen4, widen8)
-from .simd import (PREFETCH_AHEAD, dot256, iq1_delta_table, iq1_m_isum, iq1_s_isum, iq2_s_isum, iq2_xs_isum,
-                   iq2_xxs_isum, iq3_s_isum, iq3_xxs_isum, iq4_xs_isum, prefetch_bytes, rows_dot8)
+from ._jit import (INLINE, ORDER_GEMV, ORDER_TILED, PARALLEL, ROWS_PER_TASK, SERIAL, block_step, decode_pairs,
+                   f16_to_f32, grid_activations, nibble_pair_words, nibble_row_dot, pair_order, u32, u64, widen4,
+                   widen8)
+from .simd import (PREFETCH_AHEAD, TILE_ROWS, TILES, dot256, int8_tile16, int8_tile16_dot, iq1_delta_table,
+                   iq1_m_isum, iq1_s_isum, iq2_s_isum, iq2_xs_isum, iq2_xxs_isum, iq3_s_isum, iq3_xxs_isum,
+                   iq4_xs_isum, prefetch_bytes, rows_dot8)
 
 
 def _grid(cls) -> np.ndarray:
@@ -228,6 +230,36 @@ def _decode_iq2_xxs(blk, o, ws, wo, scaled):
             widen8(g, s, ws, wo + ib * 32 + l * 8)
 
 
+@njit(**INLINE)
+def _iq2_xxs_tile_matmul(W, r0, rb, nb, qs, d, extra, out, t0, n_tok, tiled):
+    """Rows r0 .. r0 + 15 of an IQ2_XXS matmul (inside one group of rows, whose tokens are t0 ..
+    t0 + n_tok - 1) a block at a time: the 16 rows' signed values decoded (a table load per eight),
+    then laid out as a tile (simd.int8_tile16) that every token takes 16 rows at a time."""
+    values = np.empty(TILE_ROWS * 32, np.uint64)  # eight int8 values each: 256 per row
+    tile = np.empty(4096, np.uint8)
+    scales = np.empty(16 * TILE_ROWS, np.int32)
+    dw = np.empty(TILE_ROWS, np.float32)
+    acc = np.zeros(n_tok * TILE_ROWS, np.float32)
+    for b in range(nb):
+        for i in range(TILE_ROWS):
+            o = (r0 + i) * rb + b * 66
+            prefetch_bytes(W, o + PREFETCH_AHEAD, 66)
+            dw[i] = f16_to_f32(W[o], W[o + 1])
+            for ib in range(8):
+                p = o + 2 + ib * 8
+                aux = u32(W, p + 4)
+                scales[2 * ib * TILE_ROWS + i] = scales[(2 * ib + 1) * TILE_ROWS + i] = 2 * np.int32(aux >> 28) + 1
+                for l in range(4):
+                    values[i * 32 + ib * 4 + l] = _SIGNED_IQ2_XXS[np.int64(W[p + l]) * 128 + ((aux >> (7 * l)) & 127)]
+        int8_tile16(values.view(np.uint8), 0, 256, tile, 0)
+        for t in range(n_tok):
+            int8_tile16_dot(tile, qs[t0 + t], b * 256, scales, extra[t0 + t], b * 16, dw, d[t0 + t, b], acc,
+                            t * TILE_ROWS, tiled)
+    for t in range(n_tok):
+        for i in range(TILE_ROWS):
+            out[t, r0 + i] = np.float32(0.125) * acc[t * TILE_ROWS + i]
+
+
 @njit(**PARALLEL)
 def matmul_iq2_xxs(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
@@ -242,10 +274,16 @@ def matmul_iq2_xxs(W, rows, group_rows, cols, qs, d, extra, out, order, straight
                 for t in range(n_tok):
                     out[t, r] = _IQ2_XXS_ROW(row, xs[t0 + t], d[t0 + t], nb, order)
         return
-    for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+    # with vpdpbusd, 16-row tiles inside each group of rows (simd.int8_tile16_dot); else rows
+    tiled_rows = rows if TILES and group_rows % TILE_ROWS == 0 else 0
+    for tile in prange(tiled_rows // TILE_ROWS):
+        r0 = tile * TILE_ROWS
+        _iq2_xxs_tile_matmul(W, r0, rb, nb, qs, d, extra, out, (r0 // group_rows) * n_tok, n_tok, order == ORDER_TILED)
+    for task in prange((rows - tiled_rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         ws = np.empty(cols, np.int16)
         dw = np.empty(nb, np.float32)
-        for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
+        first = tiled_rows + task * ROWS_PER_TASK
+        for r in range(first, min(rows, first + ROWS_PER_TASK)):
             row = W[r * rb:(r + 1) * rb]
             for b in range(nb):
                 o = b * 66

@@ -1395,14 +1395,14 @@ def _q4_k_tile16_dot(context, builder, signature, args, target):
     return context.get_dummy_value()
 
 
-def _q6_k_tile16_dot(context, builder, signature, args, target):
+def _scaled_tile16_dot(context, builder, signature, args, target, shift):
     tile, x, xo, scales, bsums, bo, dw, dx, acc, ao, tiled = args
     t_ptr, s_ptr, b_ptr, dw_ptr, acc_ptr = _data(context, builder, signature, args, 0, 3, 4, 6, 8)
     isum = None
-    for j in range(16):  # 16-value sub-blocks: (u - 32) . x = u . x - 32 * (its Q8_K block sum)
+    for j in range(16):  # 16-value sub-blocks: (u - 2^shift) . x = u . x - 2^shift * (its Q8_K block sum)
         sums = _tile_sums(context, builder, target, t_ptr, signature.args[1], x, _add_offset(builder, xo, 16 * j),
                           4 * j, 4)
-        offset = builder.shl(builder.load(builder.gep(b_ptr, [_add_offset(builder, bo, j)])), ir.Constant(I32, 5))
+        offset = builder.shl(builder.load(builder.gep(b_ptr, [_add_offset(builder, bo, j)])), ir.Constant(I32, shift))
         centred = builder.sub(sums, _broadcast(builder, offset, 16))
         part = builder.mul(centred, _vector_at(builder, s_ptr, ir.Constant(I32, 16 * j), _vec(I32, 16)))
         isum = part if isum is None else builder.add(isum, part)
@@ -1456,23 +1456,33 @@ def _q4_k_tile16_dot_intrinsic(target: str):
     return q4_k_tile16_dot
 
 
-def _q6_k_tile16_dot_intrinsic(target: str):
+def _scaled_tile16_dot_intrinsic(target: str, name: str, shift: int):
     @intrinsic
-    def q6_k_tile16_dot(typingctx, tile, x, xo, scales, bsums, bo, dw, dx, acc, ao, tiled):
-        """One Q6_K block of a 16-row tile against one token: acc[ao + i] takes row i's exact block
-        sum isum (of (u - 32) * sub-block scale * activation) as ggml's tiled matmul rounds it,
-        fma(isum * dw[i], dx, acc) (tiled true), or as its vec_dot, acc + (dw[i] * dx) * isum.
-        tile: q6_k_tile16's layout; x[xo:xo+256]: the token's int8 values, bsums[bo:bo+16] their
-        Q8_K block sums; scales: int32 [16 sub-blocks][16 rows]; dw: float32 [16]; dx: float32."""
+    def scaled_tile16_dot(typingctx, tile, x, xo, scales, bsums, bo, dw, dx, acc, ao, tiled):
         if tile.dtype != types.uint8 or x.dtype != types.int8 or scales.dtype != types.int32 \
                 or bsums.dtype != types.int32 or acc.dtype != types.float32 or not isinstance(tiled, types.Boolean):
             return None
         sig = types.none(tile, x, xo, scales, bsums, bo, dw, dx, acc, ao, tiled)
 
         def codegen(context, builder, signature, args):
-            return _q6_k_tile16_dot(context, builder, signature, args, target)
+            return _scaled_tile16_dot(context, builder, signature, args, target, shift)
         return sig, codegen
-    return q6_k_tile16_dot
+    scaled_tile16_dot.__doc__ = f"""One block of a 16-row {name} tile against one token: acc[ao + i] takes
+    row i's exact block sum isum (of (u - {1 << shift}) * integer scale of its 16 values *
+    activation) as ggml's tiled matmul rounds it, fma(isum * dw[i], dx, acc) (tiled true), or as
+    its vec_dot, acc + (dw[i] * dx) * isum.  tile: 256 unsigned values u per row, four per row
+    per 64-byte vector; x[xo:xo+256]: the token's int8 values, bsums[bo:bo+16] their Q8_K block
+    sums; scales: int32 [16 sub-blocks][16 rows]; dw: float32 [16]; dx: float32."""
+    return scaled_tile16_dot
+
+
+def _int8_tile16(context, builder, signature, args, target):
+    """Tile vector v (64 bytes, row i at bytes 4i..4i+3): the int8 values 4v..4v+3 of each row
+    (at w[wo + i * stride]) plus 128, as unsigned bytes."""
+    gather, store = _tile_io(context, builder, signature, args, target)
+    for v in range(64):
+        store(v, builder.xor(gather(4 * v), _splat(I32, 16, 0x80808080)))
+    return context.get_dummy_value()
 
 
 TILE_TARGETS = (GENERIC, VBMI)
@@ -1482,10 +1492,15 @@ Q4_K_TILE16 = {target: _tile16_intrinsic(_q4_k_tile16, target, """Lay out the qu
 Q6_K_TILE16 = {target: _tile16_intrinsic(_q6_k_tile16, target, """Lay out the quants of one Q6_K block of 16
     rows (ql, qh: the 192 bytes at w[wo + i * stride] for row i) as a tile at out[oo:oo+4096] for
     q6_k_tile16_dot.""") for target in TILE_TARGETS}
+INT8_TILE16 = {target: _tile16_intrinsic(_int8_tile16, target, """Lay out 256 int8 values of each of 16 rows
+    (decoded weights at w[wo + i * stride] for row i) as a tile at out[oo:oo+4096] for
+    int8_tile16_dot.""") for target in TILE_TARGETS}
 Q4_K_TILE16_DOT = {target: _q4_k_tile16_dot_intrinsic(target) for target in TILE_TARGETS}
-Q6_K_TILE16_DOT = {target: _q6_k_tile16_dot_intrinsic(target) for target in TILE_TARGETS}
+Q6_K_TILE16_DOT = {target: _scaled_tile16_dot_intrinsic(target, "Q6_K", 5) for target in TILE_TARGETS}
+INT8_TILE16_DOT = {target: _scaled_tile16_dot_intrinsic(target, "int8", 7) for target in TILE_TARGETS}
 q4_k_tile16, q4_k_tile16_dot = _for_this_cpu(Q4_K_TILE16), _for_this_cpu(Q4_K_TILE16_DOT)
 q6_k_tile16, q6_k_tile16_dot = _for_this_cpu(Q6_K_TILE16), _for_this_cpu(Q6_K_TILE16_DOT)
+int8_tile16, int8_tile16_dot = _for_this_cpu(INT8_TILE16), _for_this_cpu(INT8_TILE16_DOT)
 
 
 # ---- legacy 32-value blocks: a whole row . token in llama.cpp's eight FMA lanes -------------
