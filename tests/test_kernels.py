@@ -291,14 +291,17 @@ def test_grouped_rows_equal_separate_matrices(case):
 def test_straight_and_decoded_routes_agree(tp):
     """KERNELS' straight_tokens picks a route by speed alone: both take the same exact block sums
     and the same float steps, so the same bits, on every rounding route (rows % 8 == 0 repacks
-    Q4_K/Q2_K; stacked experts; >= 8 tokens tiled; a 32-row expert: Q4_K's 16-row tiles)."""
+    Q4_K/Q2_K; stacked experts; >= 8 tokens tiled), and where the decoded route takes 16-row
+    tiles (simd.TILES) a 32-row expert and two 16-row groups with their own tokens."""
     rng = np.random.default_rng(int(tp) + 40)
-    for rows, stacked in ((ROWS, False), (8, False), (8, True), (32, True)):
+    for rows, stacked, group_rows in ((ROWS, False, ROWS), (8, False, 8), (8, True, 8), (32, True, 32),
+                                      (32, False, 16)):
         W = random_weights(tp, rows, COLS, rng)
         for n_tok in (1, 3, 9):
-            qx = K.quantize_activation(tp, random_activations(n_tok, COLS, rng))
-            np.testing.assert_array_equal(K.matmul_q(tp, W, rows, COLS, qx, stacked=stacked, straight=True),
-                                          K.matmul_q(tp, W, rows, COLS, qx, stacked=stacked, straight=False))
+            qx = K.quantize_activation(tp, random_activations(n_tok * rows // group_rows, COLS, rng))
+            np.testing.assert_array_equal(
+                K.matmul_q(tp, W, rows, COLS, qx, group_rows, stacked=stacked, straight=True),
+                K.matmul_q(tp, W, rows, COLS, qx, group_rows, stacked=stacked, straight=False))
 
 
 @pytest.mark.parametrize("tp", [T.F16, T.BF16], ids=lambda t: t.name)

@@ -74,10 +74,17 @@ class Kernel(NamedTuple):
 
 
 # straight_tokens: the largest token count up to which the straight route was at least 5 % faster
-# than the decoded one in both of two runs of tools/bench_routes.py (expert matrices, 768 x 2048,
-# from memory, on 2 threads of a Xeon VM; docs/kernels.md); where they are closer the decoded row
-# is kept.  Q4_K, Q6_K and IQ2_XXS decode into 16-row tiles where vpdpbusd runs (simd.TILES),
-# which moved their crossovers (the other values: the rows' decode, where it is the only one).
+# than the decoded one in both of two runs of tools/bench_routes.py (expert matrices, 768 x 2048
+# and 2048 x 768, from memory, on 2 threads of a Xeon VM; docs/kernels.md); where they are closer
+# the decoded route is kept.
+
+
+def _straight(tiled: int, rows: int) -> int:
+    """straight_tokens of a type whose decoded route takes 16-row tiles where vpdpbusd runs
+    (simd.TILES), `rows` where it decodes row by row."""
+    return tiled if TILES else rows
+
+
 KERNELS: dict[int, Kernel] = {
     int(T.F32): Kernel(int(T.F32), _float.matmul_f32, _float.dequantize_f32),
     int(T.F16): Kernel(int(T.F16), _float.matmul_f16, _float.dequantize_f16, 4),
@@ -89,17 +96,17 @@ KERNELS: dict[int, Kernel] = {
     int(T.Q8_0): Kernel(int(T.Q8_0), legacy.matmul_q8_0, legacy.dequantize_q8_0),
     int(T.Q2_K): Kernel(int(T.Q8_K), kquants.matmul_q2_k, kquants.dequantize_q2_k, 24),
     int(T.Q3_K): Kernel(int(T.Q8_K), kquants.matmul_q3_k, kquants.dequantize_q3_k, 2),
-    int(T.Q4_K): Kernel(int(T.Q8_K), kquants.matmul_q4_k, kquants.dequantize_q4_k, 3 if TILES else 48),
+    int(T.Q4_K): Kernel(int(T.Q8_K), kquants.matmul_q4_k, kquants.dequantize_q4_k, _straight(3, 48)),
     int(T.Q5_K): Kernel(int(T.Q8_K), kquants.matmul_q5_k, kquants.dequantize_q5_k, 2),
-    int(T.Q6_K): Kernel(int(T.Q8_K), kquants.matmul_q6_k, kquants.dequantize_q6_k, 3 if TILES else 2),
+    int(T.Q6_K): Kernel(int(T.Q8_K), kquants.matmul_q6_k, kquants.dequantize_q6_k, _straight(3, 2)),
     int(T.IQ4_NL): Kernel(int(T.Q8_0), iquants.matmul_iq4_nl, iquants.dequantize_iq4_nl),
-    int(T.IQ4_XS): Kernel(int(T.Q8_K), iquants.matmul_iq4_xs, iquants.dequantize_iq4_xs, 32),
+    int(T.IQ4_XS): Kernel(int(T.Q8_K), iquants.matmul_iq4_xs, iquants.dequantize_iq4_xs, _straight(12, 32)),
     int(T.MXFP4): Kernel(int(T.Q8_0), mxfp4.matmul_mxfp4, mxfp4.dequantize_mxfp4),
-    int(T.IQ2_XXS): Kernel(int(T.Q8_K), iquants.matmul_iq2_xxs, iquants.dequantize_iq2_xxs, 6 if TILES else 12),
-    int(T.IQ2_XS): Kernel(int(T.Q8_K), iquants.matmul_iq2_xs, iquants.dequantize_iq2_xs, 8),
-    int(T.IQ2_S): Kernel(int(T.Q8_K), iquants.matmul_iq2_s, iquants.dequantize_iq2_s, 8),
-    int(T.IQ3_XXS): Kernel(int(T.Q8_K), iquants.matmul_iq3_xxs, iquants.dequantize_iq3_xxs, 8),
-    int(T.IQ3_S): Kernel(int(T.Q8_K), iquants.matmul_iq3_s, iquants.dequantize_iq3_s, 4),
+    int(T.IQ2_XXS): Kernel(int(T.Q8_K), iquants.matmul_iq2_xxs, iquants.dequantize_iq2_xxs, _straight(8, 12)),
+    int(T.IQ2_XS): Kernel(int(T.Q8_K), iquants.matmul_iq2_xs, iquants.dequantize_iq2_xs, _straight(8, 8)),
+    int(T.IQ2_S): Kernel(int(T.Q8_K), iquants.matmul_iq2_s, iquants.dequantize_iq2_s, _straight(6, 8)),
+    int(T.IQ3_XXS): Kernel(int(T.Q8_K), iquants.matmul_iq3_xxs, iquants.dequantize_iq3_xxs, _straight(6, 8)),
+    int(T.IQ3_S): Kernel(int(T.Q8_K), iquants.matmul_iq3_s, iquants.dequantize_iq3_s, _straight(4, 4)),
     int(T.IQ1_S): Kernel(int(T.Q8_K), iquants.matmul_iq1_s, iquants.dequantize_iq1_s, 12),
     int(T.IQ1_M): Kernel(int(T.Q8_K), iquants.matmul_iq1_m, iquants.dequantize_iq1_m, 48),
 }

@@ -28,9 +28,10 @@ import os
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
+from numba.extending import overload
 from numba.extending import intrinsic
 
-from .simd import GROUP_MAJOR, PREFETCH_AHEAD, f16_to_f32, nibble_table_dot, prefetch_bytes
+from .simd import GROUP_MAJOR, PREFETCH_AHEAD, f16_to_f32, nibble_table_dot, prefetch_bytes, store_bytes
 
 # Idle OpenMP workers spin briefly (about 10k polls) before they sleep.  Decode makes hundreds of
 # short kernel calls per token: waking sleeping workers (OMP_WAIT_POLICY=passive) cost ~30 us per
@@ -69,22 +70,38 @@ def u64(blk, o):
     return w
 
 
-@njit(**INLINE)
 def widen8(w, scale, ws, o):
     """ws[o:o+8] = the eight int8 values packed in uint64 w, times scale, as int16.
     A decoded table entry goes straight to the int16 row this way (a shift per
-    value, vectorized by LLVM) instead of a byte store and a reload."""
-    s = np.int16(scale)
-    for j in range(8):
-        ws[o + j] = np.int16(np.int8(w >> np.uint64(8 * j))) * s
+    value, vectorized by LLVM) instead of a byte store and a reload.  Into an int8
+    array (the unscaled values of a tile, scale 1): w as it is, one store."""
+    raise TypeError("widen8 runs inside numba-compiled code only")
 
 
-@njit(**INLINE)
 def widen4(w, scale, ws, o):
     """As widen8 for the four int8 values packed in uint32 w."""
-    s = np.int16(scale)
-    for j in range(4):
-        ws[o + j] = np.int16(np.int8(w >> np.uint32(8 * j))) * s
+    raise TypeError("widen4 runs inside numba-compiled code only")
+
+
+def _widen_overload(count):
+    word = np.uint64 if count == 8 else np.uint32
+
+    def typer(w, scale, ws, o):
+        if ws.dtype == types.int8:
+            def store(w, scale, ws, o):
+                store_bytes(ws, o, w)
+            return store
+
+        def widen(w, scale, ws, o):
+            s = np.int16(scale)
+            for j in range(count):
+                ws[o + j] = np.int16(np.int8(w >> word(8 * j))) * s
+        return widen
+    return typer
+
+
+overload(widen8, inline="always")(_widen_overload(8))
+overload(widen4, inline="always")(_widen_overload(4))
 
 
 def nibble_pair_words(values: np.ndarray) -> np.ndarray:

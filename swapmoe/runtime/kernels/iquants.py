@@ -104,6 +104,38 @@ _IQ3_XXS_ROW = _grid_row_dot(iq3_xxs_isum, 98, _GRID4_IQ3_XXS, _SIGN_MASKS, 0.25
 _IQ3_S_ROW = _grid_row_dot(iq3_s_isum, 110, _GRID4_IQ3_S, _BYTE_MASKS, 1.0)
 
 
+def _tile_matmul(block_bytes, decode, scale16, factor):
+    """Rows r0 .. r0 + 15 of a matmul of a type without mins whose block is d (fp16) first (inside
+    one group of rows, whose tokens are t0 .. t0 + n_tok - 1), a block at a time: each row's values
+    decoded (decode(blk, o, values, wo, False), into int8) with the integer scale
+    of each 16 (scale16(blk, o, j)), the 16 rows laid out as a tile (simd.int8_tile16) that every
+    token takes 16 rows at a time (simd.int8_tile16_dot: ggml's tiled or vec_dot step per block),
+    times the type's final factor."""
+    @njit(**INLINE)
+    def tile_matmul(W, r0, rb, nb, qs, d, extra, out, t0, n_tok, tiled):
+        values = np.empty(TILE_ROWS * 256, np.int8)
+        tile = np.empty(4096, np.uint8)
+        scales = np.empty(16 * TILE_ROWS, np.int32)
+        dw = np.empty(TILE_ROWS, np.float32)
+        acc = np.zeros(n_tok * TILE_ROWS, np.float32)
+        for b in range(nb):
+            for i in range(TILE_ROWS):
+                o = (r0 + i) * rb + b * block_bytes
+                prefetch_bytes(W, o + PREFETCH_AHEAD, block_bytes)
+                dw[i] = f16_to_f32(W[o], W[o + 1])
+                decode(W, o, values, i * 256, False)
+                for j in range(16):
+                    scales[j * TILE_ROWS + i] = scale16(W, o, j)
+            int8_tile16(values.view(np.uint8), 0, 256, tile, 0)
+            for t in range(n_tok):
+                int8_tile16_dot(tile, qs[t0 + t], b * 256, scales, extra[t0 + t], b * 16, dw, d[t0 + t, b], acc,
+                                t * TILE_ROWS, tiled)
+        for t in range(n_tok):
+            for i in range(TILE_ROWS):
+                out[t, r0 + i] = np.float32(factor) * acc[t * TILE_ROWS + i]
+    return tile_matmul
+
+
 # ---- IQ4_NL: d f16, 16 bytes of indices into a 16-value table (Q8_0 acts) ---
 
 @njit(**PARALLEL)
@@ -148,6 +180,27 @@ def _scale_iq4_xs(blk, o, ib):
     return (((blk[o + 4 + ib // 2] >> (4 * (ib % 2))) & 15) | (((h >> (2 * ib)) & 3) << 4)) - 32
 
 
+@njit(**INLINE)
+def _decode_iq4_xs(blk, o, ws, wo, scaled):
+    """The block's 256 values in their own order (low nibbles of a sub-block's 16 bytes, then the
+    high ones), times their sub-block scale if scaled, into ws[wo:wo+256]."""
+    for ib in range(8):
+        s = np.int16(_scale_iq4_xs(blk, o, ib)) if scaled else np.int16(1)
+        for j in range(16):
+            v = blk[o + 8 + ib * 16 + j]
+            ws[wo + ib * 32 + j] = np.int16(_IQ4_VALUES[v & 15]) * s
+            ws[wo + ib * 32 + 16 + j] = np.int16(_IQ4_VALUES[v >> 4]) * s
+
+
+@njit(**INLINE)
+def _scale16_iq4_xs(blk, o, j):
+    """The integer scale of the block's 16 values from 16j (a tile's sub-blocks)."""
+    return _scale_iq4_xs(blk, o, j // 2)
+
+
+_IQ4_XS_TILES = _tile_matmul(136, _decode_iq4_xs, _scale16_iq4_xs, 1.0)
+
+
 @njit(**PARALLEL)
 def matmul_iq4_xs(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     """Weights in pair order times their sub-block scale, against pair-ordered activations."""
@@ -171,10 +224,16 @@ def matmul_iq4_xs(W, rows, group_rows, cols, qs, d, extra, out, order, straight)
                     out[t, r] = acc
         return
     xp = pair_order(qs)
-    for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+    # with vpdpbusd, 16-row tiles inside each group of rows (_tile_matmul); else rows
+    tiled_rows = rows if TILES and group_rows % TILE_ROWS == 0 else 0
+    for tile in prange(tiled_rows // TILE_ROWS):
+        r0 = tile * TILE_ROWS
+        _IQ4_XS_TILES(W, r0, rb, nb, qs, d, extra, out, (r0 // group_rows) * n_tok, n_tok, order == ORDER_TILED)
+    for task in prange((rows - tiled_rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         ws = np.empty(cols, np.int16)
         dw = np.empty(nb, np.float32)
-        for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
+        first = tiled_rows + task * ROWS_PER_TASK
+        for r in range(first, min(rows, first + ROWS_PER_TASK)):
             row = W[r * rb:(r + 1) * rb]
             for b in range(nb):
                 o = b * 136
@@ -231,33 +290,12 @@ def _decode_iq2_xxs(blk, o, ws, wo, scaled):
 
 
 @njit(**INLINE)
-def _iq2_xxs_tile_matmul(W, r0, rb, nb, qs, d, extra, out, t0, n_tok, tiled):
-    """Rows r0 .. r0 + 15 of an IQ2_XXS matmul (inside one group of rows, whose tokens are t0 ..
-    t0 + n_tok - 1) a block at a time: the 16 rows' signed values decoded (a table load per eight),
-    then laid out as a tile (simd.int8_tile16) that every token takes 16 rows at a time."""
-    values = np.empty(TILE_ROWS * 32, np.uint64)  # eight int8 values each: 256 per row
-    tile = np.empty(4096, np.uint8)
-    scales = np.empty(16 * TILE_ROWS, np.int32)
-    dw = np.empty(TILE_ROWS, np.float32)
-    acc = np.zeros(n_tok * TILE_ROWS, np.float32)
-    for b in range(nb):
-        for i in range(TILE_ROWS):
-            o = (r0 + i) * rb + b * 66
-            prefetch_bytes(W, o + PREFETCH_AHEAD, 66)
-            dw[i] = f16_to_f32(W[o], W[o + 1])
-            for ib in range(8):
-                p = o + 2 + ib * 8
-                aux = u32(W, p + 4)
-                scales[2 * ib * TILE_ROWS + i] = scales[(2 * ib + 1) * TILE_ROWS + i] = 2 * np.int32(aux >> 28) + 1
-                for l in range(4):
-                    values[i * 32 + ib * 4 + l] = _SIGNED_IQ2_XXS[np.int64(W[p + l]) * 128 + ((aux >> (7 * l)) & 127)]
-        int8_tile16(values.view(np.uint8), 0, 256, tile, 0)
-        for t in range(n_tok):
-            int8_tile16_dot(tile, qs[t0 + t], b * 256, scales, extra[t0 + t], b * 16, dw, d[t0 + t, b], acc,
-                            t * TILE_ROWS, tiled)
-    for t in range(n_tok):
-        for i in range(TILE_ROWS):
-            out[t, r0 + i] = np.float32(0.125) * acc[t * TILE_ROWS + i]
+def _scale16_iq2_xxs(blk, o, j):
+    """The integer scale of the block's 16 values from 16j (a tile's sub-blocks)."""
+    return _scale_iq2_xxs(blk, o, j // 2)
+
+
+_IQ2_XXS_TILES = _tile_matmul(66, _decode_iq2_xxs, _scale16_iq2_xxs, 0.125)
 
 
 @njit(**PARALLEL)
@@ -274,11 +312,11 @@ def matmul_iq2_xxs(W, rows, group_rows, cols, qs, d, extra, out, order, straight
                 for t in range(n_tok):
                     out[t, r] = _IQ2_XXS_ROW(row, xs[t0 + t], d[t0 + t], nb, order)
         return
-    # with vpdpbusd, 16-row tiles inside each group of rows (simd.int8_tile16_dot); else rows
+    # with vpdpbusd, 16-row tiles inside each group of rows (_tile_matmul); else rows
     tiled_rows = rows if TILES and group_rows % TILE_ROWS == 0 else 0
     for tile in prange(tiled_rows // TILE_ROWS):
         r0 = tile * TILE_ROWS
-        _iq2_xxs_tile_matmul(W, r0, rb, nb, qs, d, extra, out, (r0 // group_rows) * n_tok, n_tok, order == ORDER_TILED)
+        _IQ2_XXS_TILES(W, r0, rb, nb, qs, d, extra, out, (r0 // group_rows) * n_tok, n_tok, order == ORDER_TILED)
     for task in prange((rows - tiled_rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         ws = np.empty(cols, np.int16)
         dw = np.empty(nb, np.float32)
@@ -334,6 +372,15 @@ def _decode_iq2_xs(blk, o, ws, wo, scaled):
         widen8(_SIGNED_IQ2_XS[(q & 511) * 128 + (q >> 9)], s, ws, wo + k * 8)
 
 
+@njit(**INLINE)
+def _scale16_iq2_xs(blk, o, j):
+    """The integer scale of the block's 16 values from 16j (a tile's sub-blocks)."""
+    return _scale16(blk, o + 66, j)
+
+
+_IQ2_XS_TILES = _tile_matmul(74, _decode_iq2_xs, _scale16_iq2_xs, 0.125)
+
+
 @njit(**PARALLEL)
 def matmul_iq2_xs(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
@@ -348,10 +395,16 @@ def matmul_iq2_xs(W, rows, group_rows, cols, qs, d, extra, out, order, straight)
                 for t in range(n_tok):
                     out[t, r] = _IQ2_XS_ROW(row, xs[t0 + t], d[t0 + t], nb, order)
         return
-    for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+    # with vpdpbusd, 16-row tiles inside each group of rows (_tile_matmul); else rows
+    tiled_rows = rows if TILES and group_rows % TILE_ROWS == 0 else 0
+    for tile in prange(tiled_rows // TILE_ROWS):
+        r0 = tile * TILE_ROWS
+        _IQ2_XS_TILES(W, r0, rb, nb, qs, d, extra, out, (r0 // group_rows) * n_tok, n_tok, order == ORDER_TILED)
+    for task in prange((rows - tiled_rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         ws = np.empty(cols, np.int16)
         dw = np.empty(nb, np.float32)
-        for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
+        first = tiled_rows + task * ROWS_PER_TASK
+        for r in range(first, min(rows, first + ROWS_PER_TASK)):
             row = W[r * rb:(r + 1) * rb]
             for b in range(nb):
                 o = b * 74
@@ -400,6 +453,15 @@ def _decode_iq2_s(blk, o, ws, wo, scaled):
             widen4(_SIGNED_IQ2_S[gi * 32 + 16 + (sb >> 4)], s, ws, wo + ib * 32 + l * 8 + 4)
 
 
+@njit(**INLINE)
+def _scale16_iq2_s(blk, o, j):
+    """The integer scale of the block's 16 values from 16j (a tile's sub-blocks)."""
+    return _scale16(blk, o + 74, j)
+
+
+_IQ2_S_TILES = _tile_matmul(82, _decode_iq2_s, _scale16_iq2_s, 0.125)
+
+
 @njit(**PARALLEL)
 def matmul_iq2_s(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
@@ -414,10 +476,16 @@ def matmul_iq2_s(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
                 for t in range(n_tok):
                     out[t, r] = _IQ2_S_ROW(row, xs[t0 + t], d[t0 + t], nb, order)
         return
-    for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+    # with vpdpbusd, 16-row tiles inside each group of rows (_tile_matmul); else rows
+    tiled_rows = rows if TILES and group_rows % TILE_ROWS == 0 else 0
+    for tile in prange(tiled_rows // TILE_ROWS):
+        r0 = tile * TILE_ROWS
+        _IQ2_S_TILES(W, r0, rb, nb, qs, d, extra, out, (r0 // group_rows) * n_tok, n_tok, order == ORDER_TILED)
+    for task in prange((rows - tiled_rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         ws = np.empty(cols, np.int16)
         dw = np.empty(nb, np.float32)
-        for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
+        first = tiled_rows + task * ROWS_PER_TASK
+        for r in range(first, min(rows, first + ROWS_PER_TASK)):
             row = W[r * rb:(r + 1) * rb]
             for b in range(nb):
                 o = b * 82
@@ -471,6 +539,15 @@ def _decode_iq3_xxs(blk, o, ws, wo, scaled):
             widen4(_SIGNED_IQ3_XXS[np.int64(blk[o + p + 1]) * 16 + (sb >> 4)], s, ws, wo + ib * 32 + l * 8 + 4)
 
 
+@njit(**INLINE)
+def _scale16_iq3_xxs(blk, o, j):
+    """The integer scale of the block's 16 values from 16j (a tile's sub-blocks)."""
+    return _scale_iq3_xxs(blk, o, j // 2)
+
+
+_IQ3_XXS_TILES = _tile_matmul(98, _decode_iq3_xxs, _scale16_iq3_xxs, 0.25)
+
+
 @njit(**PARALLEL)
 def matmul_iq3_xxs(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
@@ -485,10 +562,16 @@ def matmul_iq3_xxs(W, rows, group_rows, cols, qs, d, extra, out, order, straight
                 for t in range(n_tok):
                     out[t, r] = _IQ3_XXS_ROW(row, xs[t0 + t], d[t0 + t], nb, order)
         return
-    for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+    # with vpdpbusd, 16-row tiles inside each group of rows (_tile_matmul); else rows
+    tiled_rows = rows if TILES and group_rows % TILE_ROWS == 0 else 0
+    for tile in prange(tiled_rows // TILE_ROWS):
+        r0 = tile * TILE_ROWS
+        _IQ3_XXS_TILES(W, r0, rb, nb, qs, d, extra, out, (r0 // group_rows) * n_tok, n_tok, order == ORDER_TILED)
+    for task in prange((rows - tiled_rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         ws = np.empty(cols, np.int16)
         dw = np.empty(nb, np.float32)
-        for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
+        first = tiled_rows + task * ROWS_PER_TASK
+        for r in range(first, min(rows, first + ROWS_PER_TASK)):
             row = W[r * rb:(r + 1) * rb]
             for b in range(nb):
                 o = b * 98
@@ -539,6 +622,15 @@ def _decode_iq3_s(blk, o, ws, wo, scaled):
             widen4(_SIGNED_IQ3_S[g2 * 16 + (sb >> 4)], s, ws, wo + ib * 32 + l * 8 + 4)
 
 
+@njit(**INLINE)
+def _scale16_iq3_s(blk, o, j):
+    """The integer scale of the block's 16 values from 16j (a tile's sub-blocks)."""
+    return _scale16(blk, o + 106, j // 2)
+
+
+_IQ3_S_TILES = _tile_matmul(110, _decode_iq3_s, _scale16_iq3_s, 1.0)
+
+
 @njit(**PARALLEL)
 def matmul_iq3_s(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
@@ -553,10 +645,16 @@ def matmul_iq3_s(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
                 for t in range(n_tok):
                     out[t, r] = _IQ3_S_ROW(row, xs[t0 + t], d[t0 + t], nb, order)
         return
-    for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+    # with vpdpbusd, 16-row tiles inside each group of rows (_tile_matmul); else rows
+    tiled_rows = rows if TILES and group_rows % TILE_ROWS == 0 else 0
+    for tile in prange(tiled_rows // TILE_ROWS):
+        r0 = tile * TILE_ROWS
+        _IQ3_S_TILES(W, r0, rb, nb, qs, d, extra, out, (r0 // group_rows) * n_tok, n_tok, order == ORDER_TILED)
+    for task in prange((rows - tiled_rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         ws = np.empty(cols, np.int16)
         dw = np.empty(nb, np.float32)
-        for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
+        first = tiled_rows + task * ROWS_PER_TASK
+        for r in range(first, min(rows, first + ROWS_PER_TASK)):
             row = W[r * rb:(r + 1) * rb]
             for b in range(nb):
                 o = b * 110

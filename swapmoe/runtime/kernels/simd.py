@@ -170,6 +170,22 @@ def prefetch_bytes(typingctx, w, start, n):
     return sig, codegen
 
 
+
+@intrinsic
+def store_bytes(typingctx, out, o, word):
+    """out[o:o+n] = the n little-endian bytes of the unsigned integer word (n = its size; out: an
+    int8/uint8 array, no bounds check)."""
+    if out.dtype not in (types.int8, types.uint8) or not isinstance(word, types.Integer):
+        return None
+    sig = types.none(out, o, word)
+
+    def codegen(context, builder, signature, args):
+        (out_ptr,) = _data(context, builder, signature, args, 0)
+        at = builder.bitcast(builder.gep(out_ptr, [args[1]]), args[2].type.as_pointer())
+        builder.store(args[2], at, align=1)
+        return context.get_dummy_value()
+    return sig, codegen
+
 def _block_sums(context, builder, aryty, ary, offset):
     """The 16 Q8_K block sums ary[offset:offset+16] (int32) as <16 x i32>."""
     data = context.make_array(aryty)(context, builder, value=ary).data
