@@ -578,24 +578,27 @@ def test_simd_q4_k_isum(target):
 
 
 @pytest.mark.parametrize("target", [simd.GENERIC, simd.VBMI])
-def test_simd_q4_k_tile16(target):
-    """A 16-row Q4_K tile (quants gathered from rows `stride` bytes apart) against one token: each
-    row's two FMA chains over 64-value steps (gemm) or whole blocks (gemv), as numpy computes
-    them; the other tokens' slots of acc untouched."""
+@pytest.mark.parametrize("tp", [T.Q4_K, T.Q5_K], ids=lambda t: t.name)
+def test_simd_k4_tile16(tp, target):
+    """A 16-row Q4_K / Q5_K tile (blocks `stride` bytes apart) against one token in each rounding
+    route, as numpy computes them: the repacked gemm's two FMA chains over 64-value steps, its
+    gemv's per block, the tiled matmul's and vec_dot's steps; other slots of acc untouched."""
     skip_unless_this_cpu_runs(target)
-    tile16, tile_dot = simd.Q4_K_TILE16[target], simd.Q4_K_TILE16_DOT[target]
+    tile16 = (simd.Q4_K_TILE16 if tp == T.Q4_K else simd.Q5_K_TILE16)[target]
+    tile_dot = simd.Q4_K_TILE16_DOT[target]
+    orders = np.array([K.ORDER_GEMM, K.ORDER_GEMV, K.ORDER_TILED, K.ORDER_DOT])
 
     @njit
-    def run(w, wo, stride, x, scales, mins, bsums, dw, dmin, dx, acc):
+    def run(w, stride, x, scales, mins, bsums, dw, dmin, dx, acc, orders):
         tile = np.empty(4096, np.uint8)
-        tile16(w, wo, stride, tile, 0)
-        tile_dot(tile, x, 256, scales, mins, bsums, 16, dw, dmin, dx, acc, 32, True)
-        tile_dot(tile, x, 256, scales, mins, bsums, 16, dw, dmin, dx, acc, 64, False)
+        tile16(w, 7, stride, tile, 0)
+        for k in range(orders.size):
+            tile_dot(tile, x, 256, scales, mins, bsums, 16, dw, dmin, dx, acc, 32 * (k + 1), orders[k])
 
     rng = np.random.default_rng(23)
-    stride = 300
+    stride, size = 300, GGML_QUANT_SIZES[tp][1]
     w = rng.integers(0, 256, 7 + 16 * stride, dtype=np.uint8)
-    w[7:7 + 128] = 255  # row 0: the largest nibbles, scales and activations
+    w[7:7 + size] = 255  # row 0: the largest values, scales and activations
     x = rng.integers(-127, 128, 512, dtype=np.int8)
     x[256:320] = -127
     scales = rng.integers(0, 64, (8, 16)).astype(np.int32)
@@ -604,25 +607,31 @@ def test_simd_q4_k_tile16(target):
     bsums = rng.integers(-4064, 4065, 32).astype(np.int32)
     dw, dmin = rng.uniform(-1, 1, (2, 16)).astype(F32)
     dx = F32(0.37)
-    acc = rng.standard_normal(96).astype(F32)
+    acc = rng.standard_normal(160).astype(F32)
     start = acc.copy()
-    run(w, 7, stride, x, scales, mins.reshape(-1), bsums, dw, dmin, dx, acc)
-    q = np.stack([w[7 + i * stride:7 + i * stride + 128] for i in range(16)]).reshape(16, 4, 32).astype(np.int64)
-    values = np.stack([q & 15, q >> 4], axis=2).reshape(16, 8, 32)  # [row, sub-block, value]
+    run(w, stride, x, scales, mins.reshape(-1), bsums, dw, dmin, dx, acc, orders)
+    # each row's unsigned values: its block with d = 1, dmin = 0, every scale 1 and min 0
+    unit = np.concatenate([f16_bytes(np.array([1.0, 0.0])).reshape(-1), np.array([1] * 4 + [0] * 4 + [1] * 4, np.uint8)])
+    values = np.stack([quants.dequantize(np.concatenate([unit, w[7 + i * stride + 16:7 + i * stride + size]]), tp)
+                       for i in range(16)]).astype(np.int64).reshape(16, 8, 32)  # [row, sub-block, value]
     sub = (values * x[256:].reshape(8, 32)).sum(axis=2) * scales.T  # [row, sub-block]
     pairs = bsums[16:].reshape(8, 2).sum(axis=1)  # per sub-block
     isum = sub[:, 0::2] + sub[:, 1::2]  # [row, 64-value step]
     summ = mins[:, :, 0].T * pairs[0::2] + mins[:, :, 1].T * pairs[1::2]
     scale, scale_min = (dw * dx).astype(F32), (dmin * dx).astype(F32)
+    block_isum, block_summ = isum.sum(axis=1).astype(F32), summ.sum(axis=1).astype(F32)
     total, total_min = start[32:48], start[48:64]
     for h in range(4):  # gemm: an FMA per step
         total = fma(isum[:, h], scale, total)
         total_min = fma(summ[:, h], scale_min, total_min)
     np.testing.assert_array_equal(acc[32:48], total)
     np.testing.assert_array_equal(acc[48:64], total_min)
-    np.testing.assert_array_equal(acc[64:80], fma(isum.sum(axis=1), scale, start[64:80]))  # gemv: per block
-    np.testing.assert_array_equal(acc[80:96], fma(summ.sum(axis=1), scale_min, start[80:96]))
-    np.testing.assert_array_equal(acc[:32], start[:32])
+    np.testing.assert_array_equal(acc[64:80], fma(block_isum, scale, start[64:80]))  # gemv: per block
+    np.testing.assert_array_equal(acc[80:96], fma(block_summ, scale_min, start[80:96]))
+    np.testing.assert_array_equal(acc[96:112], fma(fma(-dmin, block_summ, block_isum * dw), dx, start[96:112]))
+    np.testing.assert_array_equal(acc[128:144], start[128:144] + (scale * block_isum - scale_min * block_summ))
+    for untouched in (slice(0, 32), slice(112, 128), slice(144, 160)):
+        np.testing.assert_array_equal(acc[untouched], start[untouched])
 
 
 @pytest.mark.parametrize("target", [simd.GENERIC, simd.VBMI])

@@ -6,8 +6,9 @@ always) a simd.py intrinsic takes each super-block's exact int32 sum straight fr
 bytes: grid entries gathered into a vector, signs as byte masks applied to the activation, IQ4
 values looked up by pshufb.  Larger batches decode each row once through "signed grid" tables
 (every grid entry times every sign pattern, packed as uint32/uint64: one table load per 4 or 8
-weights, widened into int16 values times their integer sub-block scale, _jit.widen8) and dot
-every token with it.
+weights): where vpdpbusd runs (simd.TILES) into int8 values laid out as 16-row tiles that take
+every token 16 rows at a time (_tile_matmul; IQ1_S/IQ1_M not yet), else into int16 values
+times their integer sub-block scale (_jit.widen8) dotted with every token.
 Either way the float step is ggml's (generic vec_dot, ggml-cpu/quants.c), including the final
 per-row factor (0.125 for IQ2_*, 0.25 for IQ3_XXS).  IQ4_NL uses Q8_0 activations, the rest
 Q8_K.  Kernel signatures as in legacy.py.
@@ -19,9 +20,9 @@ from gguf import quants as gq
 from numba import njit, prange
 
 from ._jit import (INLINE, ORDER_GEMV, ORDER_TILED, PARALLEL, ROWS_PER_TASK, SERIAL, block_step, decode_pairs,
-                   f16_to_f32, grid_activations, nibble_pair_words, nibble_row_dot, pair_order, u32, u64, widen4,
-                   widen8)
-from .simd import (PREFETCH_AHEAD, TILE_ROWS, TILES, dot256, int8_tile16, int8_tile16_dot, iq1_delta_table,
+                   f16_to_f32, grid_activations, nibble_pair_words, nibble_row_dot, pair_order, tiled_rows, u32, u64,
+                   widen4, widen8)
+from .simd import (PREFETCH_AHEAD, TILE_ROWS, dot256, int8_tile16, int8_tile16_dot, iq1_delta_table,
                    iq1_m_isum, iq1_s_isum, iq2_s_isum, iq2_xs_isum, iq2_xxs_isum, iq3_s_isum, iq3_xxs_isum,
                    iq4_xs_isum, prefetch_bytes, rows_dot8)
 
@@ -224,15 +225,15 @@ def matmul_iq4_xs(W, rows, group_rows, cols, qs, d, extra, out, order, straight)
                     out[t, r] = acc
         return
     xp = pair_order(qs)
-    # with vpdpbusd, 16-row tiles inside each group of rows (_tile_matmul); else rows
-    tiled_rows = rows if TILES and group_rows % TILE_ROWS == 0 else 0
-    for tile in prange(tiled_rows // TILE_ROWS):
+    # with vpdpbusd, 16-row tiles (_tile_matmul); the other rows decoded one by one
+    first_row = tiled_rows(rows, group_rows)
+    for tile in prange(first_row // TILE_ROWS):
         r0 = tile * TILE_ROWS
         _IQ4_XS_TILES(W, r0, rb, nb, qs, d, extra, out, (r0 // group_rows) * n_tok, n_tok, order == ORDER_TILED)
-    for task in prange((rows - tiled_rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+    for task in prange((rows - first_row + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         ws = np.empty(cols, np.int16)
         dw = np.empty(nb, np.float32)
-        first = tiled_rows + task * ROWS_PER_TASK
+        first = first_row + task * ROWS_PER_TASK
         for r in range(first, min(rows, first + ROWS_PER_TASK)):
             row = W[r * rb:(r + 1) * rb]
             for b in range(nb):
@@ -312,15 +313,15 @@ def matmul_iq2_xxs(W, rows, group_rows, cols, qs, d, extra, out, order, straight
                 for t in range(n_tok):
                     out[t, r] = _IQ2_XXS_ROW(row, xs[t0 + t], d[t0 + t], nb, order)
         return
-    # with vpdpbusd, 16-row tiles inside each group of rows (_tile_matmul); else rows
-    tiled_rows = rows if TILES and group_rows % TILE_ROWS == 0 else 0
-    for tile in prange(tiled_rows // TILE_ROWS):
+    # with vpdpbusd, 16-row tiles (_tile_matmul); the other rows decoded one by one
+    first_row = tiled_rows(rows, group_rows)
+    for tile in prange(first_row // TILE_ROWS):
         r0 = tile * TILE_ROWS
         _IQ2_XXS_TILES(W, r0, rb, nb, qs, d, extra, out, (r0 // group_rows) * n_tok, n_tok, order == ORDER_TILED)
-    for task in prange((rows - tiled_rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+    for task in prange((rows - first_row + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         ws = np.empty(cols, np.int16)
         dw = np.empty(nb, np.float32)
-        first = tiled_rows + task * ROWS_PER_TASK
+        first = first_row + task * ROWS_PER_TASK
         for r in range(first, min(rows, first + ROWS_PER_TASK)):
             row = W[r * rb:(r + 1) * rb]
             for b in range(nb):
@@ -395,15 +396,15 @@ def matmul_iq2_xs(W, rows, group_rows, cols, qs, d, extra, out, order, straight)
                 for t in range(n_tok):
                     out[t, r] = _IQ2_XS_ROW(row, xs[t0 + t], d[t0 + t], nb, order)
         return
-    # with vpdpbusd, 16-row tiles inside each group of rows (_tile_matmul); else rows
-    tiled_rows = rows if TILES and group_rows % TILE_ROWS == 0 else 0
-    for tile in prange(tiled_rows // TILE_ROWS):
+    # with vpdpbusd, 16-row tiles (_tile_matmul); the other rows decoded one by one
+    first_row = tiled_rows(rows, group_rows)
+    for tile in prange(first_row // TILE_ROWS):
         r0 = tile * TILE_ROWS
         _IQ2_XS_TILES(W, r0, rb, nb, qs, d, extra, out, (r0 // group_rows) * n_tok, n_tok, order == ORDER_TILED)
-    for task in prange((rows - tiled_rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+    for task in prange((rows - first_row + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         ws = np.empty(cols, np.int16)
         dw = np.empty(nb, np.float32)
-        first = tiled_rows + task * ROWS_PER_TASK
+        first = first_row + task * ROWS_PER_TASK
         for r in range(first, min(rows, first + ROWS_PER_TASK)):
             row = W[r * rb:(r + 1) * rb]
             for b in range(nb):
@@ -476,15 +477,15 @@ def matmul_iq2_s(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
                 for t in range(n_tok):
                     out[t, r] = _IQ2_S_ROW(row, xs[t0 + t], d[t0 + t], nb, order)
         return
-    # with vpdpbusd, 16-row tiles inside each group of rows (_tile_matmul); else rows
-    tiled_rows = rows if TILES and group_rows % TILE_ROWS == 0 else 0
-    for tile in prange(tiled_rows // TILE_ROWS):
+    # with vpdpbusd, 16-row tiles (_tile_matmul); the other rows decoded one by one
+    first_row = tiled_rows(rows, group_rows)
+    for tile in prange(first_row // TILE_ROWS):
         r0 = tile * TILE_ROWS
         _IQ2_S_TILES(W, r0, rb, nb, qs, d, extra, out, (r0 // group_rows) * n_tok, n_tok, order == ORDER_TILED)
-    for task in prange((rows - tiled_rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+    for task in prange((rows - first_row + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         ws = np.empty(cols, np.int16)
         dw = np.empty(nb, np.float32)
-        first = tiled_rows + task * ROWS_PER_TASK
+        first = first_row + task * ROWS_PER_TASK
         for r in range(first, min(rows, first + ROWS_PER_TASK)):
             row = W[r * rb:(r + 1) * rb]
             for b in range(nb):
@@ -562,15 +563,15 @@ def matmul_iq3_xxs(W, rows, group_rows, cols, qs, d, extra, out, order, straight
                 for t in range(n_tok):
                     out[t, r] = _IQ3_XXS_ROW(row, xs[t0 + t], d[t0 + t], nb, order)
         return
-    # with vpdpbusd, 16-row tiles inside each group of rows (_tile_matmul); else rows
-    tiled_rows = rows if TILES and group_rows % TILE_ROWS == 0 else 0
-    for tile in prange(tiled_rows // TILE_ROWS):
+    # with vpdpbusd, 16-row tiles (_tile_matmul); the other rows decoded one by one
+    first_row = tiled_rows(rows, group_rows)
+    for tile in prange(first_row // TILE_ROWS):
         r0 = tile * TILE_ROWS
         _IQ3_XXS_TILES(W, r0, rb, nb, qs, d, extra, out, (r0 // group_rows) * n_tok, n_tok, order == ORDER_TILED)
-    for task in prange((rows - tiled_rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+    for task in prange((rows - first_row + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         ws = np.empty(cols, np.int16)
         dw = np.empty(nb, np.float32)
-        first = tiled_rows + task * ROWS_PER_TASK
+        first = first_row + task * ROWS_PER_TASK
         for r in range(first, min(rows, first + ROWS_PER_TASK)):
             row = W[r * rb:(r + 1) * rb]
             for b in range(nb):
@@ -645,15 +646,15 @@ def matmul_iq3_s(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
                 for t in range(n_tok):
                     out[t, r] = _IQ3_S_ROW(row, xs[t0 + t], d[t0 + t], nb, order)
         return
-    # with vpdpbusd, 16-row tiles inside each group of rows (_tile_matmul); else rows
-    tiled_rows = rows if TILES and group_rows % TILE_ROWS == 0 else 0
-    for tile in prange(tiled_rows // TILE_ROWS):
+    # with vpdpbusd, 16-row tiles (_tile_matmul); the other rows decoded one by one
+    first_row = tiled_rows(rows, group_rows)
+    for tile in prange(first_row // TILE_ROWS):
         r0 = tile * TILE_ROWS
         _IQ3_S_TILES(W, r0, rb, nb, qs, d, extra, out, (r0 // group_rows) * n_tok, n_tok, order == ORDER_TILED)
-    for task in prange((rows - tiled_rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+    for task in prange((rows - first_row + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         ws = np.empty(cols, np.int16)
         dw = np.empty(nb, np.float32)
-        first = tiled_rows + task * ROWS_PER_TASK
+        first = first_row + task * ROWS_PER_TASK
         for r in range(first, min(rows, first + ROWS_PER_TASK)):
             row = W[r * rb:(r + 1) * rb]
             for b in range(nb):

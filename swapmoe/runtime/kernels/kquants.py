@@ -5,9 +5,9 @@ isum = sum(scale * q * x) and the mins against the Q8_K block sums, then one flo
 rounding of the llama.cpp route `order` (kernels.ggml_order; _jit.block_sum and the repacked
 Q4_K/Q2_K helpers here).  For few tokens per row (`straight`, set by kernels.KERNELS) the sums
 come straight from the row bytes (simd.py intrinsics); larger batches decode the weights once for
-all tokens: Q4_K and Q6_K, where vpdpbusd runs, into 16-row tiles that take each token's values
-four at a time for 16 rows at once (simd.TILES); else each row into int16 values times their
-integer sub-block scale, dotted with every token.  ggml's vec_dot spreads the float step over 8
+all tokens: Q4_K, Q5_K and Q6_K, where vpdpbusd runs, into 16-row tiles that take each token's
+values four at a time for 16 rows at once (simd.TILES); else each row into int16 values times
+their integer sub-block scale, dotted with every token.  ggml's vec_dot spreads the float step over 8
 lanes, not reproduced (docs/kernels.md).  Kernel signatures as in legacy.py.
 """
 from __future__ import annotations
@@ -16,9 +16,9 @@ import numpy as np
 from numba import njit, prange
 
 from ._jit import (INLINE, ORDER_GEMM, ORDER_GEMV, ORDER_TILED, PARALLEL, ROWS_PER_TASK, SERIAL, block_step, block_sum,
-                   f16_to_f32, fma32, u32)
-from .simd import (PREFETCH_AHEAD, TILE_ROWS, TILES, dot64, dot128, dot256, pair_sums_dot_bytes, prefetch_bytes,
-                   q2_k_isum, q3_k_isum, q4_k_isum, q4_k_tile16, q4_k_tile16_dot, q5_k_isum, q6_k_isum, q6_k_tile16,
+                   f16_to_f32, fma32, tiled_rows, u32)
+from .simd import (PREFETCH_AHEAD, TILE_ROWS, dot64, dot128, dot256, pair_sums_dot_bytes, prefetch_bytes, q2_k_isum,
+                   q3_k_isum, q4_k_isum, q4_k_tile16, q4_k_tile16_dot, q5_k_isum, q5_k_tile16, q6_k_isum, q6_k_tile16,
                    q6_k_tile16_dot)
 
 
@@ -403,18 +403,17 @@ def matmul_q4_k(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
                     t = t0 + n_tok - 1
                     out[n_tok - 1, r] = _q4_k_gemv_dot(row, qs[t], d[t], extra[t], nb)
         return
-    # with vpdpbusd, the repacked routes (one group of rows) decode 16-row tiles
-    # (simd.q4_k_tile16_dot); the rows past the last whole tile, and the other routes, decode rows
-    repacked = order == ORDER_GEMM or order == ORDER_GEMV
-    tiled_rows = rows // TILE_ROWS * TILE_ROWS if TILES and repacked else 0
-    for tile in prange(tiled_rows // TILE_ROWS):
-        _q4_k_tile_matmul(W, tile * TILE_ROWS, rb, nb, qs, d, extra, out, n_tok, gemm_tokens)
-    for task in prange((rows - tiled_rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+    # with vpdpbusd, 16-row tiles (simd.q4_k_tile16_dot); the other rows decoded one by one
+    first_row = tiled_rows(rows, group_rows)
+    for tile in prange(first_row // TILE_ROWS):
+        r0 = tile * TILE_ROWS
+        _Q4_K_TILES(W, r0, rb, nb, qs, d, extra, out, (r0 // group_rows) * n_tok, n_tok, order, gemm_tokens)
+    for task in prange((rows - first_row + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         ws = np.empty(cols, np.int16)
         dw = np.empty(nb, np.float32)
         dmin = np.empty(nb, np.float32)
         mins = np.empty(nb, np.uint64)
-        first = tiled_rows + task * ROWS_PER_TASK
+        first = first_row + task * ROWS_PER_TASK
         for r in range(first, min(rows, first + ROWS_PER_TASK)):
             row = W[r * rb:(r + 1) * rb]
             for b in range(nb):
@@ -440,34 +439,43 @@ def matmul_q4_k(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
                 out[t, r] = acc
 
 
-@njit(**INLINE)
-def _q4_k_tile_matmul(W, r0, rb, nb, qs, d, extra, out, n_tok, gemm_tokens):
-    """Rows r0 .. r0 + 15 of a repacked Q4_K matmul a block at a time through a 16-row tile; the
-    first gemm_tokens tokens rounded as ggml's gemm, the rest as its gemv."""
-    tile = np.empty(4096, np.uint8)
-    scales = np.empty(8 * TILE_ROWS, np.int32)
-    mins = np.empty(8 * TILE_ROWS, np.int16)
-    dw = np.empty(TILE_ROWS, np.float32)
-    dmin = np.empty(TILE_ROWS, np.float32)
-    acc = np.zeros(n_tok * 2 * TILE_ROWS, np.float32)
-    for b in range(nb):
-        o = r0 * rb + b * 144
-        for i in range(TILE_ROWS):
-            at = o + i * rb
-            prefetch_bytes(W, at + PREFETCH_AHEAD, 144)
-            dw[i] = f16_to_f32(W[at], W[at + 1])
-            dmin[i] = f16_to_f32(W[at + 2], W[at + 3])
-            sc, mn = _scales_mins_k4(W, at + 4)
-            for j in range(8):
-                scales[j * TILE_ROWS + i] = _byte(sc, j)
-                mins[(j // 2) * 2 * TILE_ROWS + 2 * i + j % 2] = _byte(mn, j)
-        q4_k_tile16(W, o + 16, rb, tile, 0)
+def _k4_tile_matmul(block_bytes, layout):
+    """Rows r0 .. r0 + 15 of a Q4_K / Q5_K matmul (block_bytes, its tile layout; inside one group
+    of rows, whose tokens are t0 .. t0 + n_tok - 1) a block at a time through a 16-row tile
+    (simd.q4_k_tile16_dot): the first gemm_tokens tokens rounded as ggml's repacked gemm, the rest
+    by `order` (its repacked gemv where that is the gemm's)."""
+    @njit(**INLINE)
+    def tile_matmul(W, r0, rb, nb, qs, d, extra, out, t0, n_tok, order, gemm_tokens):
+        tile = np.empty(4096, np.uint8)
+        scales = np.empty(8 * TILE_ROWS, np.int32)
+        mins = np.empty(8 * TILE_ROWS, np.int16)
+        dw = np.empty(TILE_ROWS, np.float32)
+        dmin = np.empty(TILE_ROWS, np.float32)
+        acc = np.zeros(n_tok * 2 * TILE_ROWS, np.float32)
+        rest = ORDER_GEMV if order == ORDER_GEMM else order
+        for b in range(nb):
+            o = r0 * rb + b * block_bytes
+            for i in range(TILE_ROWS):
+                at = o + i * rb
+                prefetch_bytes(W, at + PREFETCH_AHEAD, block_bytes)
+                dw[i] = f16_to_f32(W[at], W[at + 1])
+                dmin[i] = f16_to_f32(W[at + 2], W[at + 3])
+                sc, mn = _scales_mins_k4(W, at + 4)
+                for j in range(8):
+                    scales[j * TILE_ROWS + i] = _byte(sc, j)
+                    mins[(j // 2) * 2 * TILE_ROWS + 2 * i + j % 2] = _byte(mn, j)
+            layout(W, o, rb, tile, 0)
+            for t in range(n_tok):
+                q4_k_tile16_dot(tile, qs[t0 + t], b * 256, scales, mins, extra[t0 + t], b * 16, dw, dmin, d[t0 + t, b],
+                                acc, t * 2 * TILE_ROWS, ORDER_GEMM if t < gemm_tokens else rest)
         for t in range(n_tok):
-            q4_k_tile16_dot(tile, qs[t], b * 256, scales, mins, extra[t], b * 16, dw, dmin, d[t, b], acc,
-                            t * 2 * TILE_ROWS, t < gemm_tokens)
-    for t in range(n_tok):
-        for i in range(TILE_ROWS):
-            out[t, r0 + i] = acc[t * 2 * TILE_ROWS + i] - acc[t * 2 * TILE_ROWS + TILE_ROWS + i]
+            for i in range(TILE_ROWS):
+                out[t, r0 + i] = acc[t * 2 * TILE_ROWS + i] - acc[t * 2 * TILE_ROWS + TILE_ROWS + i]
+    return tile_matmul
+
+
+_Q4_K_TILES = _k4_tile_matmul(144, q4_k_tile16)
+_Q5_K_TILES = _k4_tile_matmul(176, q5_k_tile16)
 
 
 @njit(**INLINE)
@@ -589,12 +597,18 @@ def matmul_q5_k(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
                         acc = block_sum(order, acc, isum, summ, dw, dmin, dx[b])
                     out[t, r] = acc
         return
-    for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+    # with vpdpbusd, 16-row tiles (simd.q4_k_tile16_dot); the other rows decoded one by one
+    first_row = tiled_rows(rows, group_rows)
+    for tile in prange(first_row // TILE_ROWS):
+        r0 = tile * TILE_ROWS
+        _Q5_K_TILES(W, r0, rb, nb, qs, d, extra, out, (r0 // group_rows) * n_tok, n_tok, order, 0)
+    for task in prange((rows - first_row + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         ws = np.empty(cols, np.int16)
         dw = np.empty(nb, np.float32)
         dmin = np.empty(nb, np.float32)
         mins = np.empty(nb, np.uint64)
-        for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
+        first = first_row + task * ROWS_PER_TASK
+        for r in range(first, min(rows, first + ROWS_PER_TASK)):
             row = W[r * rb:(r + 1) * rb]
             for b in range(nb):
                 o = b * 176
@@ -671,15 +685,16 @@ def matmul_q6_k(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
                         acc = block_step(order, acc, np.float32(isum), f16_to_f32(row[o + 208], row[o + 209]), dx[b])
                     out[t, r] = acc
         return
-    # with vpdpbusd, 16-row tiles inside each group of rows (simd.q6_k_tile16_dot); else rows
-    tiled_rows = rows if TILES and group_rows % TILE_ROWS == 0 else 0
-    for tile in prange(tiled_rows // TILE_ROWS):
+    # with vpdpbusd, 16-row tiles (simd.q6_k_tile16_dot); the other rows decoded one by one
+    first_row = tiled_rows(rows, group_rows)
+    for tile in prange(first_row // TILE_ROWS):
         r0 = tile * TILE_ROWS
         _q6_k_tile_matmul(W, r0, rb, nb, qs, d, extra, out, (r0 // group_rows) * n_tok, n_tok, order == ORDER_TILED)
-    for task in prange((rows - tiled_rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+    for task in prange((rows - first_row + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         ws = np.empty(cols, np.int16)
         dw = np.empty(nb, np.float32)
-        for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
+        first = first_row + task * ROWS_PER_TASK
+        for r in range(first, min(rows, first + ROWS_PER_TASK)):
             row = W[r * rb:(r + 1) * rb]
             for b in range(nb):
                 o = b * 210

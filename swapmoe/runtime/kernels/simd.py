@@ -1267,14 +1267,15 @@ WORDS_DOT = {span: {target: _words_dot_intrinsic(span, target) for target in (GE
 dot64, dot128, dot256 = (_for_this_cpu(WORDS_DOT[span]) for span in (64, 128, 256))
 
 
-# ---- Q4_K / Q6_K tiles: sixteen rows interleaved, each token a broadcast ----------------------
-# A batch of tokens against 16 rows without a horizontal sum per row and token: the rows' quants
+# ---- tiles: sixteen rows interleaved, each token a broadcast -----------------------------------
+# A batch of tokens against 16 rows without a horizontal sum per row and token: the rows' values
 # are laid out once per block so that one 64-byte vector holds four consecutive values of each of
-# the 16 rows (q4_k_tile16, q6_k_tile16: a gather per vector), then per token every vpdpbusd takes
-# one such vector and four activation bytes broadcast to all rows; its 16 int32 lanes are the 16
-# rows' sums, and the float steps run on 16 rows at once in each llama.cpp route's own rounding
-# (q4_k_tile16_dot, q6_k_tile16_dot).  On a Xeon VM: a Q4_K 2048 x 4096 matmul of 64 tokens
-# 23.4 -> 2.7 ms; faster than the straight route from 4 tokens on (tools/bench_routes.py).
+# the 16 rows (q4_k_tile16, q5_k_tile16, q6_k_tile16 from the quant bytes, a gather per vector;
+# int8_tile16 from values a row decoder wrote), then per token every vpdpbusd takes one such
+# vector and four activation bytes broadcast to all rows; its 16 int32 lanes are the 16 rows'
+# sums, and the float steps run on 16 rows at once in each llama.cpp route's own rounding
+# (q4_k_tile16_dot for Q4_K/Q5_K, q6_k_tile16_dot, int8_tile16_dot).  On a Xeon VM: a Q4_K 2048 x
+# 4096 matmul of 64 tokens 23.4 -> 2.7 ms (docs/kernels.md).
 
 TILE_ROWS = 16
 # the tile route needs vpdpbusd (AVX-512 VNNI: with VBMI on every CPU that has both, Ice Lake and
@@ -1333,15 +1334,29 @@ def _tile_sums(context, builder, target, t_ptr, xt, x, xo, first, count):
 
 def _q4_k_tile16(context, builder, signature, args, target):
     """Vector 8 * (2h + s) + k of the tile (64 bytes at out[oo:], row i at bytes 4i..4i+3): the
-    values 4k..4k+3 of sub-block 2h + s of each row (the low nibbles of quant bytes 32h + 4k ..
-    +3 for s = 0, the high ones for s = 1)."""
+    values 4k..4k+3 of sub-block 2h + s of each row's block at wo (the low nibbles of quant bytes
+    32h + 4k .. +3, at wo + 16 on, for s = 0, the high ones for s = 1)."""
     gather, store = _tile_io(context, builder, signature, args, target)
     low = _splat(I32, 16, 0x0F0F0F0F)
     for h in range(4):
         for k in range(8):
-            words = gather(32 * h + 4 * k)
+            words = gather(16 + 32 * h + 4 * k)
             store(8 * (2 * h) + k, builder.and_(words, low))
             store(8 * (2 * h + 1) + k, builder.and_(builder.lshr(words, _splat(I32, 16, 4)), low))
+    return context.get_dummy_value()
+
+
+def _q5_k_tile16(context, builder, signature, args, target):
+    """As _q4_k_tile16 for Q5_K, the block at wo (qh at wo + 16, qs at wo + 48): each value's
+    fifth bit from qh, bit 2h + s of byte l for value l of sub-block 2h + s."""
+    gather, store = _tile_io(context, builder, signature, args, target)
+    low, one, four = _splat(I32, 16, 0x0F0F0F0F), _splat(I32, 16, 0x01010101), _splat(I32, 16, 4)
+    for h in range(4):
+        for k in range(8):
+            words, high = gather(48 + 32 * h + 4 * k), gather(16 + 4 * k)
+            for s, nibbles in enumerate((words, builder.lshr(words, four))):
+                bits = builder.and_(builder.lshr(high, _splat(I32, 16, 2 * h + s)), one)
+                store(8 * (2 * h + s) + k, builder.or_(builder.and_(nibbles, low), builder.shl(bits, four)))
     return context.get_dummy_value()
 
 
@@ -1360,7 +1375,7 @@ def _q6_k_tile16(context, builder, signature, args, target):
 
 
 def _q4_k_tile16_dot(context, builder, signature, args, target):
-    tile, x, xo, scales, mins, bsums, bo, dw, dmin, dx, acc, ao, gemm = args
+    tile, x, xo, scales, mins, bsums, bo, dw, dmin, dx, acc, ao, order = args
     t_ptr, s_ptr, m_ptr, b_ptr, dw_ptr, dmin_ptr, acc_ptr = _data(context, builder, signature, args,
                                                                   0, 3, 4, 5, 7, 8, 10)
     xt = signature.args[1]
@@ -1395,19 +1410,45 @@ def _q4_k_tile16_dot(context, builder, signature, args, target):
     at, at_min = (builder.bitcast(builder.gep(acc_ptr, [_add_offset(builder, ao, k)]), f16x.as_pointer())
                   for k in (0, 16))
 
+    isum, summ = (functools.reduce(builder.add, parts) for parts in (isums, summs))
+    fisum, fsumm = builder.sitofp(isum, f16x), builder.sitofp(summ, f16x)
+    dws, dmins = (_vector_at(builder, ptr, zero, f16x) for ptr in (dw_ptr, dmin_ptr))
+
     def chain(ptr, parts, step_scale):
         total = builder.load(ptr, align=4)
         for part in parts:
             total = builder.call(fma, [builder.sitofp(part, f16x), step_scale, total])
         builder.store(total, ptr, align=4)
 
-    with builder.if_else(gemm) as (per_step, per_block):
-        with per_step:  # ggml's repacked gemm: an FMA every 64 values
-            chain(at, isums, scale)
-            chain(at_min, summs, scale_min)
-        with per_block:  # its gemv: one per block
-            chain(at, [functools.reduce(builder.add, isums)], scale)
-            chain(at_min, [functools.reduce(builder.add, summs)], scale_min)
+    def gemm():  # ggml's repacked gemm: an FMA every 64 values, scales and mins apart
+        chain(at, isums, scale)
+        chain(at_min, summs, scale_min)
+
+    def gemv():  # its repacked gemv: one per block
+        chain(at, [isum], scale)
+        chain(at_min, [summ], scale_min)
+
+    def tiled():  # its tiled matmul: fma(fma(-dmin, summ, isum * dw), dx, acc)
+        inner = builder.call(fma, [builder.fneg(dmins), fsumm, builder.fmul(fisum, dws)])
+        builder.store(builder.call(fma, [inner, dxs, builder.load(at, align=4)]), at, align=4)
+
+    def vec_dot():  # acc + ((dw * dx) * isum - (dmin * dx) * summ)
+        step = builder.fsub(builder.fmul(scale, fisum), builder.fmul(scale_min, fsumm))
+        builder.store(builder.fadd(builder.load(at, align=4), step), at, align=4)
+
+    from ._jit import ORDER_GEMM, ORDER_GEMV, ORDER_TILED  # (_jit imports this module)
+    done, other = builder.append_basic_block("tile.done"), builder.append_basic_block("tile.vec_dot")
+    switch = builder.switch(order, other)
+    for route, emit in ((ORDER_GEMM, gemm), (ORDER_GEMV, gemv), (ORDER_TILED, tiled), (None, vec_dot)):
+        if route is None:
+            block = other
+        else:
+            block = builder.append_basic_block(f"tile.{emit.__name__}")
+            switch.add_case(ir.Constant(order.type, route), block)
+        builder.position_at_end(block)
+        emit()
+        builder.branch(done)
+    builder.position_at_end(done)
     return context.get_dummy_value()
 
 
@@ -1452,19 +1493,20 @@ def _tile16_intrinsic(layout, target: str, doc: str):
 
 def _q4_k_tile16_dot_intrinsic(target: str):
     @intrinsic
-    def q4_k_tile16_dot(typingctx, tile, x, xo, scales, mins, bsums, bo, dw, dmin, dx, acc, ao, gemm):
-        """One Q4_K block of a 16-row tile against one token, rounded as ggml's repacked kernels:
-        acc[ao + i] = fma(isum, dw[i] * dx, ...) and acc[ao + 16 + i] = fma(summ, dmin[i] * dx, ...)
-        for row i, where isum is row i's exact sum of quant * sub-block scale * activation and
-        summ its sub-blocks' mins times the token's Q8_K block sums, over each 64 values (gemm
-        true) or the whole block (gemv).  tile: q4_k_tile16's layout; x[xo:xo+256]: the token's int8
+    def q4_k_tile16_dot(typingctx, tile, x, xo, scales, mins, bsums, bo, dw, dmin, dx, acc, ao, order):
+        """One Q4_K/Q5_K block of a 16-row tile against one token, rounded as the llama.cpp route
+        `order` (an ORDER_* of _jit) rounds it, for row i: isum, row i's exact sum of value *
+        sub-block scale * activation, and summ, its sub-blocks' mins times the token's Q8_K block
+        sums; ORDER_GEMM (repacked): acc[ao + i] = fma(isum, dw[i] * dx, ...) and acc[ao + 16 +
+        i] = fma(summ, dmin[i] * dx, ...) over each 64 values, ORDER_GEMV the same per block;
+        ORDER_TILED and ORDER_DOT as _jit.block_sum, into acc[ao + i] alone.  tile: q4_k_tile16's layout; x[xo:xo+256]: the token's int8
         values, bsums[bo:bo+16] their block sums; scales: int32 [8 sub-blocks][16 rows]; mins:
         int16 [4 steps][16 rows][2 sub-blocks]; dw, dmin: float32 [16]; dx: float32."""
         if tile.dtype != types.uint8 or x.dtype != types.int8 or scales.dtype != types.int32 \
                 or mins.dtype != types.int16 or bsums.dtype != types.int32 or acc.dtype != types.float32 \
-                or not isinstance(gemm, types.Boolean):
+                or not isinstance(order, types.Integer):
             return None
-        sig = types.none(tile, x, xo, scales, mins, bsums, bo, dw, dmin, dx, acc, ao, gemm)
+        sig = types.none(tile, x, xo, scales, mins, bsums, bo, dw, dmin, dx, acc, ao, order)
 
         def codegen(context, builder, signature, args):
             return _q4_k_tile16_dot(context, builder, signature, args, target)
@@ -1503,7 +1545,10 @@ def _int8_tile16(context, builder, signature, args, target):
 
 TILE_TARGETS = (GENERIC, VBMI)
 Q4_K_TILE16 = {target: _tile16_intrinsic(_q4_k_tile16, target, """Lay out the quants of one Q4_K block of 16
-    rows (the 128 quant bytes at w[wo + i * stride] for row i) as a tile at out[oo:oo+4096] for
+    rows (the blocks at w[wo + i * stride] for row i) as a tile at out[oo:oo+4096] for
+    q4_k_tile16_dot.""") for target in TILE_TARGETS}
+Q5_K_TILE16 = {target: _tile16_intrinsic(_q5_k_tile16, target, """Lay out the quants of one Q5_K block of 16
+    rows (the blocks at w[wo + i * stride] for row i) as a tile at out[oo:oo+4096] for
     q4_k_tile16_dot.""") for target in TILE_TARGETS}
 Q6_K_TILE16 = {target: _tile16_intrinsic(_q6_k_tile16, target, """Lay out the quants of one Q6_K block of 16
     rows (ql, qh: the 192 bytes at w[wo + i * stride] for row i) as a tile at out[oo:oo+4096] for
@@ -1515,6 +1560,7 @@ Q4_K_TILE16_DOT = {target: _q4_k_tile16_dot_intrinsic(target) for target in TILE
 Q6_K_TILE16_DOT = {target: _scaled_tile16_dot_intrinsic(target, "Q6_K", 5) for target in TILE_TARGETS}
 INT8_TILE16_DOT = {target: _scaled_tile16_dot_intrinsic(target, "int8", 7) for target in TILE_TARGETS}
 q4_k_tile16, q4_k_tile16_dot = _for_this_cpu(Q4_K_TILE16), _for_this_cpu(Q4_K_TILE16_DOT)
+q5_k_tile16 = _for_this_cpu(Q5_K_TILE16)
 q6_k_tile16, q6_k_tile16_dot = _for_this_cpu(Q6_K_TILE16), _for_this_cpu(Q6_K_TILE16_DOT)
 int8_tile16, int8_tile16_dot = _for_this_cpu(INT8_TILE16), _for_this_cpu(INT8_TILE16_DOT)
 
