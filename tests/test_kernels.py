@@ -292,10 +292,11 @@ def test_straight_and_decoded_routes_agree(tp):
     """KERNELS' straight_tokens picks a route by speed alone: both take the same exact block sums
     and the same float steps, so the same bits, on every rounding route (rows % 8 == 0 repacks
     Q4_K/Q2_K; stacked experts; >= 8 tokens tiled), and where the decoded route takes 16-row
-    tiles (simd.TILES) a 32-row expert and two 16-row groups with their own tokens."""
+    tiles (simd.TILES) 32- and 24-row experts (whole and partial tiles) and groups of 16 and 20
+    rows with their own tokens."""
     rng = np.random.default_rng(int(tp) + 40)
     for rows, stacked, group_rows in ((ROWS, False, ROWS), (8, False, 8), (8, True, 8), (32, True, 32),
-                                      (32, False, 16)):
+                                      (32, False, 16), (24, True, 24), (40, False, 20)):
         W = random_weights(tp, rows, COLS, rng)
         for n_tok in (1, 3, 9):
             qx = K.quantize_activation(tp, random_activations(n_tok * rows // group_rows, COLS, rng))
@@ -432,8 +433,8 @@ def test_tiled_route_rounding():
 def test_repacked_route_rounding(tp, gemm_step):
     """Q4_K (and Q2_K, AVX-512) with rows % 8 == 0: gemm for tokens in fours (FMA chains per 64 or
     128 values), gemv for the rest and for stacked experts (per block); scales and mins summed
-    apart, subtracted at the end.  24 rows: Q4_K's batches take a 16-row tile (with vpdpbusd) and
-    decode the 8 rows past it."""
+    apart, subtracted at the end.  24 rows: Q4_K's batches take a 16-row tile and a partial one
+    (with vpdpbusd)."""
     rng = np.random.default_rng(12)
     rows = 24
     W = random_weights(tp, rows, COLS, rng)
@@ -591,7 +592,7 @@ def test_simd_k4_tile16(tp, target):
     @njit
     def run(w, stride, x, scales, mins, bsums, dw, dmin, dx, acc, orders):
         tile = np.empty(4096, np.uint8)
-        tile16(w, 7, stride, tile, 0)
+        tile16(w, 7, stride, 16, tile, 0)
         for k in range(orders.size):
             tile_dot(tile, x, 256, scales, mins, bsums, 16, dw, dmin, dx, acc, 32 * (k + 1), orders[k])
 
@@ -637,16 +638,19 @@ def test_simd_k4_tile16(tp, target):
 @pytest.mark.parametrize("target", [simd.GENERIC, simd.VBMI])
 def test_simd_q6_k_tile16(target):
     """A 16-row Q6_K tile against one token: each row's exact block sum, stepped as ggml's tiled
-    matmul (fma(isum * dw, dx, acc)) and as its vec_dot (acc + (dw * dx) * isum)."""
+    matmul (fma(isum * dw, dx, acc)) and as its vec_dot (acc + (dw * dx) * isum); a partial tile
+    (5 rows) repeats its last row in the lanes past it."""
     skip_unless_this_cpu_runs(target)
     tile16, tile_dot = simd.Q6_K_TILE16[target], simd.Q6_K_TILE16_DOT[target]
 
     @njit
     def run(w, wo, stride, x, scales, bsums, dw, dx, acc):
         tile = np.empty(4096, np.uint8)
-        tile16(w, wo, stride, tile, 0)
+        tile16(w, wo, stride, 16, tile, 0)
         tile_dot(tile, x, 256, scales, bsums, 16, dw, dx, acc, 16, True)
         tile_dot(tile, x, 256, scales, bsums, 16, dw, dx, acc, 32, False)
+        tile16(w, wo, stride, 5, tile, 0)  # a partial tile: rows 5.. repeat row 4
+        tile_dot(tile, x, 256, scales, bsums, 16, dw, dx, acc, 64, True)
 
     rng = np.random.default_rng(24)
     stride = 250
@@ -658,7 +662,7 @@ def test_simd_q6_k_tile16(target):
     dw = rng.uniform(-1, 1, 16).astype(F32)
     dx = F32(0.37)
     bsums = x.reshape(32, 16).sum(axis=1).astype(np.int32)
-    acc = rng.standard_normal(64).astype(F32)
+    acc = rng.standard_normal(80).astype(F32)
     start = acc.copy()
     run(w, 3, stride, x, scales, bsums, dw, dx, acc)
     unit = np.concatenate([np.ones(16, np.uint8), f16_bytes(np.array([1.0])).reshape(-1)])  # scales 1, d 1
@@ -667,8 +671,11 @@ def test_simd_q6_k_tile16(target):
     isum = ((values - 32) * np.repeat(scales.T, 16, axis=1) * x[256:]).sum(axis=1)
     np.testing.assert_array_equal(acc[16:32], fma(isum.astype(F32) * dw, dx, start[16:32]))
     np.testing.assert_array_equal(acc[32:48], (start[32:48] + (dw * dx).astype(F32) * isum.astype(F32)).astype(F32))
+    repeated = values[np.minimum(np.arange(16), 4)]  # each lane's quants: its row's, up to row 4
+    isum = ((repeated - 32) * np.repeat(scales.T, 16, axis=1) * x[256:]).sum(axis=1)  # (scales: each lane's)
+    np.testing.assert_array_equal(acc[64:80], fma(isum.astype(F32) * dw, dx, start[64:80]))
     np.testing.assert_array_equal(acc[:16], start[:16])
-    np.testing.assert_array_equal(acc[48:], start[48:])
+    np.testing.assert_array_equal(acc[48:64], start[48:64])
 
 
 @pytest.mark.parametrize("target", [simd.GENERIC, simd.VBMI])
@@ -682,7 +689,7 @@ def test_simd_int8_tile16(target):
     @njit
     def run(w, stride, x, scales, bsums, dw, dx, acc):
         tile = np.empty(4096, np.uint8)
-        tile16(w, 5, stride, tile, 0)
+        tile16(w, 5, stride, 16, tile, 0)
         tile_dot(tile, x, 256, scales, bsums, 16, dw, dx, acc, 0, True)
         tile_dot(tile, x, 256, scales, bsums, 16, dw, dx, acc, 16, False)
 

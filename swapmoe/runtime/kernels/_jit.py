@@ -31,8 +31,7 @@ from numba import njit, types
 from numba.extending import overload
 from numba.extending import intrinsic
 
-from .simd import (GROUP_MAJOR, PREFETCH_AHEAD, TILE_ROWS, TILES, f16_to_f32, nibble_table_dot, prefetch_bytes,
-                   store_bytes)
+from .simd import GROUP_MAJOR, PREFETCH_AHEAD, f16_to_f32, nibble_table_dot, prefetch_bytes, store_bytes
 
 # Idle OpenMP workers spin briefly (about 10k polls) before they sleep.  Decode makes hundreds of
 # short kernel calls per token: waking sleeping workers (OMP_WAIT_POLICY=passive) cost ~30 us per
@@ -50,18 +49,6 @@ SERIAL = dict(nogil=True, cache=True)
 INLINE = dict(nogil=True, cache=True, inline="always")
 # rows per parallel task: amortises the per-task scratch allocations
 ROWS_PER_TASK = 8
-
-
-@njit(**INLINE)
-def tiled_rows(rows, group_rows):
-    """How many rows, from the first, a batch takes in 16-row tiles where vpdpbusd runs
-    (simd.TILES): one group of rows, its whole tiles (the rest decoded row by row); groups of
-    whole tiles, every row; else none."""
-    if not TILES:
-        return 0
-    if group_rows == rows:
-        return rows // TILE_ROWS * TILE_ROWS
-    return rows if group_rows % TILE_ROWS == 0 else 0
 
 
 # ggml_e8m0_to_fp32_half: 0.5 * 2^(e - 127) for each exponent byte

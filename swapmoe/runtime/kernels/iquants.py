@@ -20,9 +20,9 @@ from gguf import quants as gq
 from numba import njit, prange
 
 from ._jit import (INLINE, ORDER_GEMV, ORDER_TILED, PARALLEL, ROWS_PER_TASK, SERIAL, block_step, decode_pairs,
-                   f16_to_f32, grid_activations, nibble_pair_words, nibble_row_dot, pair_order, tiled_rows, u32, u64,
-                   widen4, widen8)
-from .simd import (PREFETCH_AHEAD, TILE_ROWS, dot256, int8_tile16, int8_tile16_dot, iq1_delta_table,
+                   f16_to_f32, grid_activations, nibble_pair_words, nibble_row_dot, pair_order, u32, u64, widen4,
+                   widen8)
+from .simd import (PREFETCH_AHEAD, TILE_ROWS, TILES, dot256, int8_tile16, int8_tile16_dot, iq1_delta_table,
                    iq1_m_isum, iq1_s_isum, iq2_s_isum, iq2_xs_isum, iq2_xxs_isum, iq3_s_isum, iq3_xxs_isum,
                    iq4_xs_isum, prefetch_bytes, rows_dot8)
 
@@ -106,33 +106,33 @@ _IQ3_S_ROW = _grid_row_dot(iq3_s_isum, 110, _GRID4_IQ3_S, _BYTE_MASKS, 1.0)
 
 
 def _tile_matmul(block_bytes, decode, scale16, factor):
-    """Rows r0 .. r0 + 15 of a matmul of a type without mins whose block is d (fp16) first (inside
-    one group of rows, whose tokens are t0 .. t0 + n_tok - 1), a block at a time: each row's values
-    decoded (decode(blk, o, values, wo, False), into int8) with the integer scale
-    of each 16 (scale16(blk, o, j)), the 16 rows laid out as a tile (simd.int8_tile16) that every
+    """Rows r0 .. r0 + n_rows - 1 (n_rows <= 16) of a matmul of a type without mins whose block is
+    d (fp16) first (inside one group of rows, whose tokens are t0 .. t0 + n_tok - 1), a block at a
+    time: each row's values decoded (decode(blk, o, values, wo, False), into int8) with the integer
+    scale of each 16 (scale16(blk, o, j)), the rows laid out as a tile (simd.int8_tile16) that every
     token takes 16 rows at a time (simd.int8_tile16_dot: ggml's tiled or vec_dot step per block),
     times the type's final factor."""
     @njit(**INLINE)
-    def tile_matmul(W, r0, rb, nb, qs, d, extra, out, t0, n_tok, tiled):
+    def tile_matmul(W, r0, n_rows, rb, nb, qs, d, extra, out, t0, n_tok, tiled):
         values = np.empty(TILE_ROWS * 256, np.int8)
         tile = np.empty(4096, np.uint8)
         scales = np.empty(16 * TILE_ROWS, np.int32)
         dw = np.empty(TILE_ROWS, np.float32)
         acc = np.zeros(n_tok * TILE_ROWS, np.float32)
         for b in range(nb):
-            for i in range(TILE_ROWS):
+            for i in range(n_rows):
                 o = (r0 + i) * rb + b * block_bytes
                 prefetch_bytes(W, o + PREFETCH_AHEAD, block_bytes)
                 dw[i] = f16_to_f32(W[o], W[o + 1])
                 decode(W, o, values, i * 256, False)
                 for j in range(16):
                     scales[j * TILE_ROWS + i] = scale16(W, o, j)
-            int8_tile16(values.view(np.uint8), 0, 256, tile, 0)
+            int8_tile16(values.view(np.uint8), 0, 256, TILE_ROWS, tile, 0)  # (rows past n_rows: unused)
             for t in range(n_tok):
                 int8_tile16_dot(tile, qs[t0 + t], b * 256, scales, extra[t0 + t], b * 16, dw, d[t0 + t, b], acc,
                                 t * TILE_ROWS, tiled)
         for t in range(n_tok):
-            for i in range(TILE_ROWS):
+            for i in range(n_rows):
                 out[t, r0 + i] = np.float32(factor) * acc[t * TILE_ROWS + i]
     return tile_matmul
 
@@ -224,17 +224,20 @@ def matmul_iq4_xs(W, rows, group_rows, cols, qs, d, extra, out, order, straight)
                         acc = block_step(order, acc, np.float32(sumi), dw, dx[b])
                     out[t, r] = acc
         return
+    if TILES:  # 16-row tiles (where vpdpbusd runs), a group's last one partial
+        per_group = (group_rows + TILE_ROWS - 1) // TILE_ROWS
+        for tile in prange(rows // group_rows * per_group):
+            g, j = tile // per_group, tile % per_group
+            r0 = g * group_rows + j * TILE_ROWS
+            n_rows = min(TILE_ROWS, group_rows - j * TILE_ROWS)
+            _IQ4_XS_TILES(W, r0, n_rows, rb, nb, qs, d, extra, out, g * n_tok, n_tok, order == ORDER_TILED)
+        return
+    # else each row decoded once for all tokens
     xp = pair_order(qs)
-    # with vpdpbusd, 16-row tiles (_tile_matmul); the other rows decoded one by one
-    first_row = tiled_rows(rows, group_rows)
-    for tile in prange(first_row // TILE_ROWS):
-        r0 = tile * TILE_ROWS
-        _IQ4_XS_TILES(W, r0, rb, nb, qs, d, extra, out, (r0 // group_rows) * n_tok, n_tok, order == ORDER_TILED)
-    for task in prange((rows - first_row + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+    for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         ws = np.empty(cols, np.int16)
         dw = np.empty(nb, np.float32)
-        first = first_row + task * ROWS_PER_TASK
-        for r in range(first, min(rows, first + ROWS_PER_TASK)):
+        for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
             row = W[r * rb:(r + 1) * rb]
             for b in range(nb):
                 o = b * 136
@@ -313,16 +316,19 @@ def matmul_iq2_xxs(W, rows, group_rows, cols, qs, d, extra, out, order, straight
                 for t in range(n_tok):
                     out[t, r] = _IQ2_XXS_ROW(row, xs[t0 + t], d[t0 + t], nb, order)
         return
-    # with vpdpbusd, 16-row tiles (_tile_matmul); the other rows decoded one by one
-    first_row = tiled_rows(rows, group_rows)
-    for tile in prange(first_row // TILE_ROWS):
-        r0 = tile * TILE_ROWS
-        _IQ2_XXS_TILES(W, r0, rb, nb, qs, d, extra, out, (r0 // group_rows) * n_tok, n_tok, order == ORDER_TILED)
-    for task in prange((rows - first_row + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+    if TILES:  # 16-row tiles (where vpdpbusd runs), a group's last one partial
+        per_group = (group_rows + TILE_ROWS - 1) // TILE_ROWS
+        for tile in prange(rows // group_rows * per_group):
+            g, j = tile // per_group, tile % per_group
+            r0 = g * group_rows + j * TILE_ROWS
+            n_rows = min(TILE_ROWS, group_rows - j * TILE_ROWS)
+            _IQ2_XXS_TILES(W, r0, n_rows, rb, nb, qs, d, extra, out, g * n_tok, n_tok, order == ORDER_TILED)
+        return
+    # else each row decoded once for all tokens
+    for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         ws = np.empty(cols, np.int16)
         dw = np.empty(nb, np.float32)
-        first = first_row + task * ROWS_PER_TASK
-        for r in range(first, min(rows, first + ROWS_PER_TASK)):
+        for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
             row = W[r * rb:(r + 1) * rb]
             for b in range(nb):
                 o = b * 66
@@ -396,16 +402,19 @@ def matmul_iq2_xs(W, rows, group_rows, cols, qs, d, extra, out, order, straight)
                 for t in range(n_tok):
                     out[t, r] = _IQ2_XS_ROW(row, xs[t0 + t], d[t0 + t], nb, order)
         return
-    # with vpdpbusd, 16-row tiles (_tile_matmul); the other rows decoded one by one
-    first_row = tiled_rows(rows, group_rows)
-    for tile in prange(first_row // TILE_ROWS):
-        r0 = tile * TILE_ROWS
-        _IQ2_XS_TILES(W, r0, rb, nb, qs, d, extra, out, (r0 // group_rows) * n_tok, n_tok, order == ORDER_TILED)
-    for task in prange((rows - first_row + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+    if TILES:  # 16-row tiles (where vpdpbusd runs), a group's last one partial
+        per_group = (group_rows + TILE_ROWS - 1) // TILE_ROWS
+        for tile in prange(rows // group_rows * per_group):
+            g, j = tile // per_group, tile % per_group
+            r0 = g * group_rows + j * TILE_ROWS
+            n_rows = min(TILE_ROWS, group_rows - j * TILE_ROWS)
+            _IQ2_XS_TILES(W, r0, n_rows, rb, nb, qs, d, extra, out, g * n_tok, n_tok, order == ORDER_TILED)
+        return
+    # else each row decoded once for all tokens
+    for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         ws = np.empty(cols, np.int16)
         dw = np.empty(nb, np.float32)
-        first = first_row + task * ROWS_PER_TASK
-        for r in range(first, min(rows, first + ROWS_PER_TASK)):
+        for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
             row = W[r * rb:(r + 1) * rb]
             for b in range(nb):
                 o = b * 74
@@ -477,16 +486,19 @@ def matmul_iq2_s(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
                 for t in range(n_tok):
                     out[t, r] = _IQ2_S_ROW(row, xs[t0 + t], d[t0 + t], nb, order)
         return
-    # with vpdpbusd, 16-row tiles (_tile_matmul); the other rows decoded one by one
-    first_row = tiled_rows(rows, group_rows)
-    for tile in prange(first_row // TILE_ROWS):
-        r0 = tile * TILE_ROWS
-        _IQ2_S_TILES(W, r0, rb, nb, qs, d, extra, out, (r0 // group_rows) * n_tok, n_tok, order == ORDER_TILED)
-    for task in prange((rows - first_row + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+    if TILES:  # 16-row tiles (where vpdpbusd runs), a group's last one partial
+        per_group = (group_rows + TILE_ROWS - 1) // TILE_ROWS
+        for tile in prange(rows // group_rows * per_group):
+            g, j = tile // per_group, tile % per_group
+            r0 = g * group_rows + j * TILE_ROWS
+            n_rows = min(TILE_ROWS, group_rows - j * TILE_ROWS)
+            _IQ2_S_TILES(W, r0, n_rows, rb, nb, qs, d, extra, out, g * n_tok, n_tok, order == ORDER_TILED)
+        return
+    # else each row decoded once for all tokens
+    for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         ws = np.empty(cols, np.int16)
         dw = np.empty(nb, np.float32)
-        first = first_row + task * ROWS_PER_TASK
-        for r in range(first, min(rows, first + ROWS_PER_TASK)):
+        for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
             row = W[r * rb:(r + 1) * rb]
             for b in range(nb):
                 o = b * 82
@@ -563,16 +575,19 @@ def matmul_iq3_xxs(W, rows, group_rows, cols, qs, d, extra, out, order, straight
                 for t in range(n_tok):
                     out[t, r] = _IQ3_XXS_ROW(row, xs[t0 + t], d[t0 + t], nb, order)
         return
-    # with vpdpbusd, 16-row tiles (_tile_matmul); the other rows decoded one by one
-    first_row = tiled_rows(rows, group_rows)
-    for tile in prange(first_row // TILE_ROWS):
-        r0 = tile * TILE_ROWS
-        _IQ3_XXS_TILES(W, r0, rb, nb, qs, d, extra, out, (r0 // group_rows) * n_tok, n_tok, order == ORDER_TILED)
-    for task in prange((rows - first_row + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+    if TILES:  # 16-row tiles (where vpdpbusd runs), a group's last one partial
+        per_group = (group_rows + TILE_ROWS - 1) // TILE_ROWS
+        for tile in prange(rows // group_rows * per_group):
+            g, j = tile // per_group, tile % per_group
+            r0 = g * group_rows + j * TILE_ROWS
+            n_rows = min(TILE_ROWS, group_rows - j * TILE_ROWS)
+            _IQ3_XXS_TILES(W, r0, n_rows, rb, nb, qs, d, extra, out, g * n_tok, n_tok, order == ORDER_TILED)
+        return
+    # else each row decoded once for all tokens
+    for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         ws = np.empty(cols, np.int16)
         dw = np.empty(nb, np.float32)
-        first = first_row + task * ROWS_PER_TASK
-        for r in range(first, min(rows, first + ROWS_PER_TASK)):
+        for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
             row = W[r * rb:(r + 1) * rb]
             for b in range(nb):
                 o = b * 98
@@ -646,16 +661,19 @@ def matmul_iq3_s(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
                 for t in range(n_tok):
                     out[t, r] = _IQ3_S_ROW(row, xs[t0 + t], d[t0 + t], nb, order)
         return
-    # with vpdpbusd, 16-row tiles (_tile_matmul); the other rows decoded one by one
-    first_row = tiled_rows(rows, group_rows)
-    for tile in prange(first_row // TILE_ROWS):
-        r0 = tile * TILE_ROWS
-        _IQ3_S_TILES(W, r0, rb, nb, qs, d, extra, out, (r0 // group_rows) * n_tok, n_tok, order == ORDER_TILED)
-    for task in prange((rows - first_row + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+    if TILES:  # 16-row tiles (where vpdpbusd runs), a group's last one partial
+        per_group = (group_rows + TILE_ROWS - 1) // TILE_ROWS
+        for tile in prange(rows // group_rows * per_group):
+            g, j = tile // per_group, tile % per_group
+            r0 = g * group_rows + j * TILE_ROWS
+            n_rows = min(TILE_ROWS, group_rows - j * TILE_ROWS)
+            _IQ3_S_TILES(W, r0, n_rows, rb, nb, qs, d, extra, out, g * n_tok, n_tok, order == ORDER_TILED)
+        return
+    # else each row decoded once for all tokens
+    for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         ws = np.empty(cols, np.int16)
         dw = np.empty(nb, np.float32)
-        first = first_row + task * ROWS_PER_TASK
-        for r in range(first, min(rows, first + ROWS_PER_TASK)):
+        for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
             row = W[r * rb:(r + 1) * rb]
             for b in range(nb):
                 o = b * 110

@@ -16,10 +16,10 @@ import numpy as np
 from numba import njit, prange
 
 from ._jit import (INLINE, ORDER_GEMM, ORDER_GEMV, ORDER_TILED, PARALLEL, ROWS_PER_TASK, SERIAL, block_step, block_sum,
-                   f16_to_f32, fma32, tiled_rows, u32)
-from .simd import (PREFETCH_AHEAD, TILE_ROWS, dot64, dot128, dot256, pair_sums_dot_bytes, prefetch_bytes, q2_k_isum,
-                   q3_k_isum, q4_k_isum, q4_k_tile16, q4_k_tile16_dot, q5_k_isum, q5_k_tile16, q6_k_isum, q6_k_tile16,
-                   q6_k_tile16_dot)
+                   f16_to_f32, fma32, u32)
+from .simd import (PREFETCH_AHEAD, TILE_ROWS, TILES, dot64, dot128, dot256, pair_sums_dot_bytes, prefetch_bytes,
+                   q2_k_isum, q3_k_isum, q4_k_isum, q4_k_tile16, q4_k_tile16_dot, q5_k_isum, q5_k_tile16, q6_k_isum,
+                   q6_k_tile16, q6_k_tile16_dot)
 
 
 @njit(**INLINE)
@@ -403,18 +403,22 @@ def matmul_q4_k(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
                     t = t0 + n_tok - 1
                     out[n_tok - 1, r] = _q4_k_gemv_dot(row, qs[t], d[t], extra[t], nb)
         return
-    # with vpdpbusd, 16-row tiles (simd.q4_k_tile16_dot); the other rows decoded one by one
-    first_row = tiled_rows(rows, group_rows)
-    for tile in prange(first_row // TILE_ROWS):
-        r0 = tile * TILE_ROWS
-        _Q4_K_TILES(W, r0, rb, nb, qs, d, extra, out, (r0 // group_rows) * n_tok, n_tok, order, gemm_tokens)
-    for task in prange((rows - first_row + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+    if TILES:  # 16-row tiles (where vpdpbusd runs), a group's last one partial
+        per_group = (group_rows + TILE_ROWS - 1) // TILE_ROWS
+        for tile in prange(rows // group_rows * per_group):
+            g, j = tile // per_group, tile % per_group
+            r0 = g * group_rows + j * TILE_ROWS
+            n_rows = min(TILE_ROWS, group_rows - j * TILE_ROWS)
+            _Q4_K_TILES(W, r0, n_rows, rb, nb, qs, d, extra, out, g * n_tok, n_tok, order,
+                        gemm_tokens)
+        return
+    # else each row decoded once for all tokens
+    for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         ws = np.empty(cols, np.int16)
         dw = np.empty(nb, np.float32)
         dmin = np.empty(nb, np.float32)
         mins = np.empty(nb, np.uint64)
-        first = first_row + task * ROWS_PER_TASK
-        for r in range(first, min(rows, first + ROWS_PER_TASK)):
+        for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
             row = W[r * rb:(r + 1) * rb]
             for b in range(nb):
                 o = b * 144
@@ -445,7 +449,7 @@ def _k4_tile_matmul(block_bytes, layout):
     (simd.q4_k_tile16_dot): the first gemm_tokens tokens rounded as ggml's repacked gemm, the rest
     by `order` (its repacked gemv where that is the gemm's)."""
     @njit(**INLINE)
-    def tile_matmul(W, r0, rb, nb, qs, d, extra, out, t0, n_tok, order, gemm_tokens):
+    def tile_matmul(W, r0, n_rows, rb, nb, qs, d, extra, out, t0, n_tok, order, gemm_tokens):
         tile = np.empty(4096, np.uint8)
         scales = np.empty(8 * TILE_ROWS, np.int32)
         mins = np.empty(8 * TILE_ROWS, np.int16)
@@ -455,7 +459,7 @@ def _k4_tile_matmul(block_bytes, layout):
         rest = ORDER_GEMV if order == ORDER_GEMM else order
         for b in range(nb):
             o = r0 * rb + b * block_bytes
-            for i in range(TILE_ROWS):
+            for i in range(n_rows):
                 at = o + i * rb
                 prefetch_bytes(W, at + PREFETCH_AHEAD, block_bytes)
                 dw[i] = f16_to_f32(W[at], W[at + 1])
@@ -464,12 +468,12 @@ def _k4_tile_matmul(block_bytes, layout):
                 for j in range(8):
                     scales[j * TILE_ROWS + i] = _byte(sc, j)
                     mins[(j // 2) * 2 * TILE_ROWS + 2 * i + j % 2] = _byte(mn, j)
-            layout(W, o, rb, tile, 0)
+            layout(W, o, rb, n_rows, tile, 0)
             for t in range(n_tok):
                 q4_k_tile16_dot(tile, qs[t0 + t], b * 256, scales, mins, extra[t0 + t], b * 16, dw, dmin, d[t0 + t, b],
                                 acc, t * 2 * TILE_ROWS, ORDER_GEMM if t < gemm_tokens else rest)
         for t in range(n_tok):
-            for i in range(TILE_ROWS):
+            for i in range(n_rows):
                 out[t, r0 + i] = acc[t * 2 * TILE_ROWS + i] - acc[t * 2 * TILE_ROWS + TILE_ROWS + i]
     return tile_matmul
 
@@ -597,18 +601,21 @@ def matmul_q5_k(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
                         acc = block_sum(order, acc, isum, summ, dw, dmin, dx[b])
                     out[t, r] = acc
         return
-    # with vpdpbusd, 16-row tiles (simd.q4_k_tile16_dot); the other rows decoded one by one
-    first_row = tiled_rows(rows, group_rows)
-    for tile in prange(first_row // TILE_ROWS):
-        r0 = tile * TILE_ROWS
-        _Q5_K_TILES(W, r0, rb, nb, qs, d, extra, out, (r0 // group_rows) * n_tok, n_tok, order, 0)
-    for task in prange((rows - first_row + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+    if TILES:  # 16-row tiles (where vpdpbusd runs), a group's last one partial
+        per_group = (group_rows + TILE_ROWS - 1) // TILE_ROWS
+        for tile in prange(rows // group_rows * per_group):
+            g, j = tile // per_group, tile % per_group
+            r0 = g * group_rows + j * TILE_ROWS
+            n_rows = min(TILE_ROWS, group_rows - j * TILE_ROWS)
+            _Q5_K_TILES(W, r0, n_rows, rb, nb, qs, d, extra, out, g * n_tok, n_tok, order, 0)
+        return
+    # else each row decoded once for all tokens
+    for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         ws = np.empty(cols, np.int16)
         dw = np.empty(nb, np.float32)
         dmin = np.empty(nb, np.float32)
         mins = np.empty(nb, np.uint64)
-        first = first_row + task * ROWS_PER_TASK
-        for r in range(first, min(rows, first + ROWS_PER_TASK)):
+        for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
             row = W[r * rb:(r + 1) * rb]
             for b in range(nb):
                 o = b * 176
@@ -685,16 +692,19 @@ def matmul_q6_k(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
                         acc = block_step(order, acc, np.float32(isum), f16_to_f32(row[o + 208], row[o + 209]), dx[b])
                     out[t, r] = acc
         return
-    # with vpdpbusd, 16-row tiles (simd.q6_k_tile16_dot); the other rows decoded one by one
-    first_row = tiled_rows(rows, group_rows)
-    for tile in prange(first_row // TILE_ROWS):
-        r0 = tile * TILE_ROWS
-        _q6_k_tile_matmul(W, r0, rb, nb, qs, d, extra, out, (r0 // group_rows) * n_tok, n_tok, order == ORDER_TILED)
-    for task in prange((rows - first_row + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+    if TILES:  # 16-row tiles (where vpdpbusd runs), a group's last one partial
+        per_group = (group_rows + TILE_ROWS - 1) // TILE_ROWS
+        for tile in prange(rows // group_rows * per_group):
+            g, j = tile // per_group, tile % per_group
+            r0 = g * group_rows + j * TILE_ROWS
+            n_rows = min(TILE_ROWS, group_rows - j * TILE_ROWS)
+            _q6_k_tile_matmul(W, r0, n_rows, rb, nb, qs, d, extra, out, g * n_tok, n_tok, order == ORDER_TILED)
+        return
+    # else each row decoded once for all tokens
+    for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         ws = np.empty(cols, np.int16)
         dw = np.empty(nb, np.float32)
-        first = first_row + task * ROWS_PER_TASK
-        for r in range(first, min(rows, first + ROWS_PER_TASK)):
+        for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
             row = W[r * rb:(r + 1) * rb]
             for b in range(nb):
                 o = b * 210
@@ -713,7 +723,7 @@ def matmul_q6_k(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
 
 
 @njit(**INLINE)
-def _q6_k_tile_matmul(W, r0, rb, nb, qs, d, extra, out, t0, n_tok, tiled):
+def _q6_k_tile_matmul(W, r0, n_rows, rb, nb, qs, d, extra, out, t0, n_tok, tiled):
     """Rows r0 .. r0 + 15 of a Q6_K matmul (inside one group of rows, whose tokens are t0 ..
     t0 + n_tok - 1) a block at a time through a 16-row tile, rounded as ggml's tiled matmul
     (tiled) or its vec_dot."""
@@ -723,18 +733,18 @@ def _q6_k_tile_matmul(W, r0, rb, nb, qs, d, extra, out, t0, n_tok, tiled):
     acc = np.zeros(n_tok * TILE_ROWS, np.float32)
     for b in range(nb):
         o = r0 * rb + b * 210
-        for i in range(TILE_ROWS):
+        for i in range(n_rows):
             at = o + i * rb
             prefetch_bytes(W, at + PREFETCH_AHEAD, 210)
             dw[i] = f16_to_f32(W[at + 208], W[at + 209])
             for j in range(16):
                 scales[j * TILE_ROWS + i] = np.int8(W[at + 192 + j])
-        q6_k_tile16(W, o, rb, tile, 0)
+        q6_k_tile16(W, o, rb, n_rows, tile, 0)
         for t in range(n_tok):
             q6_k_tile16_dot(tile, qs[t0 + t], b * 256, scales, extra[t0 + t], b * 16, dw, d[t0 + t, b], acc,
                             t * TILE_ROWS, tiled)
     for t in range(n_tok):
-        for i in range(TILE_ROWS):
+        for i in range(n_rows):
             out[t, r0 + i] = acc[t * TILE_ROWS + i]
 
 

@@ -1284,13 +1284,17 @@ TILES = TARGET == VBMI
 
 
 def _tile_io(context, builder, signature, args, target):
-    """For a tile generator with args (w, wo, stride, out, oo): gather(k) -> <16 x i32> of the
-    dwords at w[wo + k + i * stride] for rows i = 0..15 (vpgatherdd), store(v, dwords) -> writes
-    tile vector v (64 bytes at out[oo + 64 v])."""
-    _, wo, stride, _, oo = args
-    w_ptr, out_ptr = _data(context, builder, signature, args, 0, 3)
-    stride32 = builder.trunc(stride, I32) if stride.type.width > 32 else stride
-    rows = builder.mul(_broadcast(builder, stride32, 16), ir.Constant(_vec(I32, 16), list(range(16))))
+    """For a tile generator with args (w, wo, stride, n_rows, out, oo): gather(k) -> <16 x i32> of
+    the dwords at w[wo + k + i * stride] for rows i = 0..15 (vpgatherdd; rows from n_rows on read
+    row n_rows - 1 again: a group's last tile may be partial), store(v, dwords) -> writes tile
+    vector v (64 bytes at out[oo + 64 v])."""
+    _, wo, stride, n_rows, _, oo = args
+    w_ptr, out_ptr = _data(context, builder, signature, args, 0, 4)
+    stride32, last = (builder.trunc(v, I32) if v.type.width > 32 else v for v in (stride, n_rows))
+    lanes = ir.Constant(_vec(I32, 16), list(range(16)))
+    last_row = _broadcast(builder, builder.sub(last, ir.Constant(I32, 1)), 16)
+    row_of_lane = builder.select(builder.icmp_unsigned("<", lanes, last_row), lanes, last_row)
+    rows = builder.mul(_broadcast(builder, stride32, 16), row_of_lane)
 
     def gather(k):
         base = builder.gep(w_ptr, [_add_offset(builder, wo, k)])
@@ -1479,10 +1483,10 @@ def _scaled_tile16_dot(context, builder, signature, args, target, shift):
 
 def _tile16_intrinsic(layout, target: str, doc: str):
     @intrinsic
-    def tile16(typingctx, w, wo, stride, out, oo):
+    def tile16(typingctx, w, wo, stride, n_rows, out, oo):
         if w.dtype != types.uint8 or out.dtype != types.uint8:
             return None
-        sig = types.none(w, wo, stride, out, oo)
+        sig = types.none(w, wo, stride, n_rows, out, oo)
 
         def codegen(context, builder, signature, args):
             return layout(context, builder, signature, args, target)
@@ -1545,8 +1549,8 @@ def _int8_tile16(context, builder, signature, args, target):
 
 TILE_TARGETS = (GENERIC, VBMI)
 Q4_K_TILE16 = {target: _tile16_intrinsic(_q4_k_tile16, target, """Lay out the quants of one Q4_K block of 16
-    rows (the blocks at w[wo + i * stride] for row i) as a tile at out[oo:oo+4096] for
-    q4_k_tile16_dot.""") for target in TILE_TARGETS}
+    rows (the blocks at w[wo + i * stride] for row i < n_rows; the rest repeat the last) as a tile at
+    out[oo:oo+4096] for q4_k_tile16_dot.""") for target in TILE_TARGETS}
 Q5_K_TILE16 = {target: _tile16_intrinsic(_q5_k_tile16, target, """Lay out the quants of one Q5_K block of 16
     rows (the blocks at w[wo + i * stride] for row i) as a tile at out[oo:oo+4096] for
     q4_k_tile16_dot.""") for target in TILE_TARGETS}
