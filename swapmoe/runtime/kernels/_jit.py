@@ -28,10 +28,9 @@ import os
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
-from numba.extending import overload
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
-from .simd import GROUP_MAJOR, PREFETCH_AHEAD, f16_to_f32, nibble_table_dot, prefetch_bytes, store_bytes
+from .simd import GROUP_MAJOR, PREFETCH_AHEAD, TILE_ROWS, f16_to_f32, nibble_table_dot, prefetch_bytes, store_bytes
 
 # Idle OpenMP workers spin briefly (about 10k polls) before they sleep.  Decode makes hundreds of
 # short kernel calls per token: waking sleeping workers (OMP_WAIT_POLICY=passive) cost ~30 us per
@@ -49,6 +48,21 @@ SERIAL = dict(nogil=True, cache=True)
 INLINE = dict(nogil=True, cache=True, inline="always")
 # rows per parallel task: amortises the per-task scratch allocations
 ROWS_PER_TASK = 8
+
+
+@njit(**INLINE)
+def tile_count(rows, group_rows):
+    """How many 16-row tiles (simd.TILES) a matmul takes: each group of rows in tiles, its last one
+    partial when group_rows is not a multiple of 16."""
+    return rows // group_rows * ((group_rows + TILE_ROWS - 1) // TILE_ROWS)
+
+
+@njit(**INLINE)
+def tile_rows(tile, group_rows):
+    """(first row, row count, group) of tile number `tile` (tile_count's numbering)."""
+    per_group = (group_rows + TILE_ROWS - 1) // TILE_ROWS
+    g, j = tile // per_group, tile % per_group
+    return g * group_rows + j * TILE_ROWS, min(TILE_ROWS, group_rows - j * TILE_ROWS), g
 
 
 # ggml_e8m0_to_fp32_half: 0.5 * 2^(e - 127) for each exponent byte
@@ -84,10 +98,11 @@ def widen4(w, scale, ws, o):
 
 
 def _widen_overload(count):
+    """widen8 (count 8) / widen4's implementation for numba, chosen by the output's type."""
     word = np.uint64 if count == 8 else np.uint32
 
-    def typer(w, scale, ws, o):
-        if ws.dtype == types.int8:
+    def implementation(w, scale, ws, o):
+        if ws.dtype == types.int8:  # a tile's unscaled values (scale 1): the entry as it is
             def store(w, scale, ws, o):
                 store_bytes(ws, o, w)
             return store
@@ -97,7 +112,7 @@ def _widen_overload(count):
             for j in range(count):
                 ws[o + j] = np.int16(np.int8(w >> word(8 * j))) * s
         return widen
-    return typer
+    return implementation
 
 
 overload(widen8, inline="always")(_widen_overload(8))

@@ -20,8 +20,8 @@ from gguf import quants as gq
 from numba import njit, prange
 
 from ._jit import (INLINE, ORDER_GEMV, ORDER_TILED, PARALLEL, ROWS_PER_TASK, SERIAL, block_step, decode_pairs,
-                   f16_to_f32, grid_activations, nibble_pair_words, nibble_row_dot, pair_order, u32, u64, widen4,
-                   widen8)
+                   f16_to_f32, grid_activations, nibble_pair_words, nibble_row_dot, pair_order, tile_count,
+                   tile_rows, u32, u64, widen4, widen8)
 from .simd import (PREFETCH_AHEAD, TILE_ROWS, TILES, dot256, int8_tile16, int8_tile16_dot, iq1_delta_table,
                    iq1_m_isum, iq1_s_isum, iq2_s_isum, iq2_xs_isum, iq2_xxs_isum, iq3_s_isum, iq3_xxs_isum,
                    iq4_xs_isum, prefetch_bytes, rows_dot8)
@@ -225,11 +225,8 @@ def matmul_iq4_xs(W, rows, group_rows, cols, qs, d, extra, out, order, straight)
                     out[t, r] = acc
         return
     if TILES:  # 16-row tiles (where vpdpbusd runs), a group's last one partial
-        per_group = (group_rows + TILE_ROWS - 1) // TILE_ROWS
-        for tile in prange(rows // group_rows * per_group):
-            g, j = tile // per_group, tile % per_group
-            r0 = g * group_rows + j * TILE_ROWS
-            n_rows = min(TILE_ROWS, group_rows - j * TILE_ROWS)
+        for tile in prange(tile_count(rows, group_rows)):
+            r0, n_rows, g = tile_rows(tile, group_rows)
             _IQ4_XS_TILES(W, r0, n_rows, rb, nb, qs, d, extra, out, g * n_tok, n_tok, order == ORDER_TILED)
         return
     # else each row decoded once for all tokens
@@ -317,11 +314,8 @@ def matmul_iq2_xxs(W, rows, group_rows, cols, qs, d, extra, out, order, straight
                     out[t, r] = _IQ2_XXS_ROW(row, xs[t0 + t], d[t0 + t], nb, order)
         return
     if TILES:  # 16-row tiles (where vpdpbusd runs), a group's last one partial
-        per_group = (group_rows + TILE_ROWS - 1) // TILE_ROWS
-        for tile in prange(rows // group_rows * per_group):
-            g, j = tile // per_group, tile % per_group
-            r0 = g * group_rows + j * TILE_ROWS
-            n_rows = min(TILE_ROWS, group_rows - j * TILE_ROWS)
+        for tile in prange(tile_count(rows, group_rows)):
+            r0, n_rows, g = tile_rows(tile, group_rows)
             _IQ2_XXS_TILES(W, r0, n_rows, rb, nb, qs, d, extra, out, g * n_tok, n_tok, order == ORDER_TILED)
         return
     # else each row decoded once for all tokens
@@ -403,11 +397,8 @@ def matmul_iq2_xs(W, rows, group_rows, cols, qs, d, extra, out, order, straight)
                     out[t, r] = _IQ2_XS_ROW(row, xs[t0 + t], d[t0 + t], nb, order)
         return
     if TILES:  # 16-row tiles (where vpdpbusd runs), a group's last one partial
-        per_group = (group_rows + TILE_ROWS - 1) // TILE_ROWS
-        for tile in prange(rows // group_rows * per_group):
-            g, j = tile // per_group, tile % per_group
-            r0 = g * group_rows + j * TILE_ROWS
-            n_rows = min(TILE_ROWS, group_rows - j * TILE_ROWS)
+        for tile in prange(tile_count(rows, group_rows)):
+            r0, n_rows, g = tile_rows(tile, group_rows)
             _IQ2_XS_TILES(W, r0, n_rows, rb, nb, qs, d, extra, out, g * n_tok, n_tok, order == ORDER_TILED)
         return
     # else each row decoded once for all tokens
@@ -487,11 +478,8 @@ def matmul_iq2_s(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
                     out[t, r] = _IQ2_S_ROW(row, xs[t0 + t], d[t0 + t], nb, order)
         return
     if TILES:  # 16-row tiles (where vpdpbusd runs), a group's last one partial
-        per_group = (group_rows + TILE_ROWS - 1) // TILE_ROWS
-        for tile in prange(rows // group_rows * per_group):
-            g, j = tile // per_group, tile % per_group
-            r0 = g * group_rows + j * TILE_ROWS
-            n_rows = min(TILE_ROWS, group_rows - j * TILE_ROWS)
+        for tile in prange(tile_count(rows, group_rows)):
+            r0, n_rows, g = tile_rows(tile, group_rows)
             _IQ2_S_TILES(W, r0, n_rows, rb, nb, qs, d, extra, out, g * n_tok, n_tok, order == ORDER_TILED)
         return
     # else each row decoded once for all tokens
@@ -576,11 +564,8 @@ def matmul_iq3_xxs(W, rows, group_rows, cols, qs, d, extra, out, order, straight
                     out[t, r] = _IQ3_XXS_ROW(row, xs[t0 + t], d[t0 + t], nb, order)
         return
     if TILES:  # 16-row tiles (where vpdpbusd runs), a group's last one partial
-        per_group = (group_rows + TILE_ROWS - 1) // TILE_ROWS
-        for tile in prange(rows // group_rows * per_group):
-            g, j = tile // per_group, tile % per_group
-            r0 = g * group_rows + j * TILE_ROWS
-            n_rows = min(TILE_ROWS, group_rows - j * TILE_ROWS)
+        for tile in prange(tile_count(rows, group_rows)):
+            r0, n_rows, g = tile_rows(tile, group_rows)
             _IQ3_XXS_TILES(W, r0, n_rows, rb, nb, qs, d, extra, out, g * n_tok, n_tok, order == ORDER_TILED)
         return
     # else each row decoded once for all tokens
@@ -662,11 +647,8 @@ def matmul_iq3_s(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
                     out[t, r] = _IQ3_S_ROW(row, xs[t0 + t], d[t0 + t], nb, order)
         return
     if TILES:  # 16-row tiles (where vpdpbusd runs), a group's last one partial
-        per_group = (group_rows + TILE_ROWS - 1) // TILE_ROWS
-        for tile in prange(rows // group_rows * per_group):
-            g, j = tile // per_group, tile % per_group
-            r0 = g * group_rows + j * TILE_ROWS
-            n_rows = min(TILE_ROWS, group_rows - j * TILE_ROWS)
+        for tile in prange(tile_count(rows, group_rows)):
+            r0, n_rows, g = tile_rows(tile, group_rows)
             _IQ3_S_TILES(W, r0, n_rows, rb, nb, qs, d, extra, out, g * n_tok, n_tok, order == ORDER_TILED)
         return
     # else each row decoded once for all tokens

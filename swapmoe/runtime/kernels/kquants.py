@@ -16,7 +16,7 @@ import numpy as np
 from numba import njit, prange
 
 from ._jit import (INLINE, ORDER_GEMM, ORDER_GEMV, ORDER_TILED, PARALLEL, ROWS_PER_TASK, SERIAL, block_step, block_sum,
-                   f16_to_f32, fma32, u32)
+                   f16_to_f32, fma32, tile_count, tile_rows, u32)
 from .simd import (PREFETCH_AHEAD, TILE_ROWS, TILES, dot64, dot128, dot256, pair_sums_dot_bytes, prefetch_bytes,
                    q2_k_isum, q3_k_isum, q4_k_isum, q4_k_tile16, q4_k_tile16_dot, q5_k_isum, q5_k_tile16, q6_k_isum,
                    q6_k_tile16, q6_k_tile16_dot)
@@ -404,13 +404,9 @@ def matmul_q4_k(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
                     out[n_tok - 1, r] = _q4_k_gemv_dot(row, qs[t], d[t], extra[t], nb)
         return
     if TILES:  # 16-row tiles (where vpdpbusd runs), a group's last one partial
-        per_group = (group_rows + TILE_ROWS - 1) // TILE_ROWS
-        for tile in prange(rows // group_rows * per_group):
-            g, j = tile // per_group, tile % per_group
-            r0 = g * group_rows + j * TILE_ROWS
-            n_rows = min(TILE_ROWS, group_rows - j * TILE_ROWS)
-            _Q4_K_TILES(W, r0, n_rows, rb, nb, qs, d, extra, out, g * n_tok, n_tok, order,
-                        gemm_tokens)
+        for tile in prange(tile_count(rows, group_rows)):
+            r0, n_rows, g = tile_rows(tile, group_rows)
+            _Q4_K_TILES(W, r0, n_rows, rb, nb, qs, d, extra, out, g * n_tok, n_tok, order, gemm_tokens)
         return
     # else each row decoded once for all tokens
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
@@ -444,7 +440,7 @@ def matmul_q4_k(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
 
 
 def _k4_tile_matmul(block_bytes, layout):
-    """Rows r0 .. r0 + 15 of a Q4_K / Q5_K matmul (block_bytes, its tile layout; inside one group
+    """Rows r0 .. r0 + n_rows - 1 of a Q4_K / Q5_K matmul (block_bytes, its tile layout; inside one group
     of rows, whose tokens are t0 .. t0 + n_tok - 1) a block at a time through a 16-row tile
     (simd.q4_k_tile16_dot): the first gemm_tokens tokens rounded as ggml's repacked gemm, the rest
     by `order` (its repacked gemv where that is the gemm's)."""
@@ -602,11 +598,8 @@ def matmul_q5_k(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
                     out[t, r] = acc
         return
     if TILES:  # 16-row tiles (where vpdpbusd runs), a group's last one partial
-        per_group = (group_rows + TILE_ROWS - 1) // TILE_ROWS
-        for tile in prange(rows // group_rows * per_group):
-            g, j = tile // per_group, tile % per_group
-            r0 = g * group_rows + j * TILE_ROWS
-            n_rows = min(TILE_ROWS, group_rows - j * TILE_ROWS)
+        for tile in prange(tile_count(rows, group_rows)):
+            r0, n_rows, g = tile_rows(tile, group_rows)
             _Q5_K_TILES(W, r0, n_rows, rb, nb, qs, d, extra, out, g * n_tok, n_tok, order, 0)
         return
     # else each row decoded once for all tokens
@@ -693,11 +686,8 @@ def matmul_q6_k(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
                     out[t, r] = acc
         return
     if TILES:  # 16-row tiles (where vpdpbusd runs), a group's last one partial
-        per_group = (group_rows + TILE_ROWS - 1) // TILE_ROWS
-        for tile in prange(rows // group_rows * per_group):
-            g, j = tile // per_group, tile % per_group
-            r0 = g * group_rows + j * TILE_ROWS
-            n_rows = min(TILE_ROWS, group_rows - j * TILE_ROWS)
+        for tile in prange(tile_count(rows, group_rows)):
+            r0, n_rows, g = tile_rows(tile, group_rows)
             _q6_k_tile_matmul(W, r0, n_rows, rb, nb, qs, d, extra, out, g * n_tok, n_tok, order == ORDER_TILED)
         return
     # else each row decoded once for all tokens
@@ -724,7 +714,7 @@ def matmul_q6_k(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
 
 @njit(**INLINE)
 def _q6_k_tile_matmul(W, r0, n_rows, rb, nb, qs, d, extra, out, t0, n_tok, tiled):
-    """Rows r0 .. r0 + 15 of a Q6_K matmul (inside one group of rows, whose tokens are t0 ..
+    """Rows r0 .. r0 + n_rows - 1 of a Q6_K matmul (inside one group of rows, whose tokens are t0 ..
     t0 + n_tok - 1) a block at a time through a 16-row tile, rounded as ggml's tiled matmul
     (tiled) or its vec_dot."""
     tile = np.empty(4096, np.uint8)
