@@ -305,6 +305,24 @@ def test_straight_and_decoded_routes_agree(tp):
                 K.matmul_q(tp, W, rows, COLS, qx, group_rows, stacked=stacked, straight=False))
 
 
+
+@pytest.mark.slow
+@pytest.mark.skipif(not simd.TILES, reason="without the tiles the default suite runs the row decode")
+def test_row_decode_where_no_tiles_run(tmp_path):
+    """Where the tiles run numba never compiles the decoded rows (pruned on simd.TILES); a CPU
+    without them takes that route.  Compiled for a named generic CPU (no tiles, the portable
+    intrinsics), in a fresh process and numba cache: the rounding-route tests and both routes
+    against each other."""
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, NUMBA_CPU_NAME="x86-64-v3", NUMBA_CACHE_DIR=str(tmp_path))
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
+                          "routes_agree or repacked_route or tiled_route or grouped_rows"],
+                         env=env, capture_output=True, text=True, timeout=1800)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert " passed" in run.stdout and "skipped" not in run.stdout.splitlines()[-1]
+
 @pytest.mark.parametrize("tp", [T.F16, T.BF16], ids=lambda t: t.name)
 def test_float_rows_straight_and_widened(tp):
     """F16/BF16 rows: up to straight_tokens tokens convert each value as they sum it, more tokens
@@ -612,7 +630,8 @@ def test_simd_k4_tile16(tp, target):
     start = acc.copy()
     run(w, stride, x, scales, mins.reshape(-1), bsums, dw, dmin, dx, acc, orders)
     # each row's unsigned values: its block with d = 1, dmin = 0, every scale 1 and min 0
-    unit = np.concatenate([f16_bytes(np.array([1.0, 0.0])).reshape(-1), np.array([1] * 4 + [0] * 4 + [1] * 4, np.uint8)])
+    scale_bytes = np.array([1] * 4 + [0] * 4 + [1] * 4, np.uint8)  # 6-bit scales 1, mins 0
+    unit = np.concatenate([f16_bytes(np.array([1.0, 0.0])).reshape(-1), scale_bytes])
     values = np.stack([quants.dequantize(np.concatenate([unit, w[7 + i * stride + 16:7 + i * stride + size]]), tp)
                        for i in range(16)]).astype(np.int64).reshape(16, 8, 32)  # [row, sub-block, value]
     sub = (values * x[256:].reshape(8, 32)).sum(axis=2) * scales.T  # [row, sub-block]
