@@ -293,16 +293,18 @@ def test_straight_and_decoded_routes_agree(tp):
     and the same float steps, so the same bits, on every rounding route (rows % 8 == 0 repacks
     Q4_K/Q2_K; stacked experts; >= 8 tokens tiled), and where the decoded route takes 16-row
     tiles (simd.TILES) 32- and 24-row experts (whole and partial tiles) and groups of 16 and 20
-    rows with their own tokens."""
+    rows with their own tokens; rows of three super-blocks (IQ2_XXS's straight route takes them in
+    pairs and an odd last one alone)."""
     rng = np.random.default_rng(int(tp) + 40)
-    for rows, stacked, group_rows in ((ROWS, False, ROWS), (8, False, 8), (8, True, 8), (32, True, 32),
-                                      (32, False, 16), (24, True, 24), (40, False, 20)):
-        W = random_weights(tp, rows, COLS, rng)
+    for rows, stacked, group_rows, cols in ((ROWS, False, ROWS, COLS), (8, False, 8, COLS), (8, True, 8, COLS),
+                                            (32, True, 32, COLS), (32, False, 16, COLS), (24, True, 24, COLS),
+                                            (40, False, 20, COLS), (8, False, 8, 768)):
+        W = random_weights(tp, rows, cols, rng)
         for n_tok in (1, 3, 9):
-            qx = K.quantize_activation(tp, random_activations(n_tok * rows // group_rows, COLS, rng))
+            qx = K.quantize_activation(tp, random_activations(n_tok * rows // group_rows, cols, rng))
             np.testing.assert_array_equal(
-                K.matmul_q(tp, W, rows, COLS, qx, group_rows, stacked=stacked, straight=True),
-                K.matmul_q(tp, W, rows, COLS, qx, group_rows, stacked=stacked, straight=False))
+                K.matmul_q(tp, W, rows, cols, qx, group_rows, stacked=stacked, straight=True),
+                K.matmul_q(tp, W, rows, cols, qx, group_rows, stacked=stacked, straight=False))
 
 
 
@@ -322,6 +324,7 @@ def test_row_decode_where_no_tiles_run(tmp_path):
                          env=env, capture_output=True, text=True, timeout=1800)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert " passed" in run.stdout and "skipped" not in run.stdout.splitlines()[-1]
+
 
 @pytest.mark.parametrize("tp", [T.F16, T.BF16], ids=lambda t: t.name)
 def test_float_rows_straight_and_widened(tp):
@@ -545,23 +548,51 @@ def test_repacked_block_types_rounding(tp):
 
 SIMD_TARGETS = [simd.GENERIC, simd.AVX2, simd.AVX512]  # the generators every intrinsic has
 IQ1_TARGETS = SIMD_TARGETS + [simd.VBMI]  # IQ1_S/IQ1_M's VBMI generators gather their grid entries
-# the other IQ grid types decode in registers with VBMI, their entries permuted or gathered
+# the other IQ grid types decode in registers with VBMI, their entries permuted or gathered (IQ2_XXS:
+# looked up in registers only)
 GRID_TARGETS = IQ1_TARGETS + [simd.VBMI_GATHER]
 
 
-def x_order(x, target):
-    """int8 activations in the order the IQ grid intrinsics of `target` read them (group-major
-    for the VBMI ones: 8-value group j of 32-value sub-block k at 64j + 8k in each block)."""
+def x_order(x, target, tp=None):
+    """int8 activations in the order the IQ grid intrinsics of `target` for type tp read them: the
+    VBMI ones each 256-value block in simd.IQ2_XXS_ORDER (IQ2_XXS) or group-major (8-value group j
+    of 32-value sub-block k at 64j + 8k)."""
     if target not in (simd.VBMI, simd.VBMI_GATHER):
         return x
+    if tp == T.IQ2_XXS:
+        return np.ascontiguousarray(x.reshape(-1, 256)[:, simd.IQ2_XXS_ORDER]).reshape(-1)
     return np.ascontiguousarray(x.reshape(-1, 8, 4, 8).transpose(0, 2, 1, 3)).reshape(-1)
 
 
+def iq2_xxs_pair_order(x):
+    """An IQ2_XXS row's activation as its VBMI row dot reads it: each pair of blocks in
+    simd.IQ2_XXS_PAIR_ORDER, an odd last block in simd.IQ2_XXS_ORDER."""
+    paired = x.size - x.size % 512
+    return np.concatenate([x[:paired].reshape(-1, 512)[:, simd.IQ2_XXS_PAIR_ORDER].reshape(-1),
+                           x_order(x[paired:], simd.VBMI, T.IQ2_XXS)])
+
+
+@pytest.mark.parametrize("order, size", [(simd.IQ2_XXS_ORDER, 256), (simd.IQ2_XXS_PAIR_ORDER, 512)],
+                         ids=["single", "pair"])
+def test_iq2_xxs_orders_are_chunks_of_sub_blocks(order, size):
+    """Every value once, and qword k of each 64-byte chunk from one sub-block (what the per-sub-block
+    int32 lanes need): in a single block sub-block k; in a pair sub-block k of the first block in
+    bytes 0..3, of the second in bytes 4..7."""
+    np.testing.assert_array_equal(np.sort(order), np.arange(size))
+    k, b = np.arange(8)[:, None], np.arange(8)[None, :]
+    want = k + 8 * (b // 4) if size == 512 else np.broadcast_to(k, (8, 8))
+    for chunk in order.reshape(-1, 8, 8):
+        np.testing.assert_array_equal(chunk // 32, want)
+
+
 def test_grid_activations_in_the_order_the_grid_intrinsics_read():
-    from swapmoe.runtime.kernels._jit import grid_activations
-    x = np.random.default_rng(31).integers(-127, 128, (3, 512), dtype=np.int8)
-    reader = simd.VBMI if simd.GROUP_MAJOR else simd.GENERIC
-    np.testing.assert_array_equal(grid_activations(x), np.stack([x_order(row, reader) for row in x]))
+    from swapmoe.runtime.kernels._jit import grid_activations, iq2_xxs_activations
+    x = np.random.default_rng(31).integers(-127, 128, (3, 768), dtype=np.int8)
+    reordered = simd.REORDERED
+    np.testing.assert_array_equal(grid_activations(x), np.stack([x_order(row, simd.VBMI) for row in x])
+                                  if reordered else x)
+    np.testing.assert_array_equal(iq2_xxs_activations(x), np.stack([iq2_xxs_pair_order(row) for row in x])
+                                  if reordered else x)
 
 
 def skip_unless_this_cpu_runs(target):
@@ -823,9 +854,9 @@ def test_simd_q2_k_isum(target):
     np.testing.assert_array_equal(mins, want_mins)
 
 
-@pytest.mark.parametrize("target", GRID_TARGETS)
-@pytest.mark.parametrize("tp", [T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S],
-                         ids=["IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S"])
+@pytest.mark.parametrize("tp, target", [(tp, target) for tp in (T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S)
+                                        for target in (IQ1_TARGETS if tp == T.IQ2_XXS else GRID_TARGETS)],
+                         ids=lambda v: v.name if isinstance(v, T) else v)
 def test_simd_grid_isum(tp, target):
     skip_unless_this_cpu_runs(target)
     from swapmoe.runtime.kernels import iquants
@@ -850,10 +881,32 @@ def test_simd_grid_isum(tp, target):
     x = rng.integers(-127, 128, n * 256, dtype=np.int8)
     x[:256] = -127
     out = np.empty(n, np.int32)
-    run(blocks.reshape(-1), x_order(x, target), grid, signs, out)
+    run(blocks.reshape(-1), x_order(x, target, tp), grid, signs, out)
     # gguf: d * (0.5 + s) * 0.25 (IQ2) or 0.5 (IQ3_XXS) or d * (2s + 1) (IQ3_S) times the value
     scaled = integer_parts(tp, blocks, o0=d_scale)
     np.testing.assert_array_equal(out, (scaled * x.reshape(n, 256)).sum(axis=1).astype(np.int64))
+
+
+def test_simd_iq2_xxs_pair_isum():
+    """Two IQ2_XXS blocks per call (the VBMI code), each as gguf computes it, rounded to float32."""
+    skip_unless_this_cpu_runs(simd.VBMI)
+    pair_isum = simd.IQ2_XXS_PAIR_ISUM
+
+    @njit
+    def run(w, x, out):
+        for i in range(0, out.size, 2):
+            out[i], out[i + 1] = pair_isum(w, i * 66, x, i * 256)
+
+    rng = np.random.default_rng(26)
+    n = 30
+    blocks = rng.integers(0, 256, (n, 66), dtype=np.uint8)
+    blocks[1, 2:] = 255  # the extremes, in the second block of a pair
+    x = rng.integers(-127, 128, n * 256, dtype=np.int8)
+    x[256:512] = -127
+    out = np.empty(n, np.float32)
+    run(blocks.reshape(-1), iq2_xxs_pair_order(x), out)
+    scaled = integer_parts(T.IQ2_XXS, blocks, o0=8.0)
+    np.testing.assert_array_equal(out, (scaled * x.reshape(n, 256)).sum(axis=1).astype(np.int64).astype(np.float32))
 
 
 def legacy_case(tp: T, seed: int):

@@ -30,7 +30,8 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic, overload
 
-from .simd import GROUP_MAJOR, PREFETCH_AHEAD, TILE_ROWS, f16_to_f32, nibble_table_dot, prefetch_bytes, store_bytes
+from .simd import (PREFETCH_AHEAD, REORDERED, TILE_ROWS, f16_to_f32, nibble_table_dot, prefetch_bytes,
+                   reorder_group_major, reorder_iq2_xxs, reorder_iq2_xxs_pair, store_bytes)
 
 # Idle OpenMP workers spin briefly (about 10k polls) before they sleep.  Decode makes hundreds of
 # short kernel calls per token: waking sleeping workers (OMP_WAIT_POLICY=passive) cost ~30 us per
@@ -235,14 +236,28 @@ def nibble_row_dot(block_bytes: int, table: np.ndarray, fp16_scale: bool):
 @njit(**INLINE)
 def grid_activations(qs):
     """qs (int8 activations [T, cols]) in the order this CPU's IQ grid intrinsics read them: as is,
-    or group-major (simd.GROUP_MAJOR: in each 256-value block, 8-value group j of 32-value
-    sub-block k moves to bytes 64j + 8k .. 64j + 8k + 7)."""
-    if not GROUP_MAJOR:
+    or where they are the VBMI ones (simd.REORDERED) each 256-value block in
+    simd.GROUP_MAJOR_ORDER."""
+    if not REORDERED:
         return qs
     out = np.empty_like(qs)
-    src, dst = qs.reshape(-1).view(np.uint64), out.reshape(-1).view(np.uint64)  # 8-value groups
-    for b in range(src.size // 32):
-        for k in range(8):
-            for j in range(4):
-                dst[32 * b + 8 * j + k] = src[32 * b + 4 * k + j]
+    for t in range(qs.shape[0]):
+        for o in range(0, qs.shape[1], 256):
+            reorder_group_major(qs[t], o, out[t], o)
+    return out
+
+
+@njit(**INLINE)
+def iq2_xxs_activations(qs):
+    """grid_activations for IQ2_XXS, whose VBMI row dot takes blocks in pairs: each pair's 512
+    values in simd.IQ2_XXS_PAIR_ORDER, an odd last block's in simd.IQ2_XXS_ORDER."""
+    if not REORDERED:
+        return qs
+    out = np.empty_like(qs)
+    paired = qs.shape[1] - qs.shape[1] % 512
+    for t in range(qs.shape[0]):
+        for o in range(0, paired, 512):
+            reorder_iq2_xxs_pair(qs[t], o, out[t], o)
+        if paired < qs.shape[1]:
+            reorder_iq2_xxs(qs[t], paired, out[t], paired)
     return out

@@ -20,11 +20,11 @@ from gguf import quants as gq
 from numba import njit, prange
 
 from ._jit import (INLINE, ORDER_GEMV, ORDER_TILED, PARALLEL, ROWS_PER_TASK, SERIAL, block_step, decode_pairs,
-                   f16_to_f32, grid_activations, nibble_pair_words, nibble_row_dot, pair_order, tile_count,
-                   tile_rows, u32, u64, widen4, widen8)
-from .simd import (PREFETCH_AHEAD, TILE_ROWS, TILES, dot256, int8_tile16, int8_tile16_dot, iq1_delta_table,
-                   iq1_m_isum, iq1_s_isum, iq2_s_isum, iq2_xs_isum, iq2_xxs_isum, iq3_s_isum, iq3_xxs_isum,
-                   iq4_xs_isum, prefetch_bytes, rows_dot8)
+                   f16_to_f32, grid_activations, iq2_xxs_activations, nibble_pair_words, nibble_row_dot, pair_order,
+                   tile_count, tile_rows, u32, u64, widen4, widen8)
+from .simd import (IQ2_XXS_PAIR_ISUM, PREFETCH_AHEAD, TILE_ROWS, TILES, dot256, int8_tile16, int8_tile16_dot,
+                   iq1_delta_table, iq1_m_isum, iq1_s_isum, iq2_s_isum, iq2_xs_isum, iq2_xxs_isum, iq3_s_isum,
+                   iq3_xxs_isum, iq4_xs_isum, prefetch_bytes, rows_dot8)
 
 
 def _grid(cls) -> np.ndarray:
@@ -98,7 +98,31 @@ def _grid_row_dot(isum, block_bytes, grid, signs, factor):
     return row_dot
 
 
-_IQ2_XXS_ROW = _grid_row_dot(iq2_xxs_isum, 66, _GRID8_IQ2_XXS, _SIGN_MASKS, 0.125)
+
+
+@njit(**INLINE)
+def _iq2_xxs_row(row, x, dx, nb, order):
+    """_grid_row_dot for IQ2_XXS: where its VBMI code runs, two blocks per intrinsic call (they
+    share the grid lookups: simd.IQ2_XXS_PAIR_ISUM), an odd last block alone (the activation from
+    _jit.iq2_xxs_activations)."""
+    acc = np.float32(0.0)
+    paired = 0
+    if IQ2_XXS_PAIR_ISUM is not None:
+        paired = nb - nb % 2
+        for b in range(0, paired, 2):
+            o = b * 66
+            prefetch_bytes(row, o + PREFETCH_AHEAD, 132)
+            first, second = IQ2_XXS_PAIR_ISUM(row, o, x, b * 256)
+            acc = block_step(order, acc, first, f16_to_f32(row[o], row[o + 1]), dx[b])
+            acc = block_step(order, acc, second, f16_to_f32(row[o + 66], row[o + 67]), dx[b + 1])
+    for b in range(paired, nb):
+        o = b * 66
+        prefetch_bytes(row, o + PREFETCH_AHEAD, 66)
+        block = np.float32(iq2_xxs_isum(row, o, x, b * 256, _GRID8_IQ2_XXS, _SIGN_MASKS))
+        acc = block_step(order, acc, block, f16_to_f32(row[o], row[o + 1]), dx[b])
+    return np.float32(0.125) * acc
+
+
 _IQ2_XS_ROW = _grid_row_dot(iq2_xs_isum, 74, _GRID8_IQ2_XS, _SIGN_MASKS, 0.125)
 _IQ2_S_ROW = _grid_row_dot(iq2_s_isum, 82, _GRID8_IQ2_S, _BYTE_MASKS, 0.125)
 _IQ3_XXS_ROW = _grid_row_dot(iq3_xxs_isum, 98, _GRID4_IQ3_XXS, _SIGN_MASKS, 0.25)
@@ -305,13 +329,13 @@ def matmul_iq2_xxs(W, rows, group_rows, cols, qs, d, extra, out, order, straight
     nb = cols // 256
     rb = nb * 66
     if straight:  # from the row bytes
-        xs = grid_activations(qs)
+        xs = iq2_xxs_activations(qs)
         for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
             for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
                 row = W[r * rb:(r + 1) * rb]
                 t0 = (r // group_rows) * n_tok
                 for t in range(n_tok):
-                    out[t, r] = _IQ2_XXS_ROW(row, xs[t0 + t], d[t0 + t], nb, order)
+                    out[t, r] = _iq2_xxs_row(row, xs[t0 + t], d[t0 + t], nb, order)
         return
     if TILES:  # 16-row tiles (where vpdpbusd runs), a group's last one partial
         for tile in prange(tile_count(rows, group_rows)):

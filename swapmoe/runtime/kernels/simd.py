@@ -12,8 +12,9 @@ Code generators per target, picked when numba compiles (the CPU it compiles for)
 * x86 with AVX2: the same on 32-byte vectors;
 * elsewhere: portable vector IR (zext/sext, mul, vector.reduce.add) that LLVM lowers for any
   target;
-* x86 with AVX-512 VBMI and BITALG (Ice Lake, Zen 4 and later), for the IQ grid types only:
-  the grid decoded in registers by byte and word permutes (see "AVX-512 VBMI" below).
+* x86 with AVX-512 VBMI, BITALG and GFNI (Ice Lake, Zen 4 and later), for the IQ grid types
+  only: the grid decoded in registers by byte and word permutes, or gathered (see "AVX-512 VBMI"
+  below).
 The legacy row dots (Q4_0 .. Q8_0) have a generic and an AVX2 generator.
 pmaddubsw saturates its int16 pair sums; no use here reaches that: the unsigned operand is at
 most 127 with the activation in -127..127 (signs moved onto it, see _signed_grid_isum), or at
@@ -51,7 +52,7 @@ TARGETS = (GENERIC, AVX2, AVX512, VBMI)  # a CPU that runs one runs those before
 # the IQ grid types' VBMI generators with the grid entries gathered from memory instead of permuted
 # out of registers (same instructions otherwise): a variant of VBMI, not a further target
 VBMI_GATHER = "avx512vbmi-gather"
-TARGET = (VBMI if {"avx512f", "avx512bw", "avx512vbmi", "avx512bitalg"} <= _FEATURES  # Ice Lake, Zen 4 on
+TARGET = (VBMI if {"avx512f", "avx512bw", "avx512vbmi", "avx512bitalg", "gfni"} <= _FEATURES  # Ice Lake, Zen 4 on
           else AVX512 if {"avx512f", "avx512bw"} <= _FEATURES else AVX2 if "avx2" in _FEATURES else GENERIC)
 # half -> float in one instruction: F16C on x86, base ARMv8 (elsewhere LLVM would call a runtime helper)
 HW_HALF = "f16c" in _FEATURES or platform.machine().lower() in ("aarch64", "arm64")
@@ -78,9 +79,6 @@ def _gathers_beat_permutes() -> bool:
 
 
 GATHER_GRIDS = TARGET == VBMI and _gathers_beat_permutes()
-# the IQ grid types' VBMI generators take each 256-value activation block group-major: 64-byte
-# chunk j holds 8-value group j of each 32-value sub-block (see _group_major_isum)
-GROUP_MAJOR = TARGET == VBMI
 
 
 def _for_this_cpu(generators: dict):
@@ -733,23 +731,58 @@ def _grid_isum(name: str, block_isum, target: str):
     return grid_isum
 
 
-# ---- AVX-512 VBMI: grid blocks decoded in registers, the activation group-major ------------------
-# These generators read each 256-value activation block group-major (GROUP_MAJOR, reordered once
-# per call by _jit.grid_activations): 64-byte chunk j holds 8-value group j of each 32-value
-# sub-block k, in qword k.  Then everything a block stores per sub-block (scales, sign indices,
-# grid indices) already sits where the chunk's values are: qword k of a vector holds sub-block
-# k's fields and no per-chunk shuffle is needed to line them up.  Per chunk: the 64 unsigned
-# grid values (gathered, or looked up in registers), the signs as a mask from vpshufbitqmb
-# negating the activation under it, one vpdpbusd into int32 lanes that each stay inside one
-# sub-block; per block: the lanes folded to one sum per sub-block, times its weight (vpmuldq),
-# one reduction.
+# ---- AVX-512 VBMI: grid blocks decoded in registers, the activation reordered -------------------
+# These generators read each 256-value activation block reordered once per call (REORDERED, by
+# _jit.grid_activations), most of them group-major: 64-byte chunk j holds 8-value group j of each
+# 32-value sub-block k, in qword k.  Then everything a block stores per sub-block (scales, sign
+# indices, grid indices) already sits where the chunk's values are: qword k of a vector holds
+# sub-block k's fields and no per-chunk shuffle is needed to line them up.  Per chunk: the 64
+# unsigned grid values (gathered, or looked up in registers), the signs as a mask from
+# vpshufbitqmb negating the activation under it, one vpdpbusd into int32 lanes that each stay
+# inside one sub-block; per block: the lanes folded to one sum per sub-block, times its weight
+# (vpmuldq), one reduction.
 # Grid values come from memory (VBMI_GATHER: vpgatherqq / vpgatherdd of whole entries) or from
 # registers: every IQ grid entry is a few small codes (8 values of 3 levels for IQ2_*, 4 values
 # of 8 levels for IQ3_*) that pack into 16 bits; vpermi2w looks 32 such words up in a 64-entry
 # slice of the table held in two registers, selects on the index's higher bits pick among the
 # slices, vpmultishiftqb cuts a chunk's codes out and vpermb maps them to values.  Intel cores
 # run 512-bit permutes on one port only; there the entries are gathered (GATHER_GRIDS).  The
-# 2048-entry IQ1 grid is always gathered.
+# 2048-entry IQ1 grid is always gathered.  IQ2_XXS has a lookup of its own, in registers
+# everywhere and with its own activation order (below _iq2_xxs_vbmi).
+
+REORDERED = TARGET == VBMI
+# position i of a reordered block holds value ORDER[i] of the block
+GROUP_MAJOR_ORDER = np.array([32 * k + 8 * j + i for j in range(4) for k in range(8) for i in range(8)])
+# IQ2_XXS: byte b of qword k of chunk c holds value 4 (b // 4) + c of group b % 4 of sub-block k
+IQ2_XXS_ORDER = np.array([32 * k + 8 * (b % 4) + 4 * (b // 4) + c for c in range(4) for k in range(8)
+                          for b in range(8)])
+# two IQ2_XXS blocks (512 values) at once: byte b of qword k of chunk 4h + c holds value 4h + c of
+# group b % 4 of sub-block k of the first block (b < 4) or of the second
+IQ2_XXS_PAIR_ORDER = np.array([256 * (b // 4) + 32 * k + 8 * (b % 4) + 4 * h + c for h in range(2) for c in range(4)
+                               for k in range(8) for b in range(8)])
+
+
+def _reorder(order):
+    @intrinsic
+    def reorder(typingctx, src, so, dst, do):
+        """dst[do + i] = src[so + order[i]] for i < len(order) (int8 arrays; one constant shuffle)."""
+        if src.dtype != types.int8 or dst.dtype != types.int8:
+            return None
+        sig = types.none(src, so, dst, do)
+
+        def codegen(context, builder, signature, args):
+            v = _load_bytes(context, builder, signature.args[0], args[0], args[1], len(order))
+            (dst_ptr,) = _data(context, builder, signature, args, 2)
+            at = builder.bitcast(builder.gep(dst_ptr, [args[3]]), v.type.as_pointer())
+            builder.store(_shuffle(builder, v, v, [int(i) for i in order]), at, align=1)
+            return context.get_dummy_value()
+        return sig, codegen
+    return reorder
+
+
+reorder_group_major, reorder_iq2_xxs = _reorder(GROUP_MAJOR_ORDER), _reorder(IQ2_XXS_ORDER)
+reorder_iq2_xxs_pair = _reorder(IQ2_XXS_PAIR_ORDER)
+
 
 def _bytes(values):
     return ir.Constant(_vec(I8, len(values)), [int(v) & 0xFF for v in values])
@@ -760,12 +793,6 @@ def _multishift(builder, data, offsets):
     (vpmultishiftqb; 8 offsets: the same for every qword)."""
     offsets = list(offsets) * 8 if len(offsets) == 8 else offsets
     return _call(builder, "llvm.x86.avx512.pmultishift.qb.512", _vec(I8, 64), _bytes(offsets), data)
-
-
-def _lookup128(builder, table, indices):
-    """table[index & 127] per byte of <64 x i8> indices, table: 128 bytes (vpermi2b)."""
-    return _call(builder, "llvm.x86.avx512.vpermi2var.qi.512", _vec(I8, 64),
-                 _bytes(table[:64]), indices, _bytes(table[64:]))
 
 
 def _words_from_bytes(builder, v, positions):
@@ -816,13 +843,14 @@ def _gathered(builder, grid_ptr, indices):
     return builder.bitcast(entries, _vec(I8, 64))
 
 
-def _group_major_isum(context, builder, xt, x, xo, magnitudes, signs, groups):
-    """A block's exact sum, the activation group-major (chunk j: 64 bytes at xo + 64j).
-    magnitudes(j): chunk j's unsigned values (<64 x i8>); signs: bit 8j + i of qword k set where
-    value i of group j of sub-block k is negative, or None; groups: (chunks, start, scales) per
-    set of chunks that share their weights: their vpdpbusd sums start from `start` (<16 x i32>
-    or None), each qword's total (one sub-block's) is multiplied by qword k of `scales`
-    (<8 x i64>, vpmuldq) and added."""
+def _group_major_isum(context, builder, xt, x, xo, magnitudes, signs, groups, sign_bit=lambda j, i: 8 * j + i):
+    """A block's exact sum, the activation reordered in four 64-byte chunks at xo + 64j, qword k
+    of each holding values of sub-block k (group-major: value i of group j in byte i of chunk j).
+    magnitudes(j): chunk j's unsigned values (<64 x i8>); signs: <64 x i8> whose qword k holds the
+    sign bits of sub-block k, bit sign_bit(j, i) for byte i of qword k of chunk j (group-major:
+    8j + i), or None; groups: (chunks, start, scales) per set of chunks that share their weights:
+    their vpdpbusd sums start from `start` (<16 x i32> or None), each qword's total (one
+    sub-block's) is multiplied by qword k of `scales` (<8 x i64>, vpmuldq) and added."""
     zero = _splat(I8, 64, 0)
     low_dword = _splat(I64, 8, 32)
     total = None
@@ -832,7 +860,7 @@ def _group_major_isum(context, builder, xt, x, xo, magnitudes, signs, groups):
             xv = _load_bytes(context, builder, xt, x, _add_offset(builder, xo, 64 * j), 64)
             if signs is not None:
                 negative = _call(builder, "llvm.x86.avx512.vpshufbitqmb.512", _vec(ir.IntType(1), 64), signs,
-                                 _bytes([8 * j + i % 8 for i in range(64)]))
+                                 _bytes([sign_bit(j, i % 8) for i in range(64)]))
                 xv = builder.select(negative, builder.sub(zero, xv), xv)
             acc = _vnni_dots(builder, acc, magnitudes(j), xv)
         high = builder.bitcast(builder.lshr(builder.bitcast(acc, _vec(I64, 8)), low_dword), _vec(I32, 16))
@@ -900,15 +928,25 @@ class _Grid:
         return _call(builder, "llvm.x86.avx512.permvar.qi.512", _vec(I8, 64), _bytes(self.values), fields)
 
 
-_KSIGNS = np.frombuffer(gq.IQ2_XXS.ksigns, dtype=np.uint8)
 _IQ2_XXS_GRID, _IQ2_XS_GRID, _IQ2_S_GRID = _Grid(gq.IQ2_XXS), _Grid(gq.IQ2_XS), _Grid(gq.IQ2_S)
 _IQ3_XXS_GRID, _IQ3_S_GRID = _Grid(gq.IQ3_XXS), _Grid(gq.IQ3_S)
 
 
+def _gf2_affine(builder, v, rows, constant=0):
+    """Per byte of <64 x i8> v, an affine map over GF(2): bit i of the result is the parity of
+    (the byte & rows[i]), xor bit i of `constant` (vgf2p8affineqb, one uop off port 5 on Intel)."""
+    matrix = [rows[7 - m] for m in range(8)] * 8  # its byte 7 - i is row i
+    return _call(builder, "llvm.x86.vgf2p8affineqb.512", _vec(I8, 64), v, _bytes(matrix), ir.Constant(I8, constant))
+
+
+_PARITY_ROWS = [1 << i for i in range(7)] + [0x7F]  # bits 0..6 kept, bit 7 = their parity
+
+
 def _parity_signs(builder, v, offsets):
-    """Sign bytes from ggml's even-parity table: qword k of the result holds group j's in byte j,
-    its 7-bit sign index taken from bit offsets[j] of v's qword k (j = 0..3)."""
-    return _lookup128(builder, _KSIGNS, _multishift(builder, v, list(offsets) + [offsets[-1]] * 4))
+    """Sign bytes as ggml's even-parity table (ksigns_iq2xs) has them: qword k of the result holds
+    group j's in byte j (and again in byte 4 + j), its 7-bit sign index taken from bit offsets[j]
+    of v's qword k (j = 0..3)."""
+    return _gf2_affine(builder, _multishift(builder, v, list(offsets) * 2), _PARITY_ROWS)
 
 
 def _sign_bytes(builder, v, positions):
@@ -932,17 +970,98 @@ def _vbmi_args(context, builder, signature, args):
     return wt, xt, w, wo, x, xo, g_ptr, q
 
 
+# IQ2_XXS in registers, no gathers: its 256-entry grid has three levels (8, 25, 43), so an entry
+# is eight 2-bit codes, two bytes (values 0..3, values 4..7).  vpermi2b looks a byte up in a
+# 128-entry half of a table held in two registers: two lookups and a select per table (the low
+# and the high code bytes) serve 64 indices, two blocks' entries, so the row dot takes its blocks
+# in pairs (IQ2_XXS_PAIR_ISUM; an odd last one alone, IQ2_XXS_ISUM).  Three levels are an affine
+# image of two bits over GF(2) (8 ^ 17a ^ 35b): one vgf2p8affineqb per chunk turns code c of
+# every byte into its level, so a chunk holds value c (or 4 + c) of each entry, the activation
+# reordered to match (IQ2_XXS_PAIR_ORDER, IQ2_XXS_ORDER).  On the Xeon VM 23 cycles per block in
+# cache against 30 with gathers: port 5 (every 512-bit shuffle) has less to do (docs/kernels.md).
+_IQ2_XXS_LOW_CODES = (_IQ2_XXS_GRID.codes & 255).astype(np.uint8)
+_IQ2_XXS_HIGH_CODES = (_IQ2_XXS_GRID.codes >> 8).astype(np.uint8)
+_IQ2_XXS_SIGN_INDICES = [32, 39, 46, 53] * 2  # bit offsets in a sub-block's qword, groups 0..3 twice
+
+
+def _iq2_xxs_magnitudes(builder, codes, c):
+    """<64 x i8>: the level of code c (bits 2c, 2c + 1: 0, 1, 2 as 00, 01, 10) of each byte of
+    codes, one affine map over GF(2) with constant levels[0]."""
+    levels = _IQ2_XXS_GRID.levels
+    step_a, step_b = levels[1] ^ levels[0], levels[2] ^ levels[0]
+    rows = [(((step_a >> i) & 1) << 2 * c) | (((step_b >> i) & 1) << (2 * c + 1)) for i in range(8)]
+    return _gf2_affine(builder, builder.bitcast(codes, _vec(I8, 64)), rows, levels[0])
+
+
+def _code_bytes(builder, indices, table):
+    """<8 x i64>: byte i = table[indices byte i] (table: 256 bytes; two vpermi2b and a select)."""
+    halves = [_call(builder, "llvm.x86.avx512.vpermi2var.qi.512", _vec(I8, 64), _bytes(table[h:h + 64]), indices,
+                    _bytes(table[h + 64:h + 128])) for h in (0, 128)]
+    upper = builder.icmp_signed("<", indices, _splat(I8, 64, 0))
+    return builder.bitcast(builder.select(upper, halves[1], halves[0]), _vec(I64, 8))
+
+
 def _iq2_xxs_vbmi(context, builder, signature, args, target):
-    """IQ2_XXS (layout in _iq2_xxs_block_isum): qword k of the 64 bytes at wo+2 is sub-block k,
-    group j's grid index in byte j, its sign index at bit 32 + 7j, the scale in bits 60..63."""
-    wt, xt, w, wo, x, xo, g_ptr, q = _vbmi_args(context, builder, signature, args)
-    q64 = builder.bitcast(q, _vec(I64, 8))
-    magnitudes = _IQ2_XXS_GRID.magnitudes(
-        builder, g_ptr, target, lambda j: builder.and_(builder.lshr(q64, _splat(I64, 8, 8 * j)), _splat(I64, 8, 255)),
-        lambda order: _words_from_bytes(builder, q, [8 * (e // 4) + e % 4 for e in order]))
-    signs = _parity_signs(builder, q, [32, 39, 46, 53])
-    scales = _odd_scales(builder, q64, 60)
-    return _group_major_isum(context, builder, xt, x, xo, magnitudes, signs, [(range(4), None, scales)])
+    """IQ2_XXS (layout in _iq2_xxs_block_isum: qword k of the 64 bytes at wo+2 is sub-block k,
+    group j's grid index in byte j, its sign index at bit 32 + 7j, the scale in bits 60..63), the
+    activation in IQ2_XXS_ORDER: qword k of the codes holds those of values 0..3 of entry j in
+    byte j and of values 4..7 in byte 4 + j."""
+    wt, xt, w, wo, x, xo = signature.args[0], signature.args[2], *args[:4]
+    q = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 2), 64)
+    low_half, shift = _splat(I64, 8, 0xFFFFFFFF), _splat(I64, 8, 32)
+    low, high = (_code_bytes(builder, q, table) for table in (_IQ2_XXS_LOW_CODES, _IQ2_XXS_HIGH_CODES))
+    codes = builder.or_(builder.and_(low, low_half), builder.shl(high, shift))
+    signs = _gf2_affine(builder, _multishift(builder, q, _IQ2_XXS_SIGN_INDICES), _PARITY_ROWS)
+    scales = _odd_scales(builder, builder.bitcast(q, _vec(I64, 8)), 60)
+    return _group_major_isum(context, builder, xt, x, xo, lambda c: _iq2_xxs_magnitudes(builder, codes, c), signs,
+                             [(range(4), None, scales)], sign_bit=lambda c, b: 8 * (b % 4) + 4 * (b // 4) + c)
+
+
+@intrinsic
+def _iq2_xxs_pair_isum(typingctx, w, wo, x, xo):
+    if w.dtype != types.uint8 or x.dtype != types.int8:
+        return None
+    sig = types.UniTuple(types.float32, 2)(w, wo, x, xo)
+
+    def codegen(context, builder, signature, args):
+        wt, xt, w, wo, x, xo = signature.args[0], signature.args[2], *args
+        blocks = [_load_bytes(context, builder, wt, w, _add_offset(builder, wo, 2 + 66 * i), 64) for i in range(2)]
+        first, second = (builder.bitcast(q, _vec(I64, 8)) for q in blocks)
+        low_half, shift = _splat(I64, 8, 0xFFFFFFFF), _splat(I64, 8, 32)
+        # qword k, bytes 0..3: the grid indices of the first block's sub-block k, bytes 4..7: the second's
+        indices = builder.bitcast(builder.or_(builder.and_(first, low_half), builder.shl(second, shift)), _vec(I8, 64))
+        second_half = ir.Constant(_vec(ir.IntType(1), 64), [i % 8 >= 4 for i in range(64)])
+        sign_indices = [_multishift(builder, q, _IQ2_XXS_SIGN_INDICES) for q in blocks]
+        signs = _gf2_affine(builder, builder.select(second_half, *reversed(sign_indices)), _PARITY_ROWS)
+        nibbles = builder.or_(builder.lshr(first, _splat(I64, 8, 60)),  # dword 2k: the first block's scale s
+                              builder.and_(builder.lshr(second, _splat(I64, 8, 28)), _splat(I64, 8, 0xF << 32)))
+        scales = builder.or_(builder.shl(nibbles, _splat(I64, 8, 1)), _splat(I64, 8, 0x100000001))  # 2s + 1
+        zero = _splat(I8, 64, 0)
+        sums = []
+        for half, table in enumerate((_IQ2_XXS_LOW_CODES, _IQ2_XXS_HIGH_CODES)):
+            codes = _code_bytes(builder, indices, table)
+            acc = ir.Constant(_vec(I32, 16), None)
+            for c in range(4):  # chunk 4 half + c: value 4 half + c of each entry
+                xv = _load_bytes(context, builder, xt, x, _add_offset(builder, xo, 64 * (4 * half + c)), 64)
+                negative = _call(builder, "llvm.x86.avx512.vpshufbitqmb.512", _vec(ir.IntType(1), 64), signs,
+                                 _bytes([8 * (i % 8) + 4 * half + c for i in range(64)]))
+                xv = builder.select(negative, builder.sub(zero, xv), xv)
+                acc = _vnni_dots(builder, acc, _iq2_xxs_magnitudes(builder, codes, c), xv)
+            sums.append(acc)
+        # dword 2k: the first block's sub-block k, 2k + 1: the second's (each |sum * scale| < 2^23)
+        v = builder.mul(builder.add(*sums), builder.bitcast(scales, _vec(I32, 16)))
+        for width in (8, 4, 2):
+            v = builder.add(_shuffle(builder, v, v, range(width)), _shuffle(builder, v, v, range(width, 2 * width)))
+        totals = builder.sitofp(v, _vec(ir.FloatType(), 2))
+        return context.make_tuple(builder, signature.return_type,
+                                  [builder.extract_element(totals, ir.Constant(I32, i)) for i in range(2)])
+    return sig, codegen
+
+
+_iq2_xxs_pair_isum.__doc__ = """The exact sums of the two IQ2_XXS super-blocks at w[wo] and w[wo + 66] (as
+    IQ2_XXS_ISUM) against the int8 activation x[xo:xo+512] in IQ2_XXS_PAIR_ORDER, each rounded to
+    float32 (VBMI only)."""
+IQ2_XXS_PAIR_ISUM = _iq2_xxs_pair_isum if TARGET == VBMI else None
 
 
 def _iq3_xxs_vbmi(context, builder, signature, args, target):
@@ -1036,7 +1155,8 @@ def _grid_generators(name, block_isum, vbmi_block_isum):
     return generators
 
 
-IQ2_XXS_ISUM = _grid_generators("IQ2_XXS", _iq2_xxs_block_isum, _iq2_xxs_vbmi)
+IQ2_XXS_ISUM = {t: _grid_isum("IQ2_XXS", _iq2_xxs_block_isum, t) for t in (GENERIC, AVX2, AVX512)}
+IQ2_XXS_ISUM[VBMI] = _grid_isum("IQ2_XXS", _iq2_xxs_vbmi, VBMI)
 IQ3_XXS_ISUM = _grid_generators("IQ3_XXS", _iq3_xxs_block_isum, _iq3_xxs_vbmi)
 IQ2_XS_ISUM = _grid_generators("IQ2_XS", _iq2_xs_block_isum, _iq2_xs_vbmi)
 IQ2_S_ISUM = _grid_generators("IQ2_S", _iq2_s_block_isum, _iq2_s_vbmi)
