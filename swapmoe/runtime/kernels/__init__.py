@@ -102,7 +102,7 @@ KERNELS: dict[int, Kernel] = {
     int(T.IQ4_NL): Kernel(int(T.Q8_0), iquants.matmul_iq4_nl, iquants.dequantize_iq4_nl),
     int(T.IQ4_XS): Kernel(int(T.Q8_K), iquants.matmul_iq4_xs, iquants.dequantize_iq4_xs, _straight(12, 32)),
     int(T.MXFP4): Kernel(int(T.Q8_0), mxfp4.matmul_mxfp4, mxfp4.dequantize_mxfp4),
-    int(T.IQ2_XXS): Kernel(int(T.Q8_K), iquants.matmul_iq2_xxs, iquants.dequantize_iq2_xxs, _straight(8, 12)),
+    int(T.IQ2_XXS): Kernel(int(T.Q8_K), iquants.matmul_iq2_xxs, iquants.dequantize_iq2_xxs, _straight(10, 12)),
     int(T.IQ2_XS): Kernel(int(T.Q8_K), iquants.matmul_iq2_xs, iquants.dequantize_iq2_xs, _straight(8, 8)),
     int(T.IQ2_S): Kernel(int(T.Q8_K), iquants.matmul_iq2_s, iquants.dequantize_iq2_s, _straight(6, 8)),
     int(T.IQ3_XXS): Kernel(int(T.Q8_K), iquants.matmul_iq3_xxs, iquants.dequantize_iq3_xxs, _straight(6, 8)),

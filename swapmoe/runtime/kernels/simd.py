@@ -60,10 +60,10 @@ HW_HALF = "f16c" in _FEATURES or platform.machine().lower() in ("aarch64", "arm6
 
 def _gathers_beat_permutes() -> bool:
     """Whether the IQ2/IQ3 grid entries should be gathered (vpgatherqq/dd) rather than permuted out
-    of registers: on Intel, which runs 512-bit permutes on one port (a Sapphire Rapids class VM:
-    IQ2_XS, IQ2_S and IQ3_S 1.2-1.7x faster per block gathered, IQ2_XXS 1.05x, IQ3_XXS 0.96x;
-    docs/kernels.md), unless the microcode mitigation of Gather Data Sampling (Skylake .. Ice
-    Lake, Tiger Lake) has slowed gathers several-fold.  AMD keeps the permutes, measured on Zen 5
+    of registers (IQ2_XXS: always looked up in registers, its own way): on Intel, which runs
+    512-bit permutes on one port (a Sapphire Rapids class VM: IQ2_XS, IQ2_S and IQ3_S 1.2-1.7x
+    faster per block gathered, IQ3_XXS 0.96x; docs/kernels.md), unless the microcode mitigation
+    of Gather Data Sampling (Skylake .. Ice Lake, Tiger Lake) has slowed gathers several-fold.  AMD keeps the permutes, measured on Zen 5
     (against the scalar-load generator; vector gathers of these grids are untimed there)."""
     try:
         with open("/proc/cpuinfo") as f:
