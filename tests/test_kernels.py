@@ -890,7 +890,7 @@ def test_simd_grid_isum(tp, target):
 def test_simd_iq2_xxs_pair_isum():
     """Two IQ2_XXS blocks per call (the VBMI code), each as gguf computes it, rounded to float32."""
     skip_unless_this_cpu_runs(simd.VBMI)
-    pair_isum = simd.IQ2_XXS_PAIR_ISUM
+    pair_isum = simd.IQ2_XXS_PAIR_ISUM[simd.VBMI]
 
     @njit
     def run(w, x, out):

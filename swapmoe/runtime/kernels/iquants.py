@@ -22,8 +22,8 @@ from numba import njit, prange
 from ._jit import (INLINE, ORDER_GEMV, ORDER_TILED, PARALLEL, ROWS_PER_TASK, SERIAL, block_step, decode_pairs,
                    f16_to_f32, grid_activations, iq2_xxs_activations, nibble_pair_words, nibble_row_dot, pair_order,
                    tile_count, tile_rows, u32, u64, widen4, widen8)
-from .simd import (IQ2_XXS_PAIR_ISUM, PREFETCH_AHEAD, TILE_ROWS, TILES, dot256, int8_tile16, int8_tile16_dot,
-                   iq1_delta_table, iq1_m_isum, iq1_s_isum, iq2_s_isum, iq2_xs_isum, iq2_xxs_isum, iq3_s_isum,
+from .simd import (PREFETCH_AHEAD, TILE_ROWS, TILES, dot256, int8_tile16, int8_tile16_dot, iq1_delta_table,
+                   iq1_m_isum, iq1_s_isum, iq2_s_isum, iq2_xs_isum, iq2_xxs_isum, iq2_xxs_pair_isum, iq3_s_isum,
                    iq3_xxs_isum, iq4_xs_isum, prefetch_bytes, rows_dot8)
 
 
@@ -98,21 +98,19 @@ def _grid_row_dot(isum, block_bytes, grid, signs, factor):
     return row_dot
 
 
-
-
 @njit(**INLINE)
 def _iq2_xxs_row(row, x, dx, nb, order):
     """_grid_row_dot for IQ2_XXS: where its VBMI code runs, two blocks per intrinsic call (they
-    share the grid lookups: simd.IQ2_XXS_PAIR_ISUM), an odd last block alone (the activation from
+    share the grid lookups: simd.iq2_xxs_pair_isum), an odd last block alone (the activation from
     _jit.iq2_xxs_activations)."""
     acc = np.float32(0.0)
     paired = 0
-    if IQ2_XXS_PAIR_ISUM is not None:
+    if iq2_xxs_pair_isum is not None:
         paired = nb - nb % 2
         for b in range(0, paired, 2):
             o = b * 66
             prefetch_bytes(row, o + PREFETCH_AHEAD, 132)
-            first, second = IQ2_XXS_PAIR_ISUM(row, o, x, b * 256)
+            first, second = iq2_xxs_pair_isum(row, o, x, b * 256)
             acc = block_step(order, acc, first, f16_to_f32(row[o], row[o + 1]), dx[b])
             acc = block_step(order, acc, second, f16_to_f32(row[o + 66], row[o + 67]), dx[b + 1])
     for b in range(paired, nb):

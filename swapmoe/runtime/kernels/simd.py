@@ -63,8 +63,9 @@ def _gathers_beat_permutes() -> bool:
     of registers (IQ2_XXS: always looked up in registers, its own way): on Intel, which runs
     512-bit permutes on one port (a Sapphire Rapids class VM: IQ2_XS, IQ2_S and IQ3_S 1.2-1.7x
     faster per block gathered, IQ3_XXS 0.96x; docs/kernels.md), unless the microcode mitigation
-    of Gather Data Sampling (Skylake .. Ice Lake, Tiger Lake) has slowed gathers several-fold.  AMD keeps the permutes, measured on Zen 5
-    (against the scalar-load generator; vector gathers of these grids are untimed there)."""
+    of Gather Data Sampling (Skylake .. Ice Lake, Tiger Lake) has slowed gathers several-fold.
+    AMD keeps the permutes, measured on Zen 5 (against the scalar-load generator; vector gathers
+    of these grids are untimed there)."""
     try:
         with open("/proc/cpuinfo") as f:
             intel = any(line.startswith("vendor_id") and "GenuineIntel" in line for line in f)
@@ -981,7 +982,7 @@ def _vbmi_args(context, builder, signature, args):
 # cache against 30 with gathers: port 5 (every 512-bit shuffle) has less to do (docs/kernels.md).
 _IQ2_XXS_LOW_CODES = (_IQ2_XXS_GRID.codes & 255).astype(np.uint8)
 _IQ2_XXS_HIGH_CODES = (_IQ2_XXS_GRID.codes >> 8).astype(np.uint8)
-_IQ2_XXS_SIGN_INDICES = [32, 39, 46, 53] * 2  # bit offsets in a sub-block's qword, groups 0..3 twice
+_IQ2_XXS_SIGN_GROUPS = [32, 39, 46, 53]  # bit offsets of groups 0..3's sign indices in a sub-block's qword
 
 
 def _iq2_xxs_magnitudes(builder, codes, c):
@@ -1011,7 +1012,7 @@ def _iq2_xxs_vbmi(context, builder, signature, args, target):
     low_half, shift = _splat(I64, 8, 0xFFFFFFFF), _splat(I64, 8, 32)
     low, high = (_code_bytes(builder, q, table) for table in (_IQ2_XXS_LOW_CODES, _IQ2_XXS_HIGH_CODES))
     codes = builder.or_(builder.and_(low, low_half), builder.shl(high, shift))
-    signs = _gf2_affine(builder, _multishift(builder, q, _IQ2_XXS_SIGN_INDICES), _PARITY_ROWS)
+    signs = _parity_signs(builder, q, _IQ2_XXS_SIGN_GROUPS)
     scales = _odd_scales(builder, builder.bitcast(q, _vec(I64, 8)), 60)
     return _group_major_isum(context, builder, xt, x, xo, lambda c: _iq2_xxs_magnitudes(builder, codes, c), signs,
                              [(range(4), None, scales)], sign_bit=lambda c, b: 8 * (b % 4) + 4 * (b // 4) + c)
@@ -1031,7 +1032,8 @@ def _iq2_xxs_pair_isum(typingctx, w, wo, x, xo):
         # qword k, bytes 0..3: the grid indices of the first block's sub-block k, bytes 4..7: the second's
         indices = builder.bitcast(builder.or_(builder.and_(first, low_half), builder.shl(second, shift)), _vec(I8, 64))
         second_half = ir.Constant(_vec(ir.IntType(1), 64), [i % 8 >= 4 for i in range(64)])
-        sign_indices = [_multishift(builder, q, _IQ2_XXS_SIGN_INDICES) for q in blocks]
+        # qword k, byte j: group j's sign byte in the first block's sub-block k, byte 4 + j: the second's
+        sign_indices = [_multishift(builder, q, _IQ2_XXS_SIGN_GROUPS * 2) for q in blocks]
         signs = _gf2_affine(builder, builder.select(second_half, *reversed(sign_indices)), _PARITY_ROWS)
         nibbles = builder.or_(builder.lshr(first, _splat(I64, 8, 60)),  # dword 2k: the first block's scale s
                               builder.and_(builder.lshr(second, _splat(I64, 8, 28)), _splat(I64, 8, 0xF << 32)))
@@ -1061,7 +1063,8 @@ def _iq2_xxs_pair_isum(typingctx, w, wo, x, xo):
 _iq2_xxs_pair_isum.__doc__ = """The exact sums of the two IQ2_XXS super-blocks at w[wo] and w[wo + 66] (as
     IQ2_XXS_ISUM) against the int8 activation x[xo:xo+512] in IQ2_XXS_PAIR_ORDER, each rounded to
     float32 (VBMI only)."""
-IQ2_XXS_PAIR_ISUM = _iq2_xxs_pair_isum if TARGET == VBMI else None
+IQ2_XXS_PAIR_ISUM = {VBMI: _iq2_xxs_pair_isum}
+iq2_xxs_pair_isum = IQ2_XXS_PAIR_ISUM[VBMI] if TARGET == VBMI else None
 
 
 def _iq3_xxs_vbmi(context, builder, signature, args, target):
