@@ -31,7 +31,7 @@ from numba import njit, types
 from numba.extending import intrinsic, overload
 
 from .simd import (PREFETCH_AHEAD, REORDERED, TILE_ROWS, f16_to_f32, nibble_table_dot, prefetch_bytes,
-                   reorder_group_major, reorder_iq2_xxs, reorder_iq2_xxs_pair, store_bytes)
+                   reorder_group_major, reorder_iq2_xxs, reorder_iq2_xxs_pair, reorder_iq3_xxs, store_bytes)
 
 # Idle OpenMP workers spin briefly (about 10k polls) before they sleep.  Decode makes hundreds of
 # short kernel calls per token: waking sleeping workers (OMP_WAIT_POLICY=passive) cost ~30 us per
@@ -233,18 +233,24 @@ def nibble_row_dot(block_bytes: int, table: np.ndarray, fp16_scale: bool):
     return row_dot
 
 
-@njit(**INLINE)
-def grid_activations(qs):
-    """qs (int8 activations [T, cols]) in the order this CPU's IQ grid intrinsics read them: as is,
-    or where they are the VBMI ones (simd.REORDERED) each 256-value block in
-    simd.GROUP_MAJOR_ORDER."""
-    if not REORDERED:
-        return qs
-    out = np.empty_like(qs)
-    for t in range(qs.shape[0]):
-        for o in range(0, qs.shape[1], 256):
-            reorder_group_major(qs[t], o, out[t], o)
-    return out
+def _reordered_blocks(reorder):
+    @njit(**INLINE)
+    def reordered(qs):
+        if not REORDERED:
+            return qs
+        out = np.empty_like(qs)
+        for t in range(qs.shape[0]):
+            for o in range(0, qs.shape[1], 256):
+                reorder(qs[t], o, out[t], o)
+        return out
+    return reordered
+
+
+# qs (int8 activations [T, cols]) in the order this CPU's IQ grid intrinsics read them: as is, or
+# where they are the VBMI ones (simd.REORDERED) each 256-value block in simd.GROUP_MAJOR_ORDER
+# (IQ3_XXS: simd.IQ3_XXS_ORDER)
+grid_activations = _reordered_blocks(reorder_group_major)
+iq3_xxs_activations = _reordered_blocks(reorder_iq3_xxs)
 
 
 @njit(**INLINE)

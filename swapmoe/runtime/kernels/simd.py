@@ -748,8 +748,9 @@ def _grid_isum(name: str, block_isum, target: str):
 # slice of the table held in two registers, selects on the index's higher bits pick among the
 # slices, vpmultishiftqb cuts a chunk's codes out and vpermb maps them to values.  Intel cores
 # run 512-bit permutes on one port only; there the entries are gathered (GATHER_GRIDS).  The
-# 2048-entry IQ1 grid is always gathered.  IQ2_XXS has a lookup of its own, in registers
-# everywhere and with its own activation order (below _iq2_xxs_vbmi).
+# 2048-entry IQ1 grid is always gathered.  IQ2_XXS and IQ3_XXS (256 entries) have a lookup of
+# their own, in registers everywhere, each with its own activation order (_iq2_xxs_vbmi,
+# _iq3_xxs_vbmi).
 
 REORDERED = TARGET == VBMI
 # position i of a reordered block holds value ORDER[i] of the block
@@ -757,6 +758,8 @@ GROUP_MAJOR_ORDER = np.array([32 * k + 8 * j + i for j in range(4) for k in rang
 # IQ2_XXS: byte b of qword k of chunk c holds value 4 (b // 4) + c of group b % 4 of sub-block k
 IQ2_XXS_ORDER = np.array([32 * k + 8 * (b % 4) + 4 * (b // 4) + c for c in range(4) for k in range(8)
                           for b in range(8)])
+# IQ3_XXS: byte j of qword k of chunk c holds value c of entry j (four values) of sub-block k
+IQ3_XXS_ORDER = np.array([32 * k + 4 * j + c for c in range(4) for k in range(8) for j in range(8)])
 # two IQ2_XXS blocks (512 values) at once: byte b of qword k of chunk 4h + c holds value 4h + c of
 # group b % 4 of sub-block k of the first block (b < 4) or of the second
 IQ2_XXS_PAIR_ORDER = np.array([256 * (b // 4) + 32 * k + 8 * (b % 4) + 4 * h + c for h in range(2) for c in range(4)
@@ -782,7 +785,7 @@ def _reorder(order):
 
 
 reorder_group_major, reorder_iq2_xxs = _reorder(GROUP_MAJOR_ORDER), _reorder(IQ2_XXS_ORDER)
-reorder_iq2_xxs_pair = _reorder(IQ2_XXS_PAIR_ORDER)
+reorder_iq2_xxs_pair, reorder_iq3_xxs = _reorder(IQ2_XXS_PAIR_ORDER), _reorder(IQ3_XXS_ORDER)
 
 
 def _bytes(values):
@@ -871,19 +874,26 @@ def _group_major_isum(context, builder, xt, x, xo, magnitudes, signs, groups, si
     return builder.trunc(_call(builder, "llvm.vector.reduce.add.v8i64", I64, total), I32)
 
 
+def _level_codes(cls):
+    """A gguf grid's distinct magnitudes (sorted) and each value's index among them, [entries,
+    values per entry]."""
+    cls.init_grid()
+    grid = cls.grid.reshape(cls.grid_shape).astype(np.int64)
+    levels = sorted(set(grid.reshape(-1).tolist()))
+    return levels, np.searchsorted(levels, grid)
+
+
 class _Grid:
     """A grid as 16-bit codes: `bits` per value, `per_entry` values per entry, `levels` the
     magnitudes the codes stand for (gguf's table)."""
 
     def __init__(self, cls):
-        cls.init_grid()
-        grid = cls.grid.reshape(cls.grid_shape).astype(np.int64)
-        self.levels = sorted(set(grid.reshape(-1).tolist()))
-        self.per_entry = grid.shape[1]
+        self.levels, value_codes = _level_codes(cls)
+        self.per_entry = value_codes.shape[1]
         self.bits = 2 if len(self.levels) <= 4 else 3
-        self.codes = np.zeros(len(grid), np.int64)
+        self.codes = np.zeros(len(value_codes), np.int64)
         for i in range(self.per_entry):
-            self.codes |= np.searchsorted(self.levels, grid[:, i]) << (self.bits * i)
+            self.codes |= value_codes[:, i] << (self.bits * i)
         mask = (1 << self.bits) - 1
         self.values = [self.levels[b & mask] if (b & mask) < len(self.levels) else 0 for b in range(64)]
 
@@ -929,8 +939,8 @@ class _Grid:
         return _call(builder, "llvm.x86.avx512.permvar.qi.512", _vec(I8, 64), _bytes(self.values), fields)
 
 
-_IQ2_XXS_GRID, _IQ2_XS_GRID, _IQ2_S_GRID = _Grid(gq.IQ2_XXS), _Grid(gq.IQ2_XS), _Grid(gq.IQ2_S)
-_IQ3_XXS_GRID, _IQ3_S_GRID = _Grid(gq.IQ3_XXS), _Grid(gq.IQ3_S)
+_IQ2_XXS_GRID, _IQ2_XS_GRID, _IQ2_S_GRID, _IQ3_S_GRID = (_Grid(cls) for cls in (gq.IQ2_XXS, gq.IQ2_XS, gq.IQ2_S,
+                                                                               gq.IQ3_S))
 
 
 def _gf2_affine(builder, v, rows, constant=0):
@@ -1067,18 +1077,35 @@ IQ2_XXS_PAIR_ISUM = {VBMI: _iq2_xxs_pair_isum}
 iq2_xxs_pair_isum = IQ2_XXS_PAIR_ISUM[VBMI] if TARGET == VBMI else None
 
 
+# IQ3_XXS in registers as well: 256 entries of four values, eight levels.  An entry's 3-bit codes
+# are two bytes of two nibbles (values 0, 1 and values 2, 3), looked up by vpermi2b as IQ2_XXS's
+# (_code_bytes: one block's 64 entries fill the 64 lanes); per chunk one vpshufb maps a nibble to
+# its level (a code is at most 7, so bit 7 of every byte stays clear; the high nibbles shifted
+# down first).  Chunk c holds value c of each entry (IQ3_XXS_ORDER).  On the Xeon VM 29 cycles per
+# block in cache against 43 gathered (docs/kernels.md).
+_IQ3_XXS_LEVELS, _IQ3_XXS_CODES = _level_codes(gq.IQ3_XXS)  # 4, 12, .., 52, 62; codes [256, 4]
+_IQ3_XXS_NIBBLES = [(_IQ3_XXS_CODES[:, 2 * h] | (_IQ3_XXS_CODES[:, 2 * h + 1] << 4)).astype(np.uint8) for h in (0, 1)]
+
+
 def _iq3_xxs_vbmi(context, builder, signature, args, target):
-    """IQ3_XXS (layout in _iq3_xxs_block_isum): qword k of the 64 bytes at wo+2 holds sub-block
-    k's eight grid indices; its sign/scale word is spread to qword k too."""
-    wt, xt, w, wo, x, xo, g_ptr, q = _vbmi_args(context, builder, signature, args)
+    """IQ3_XXS (layout in _iq3_xxs_block_isum): byte j of qword k of the 64 bytes at wo+2 is
+    sub-block k's entry j (values 4j .. 4j + 3 of its 32); its sign/scale word is spread to qword
+    k.  The activation in IQ3_XXS_ORDER."""
+    wt, xt, w, wo, x, xo = signature.args[0], signature.args[2], *args[:4]
+    q = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 2), 64)
     words = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 66), 32)
-    zero = ir.Constant(words.type, None)
-    spaced = _qwords(builder, words, zero, [[4 * k + b for b in range(4)] + [32] * 4 for k in range(8)])
-    magnitudes = _IQ3_XXS_GRID.magnitudes(builder, g_ptr, target, lambda j: _byte_pair_indices(builder, q, j),
-                                          lambda order: _words_from_bytes(builder, q, order))
+    spaced = _qwords(builder, words, ir.Constant(words.type, None), [[4 * k + b for b in range(4)] + [32] * 4
+                                                                     for k in range(8)])
+    nibbles = [builder.bitcast(_code_bytes(builder, q, table), _vec(I16, 32)) for table in _IQ3_XXS_NIBBLES]
+    levels = _bytes((_IQ3_XXS_LEVELS + [0] * 8) * 4)
+
+    def magnitudes(c):  # value c of every entry: nibble c % 2 of its code byte c // 2
+        codes = nibbles[c // 2] if c % 2 == 0 else builder.lshr(nibbles[c // 2], _splat(I16, 32, 4))
+        return _call(builder, "llvm.x86.avx512.pshuf.b.512", _vec(I8, 64), levels, builder.bitcast(codes, _vec(I8, 64)))
     signs = _parity_signs(builder, builder.bitcast(spaced, _vec(I8, 64)), [0, 7, 14, 21])
     scales = _odd_scales(builder, spaced, 28)
-    return _group_major_isum(context, builder, xt, x, xo, magnitudes, signs, [(range(4), None, scales)])
+    return _group_major_isum(context, builder, xt, x, xo, magnitudes, signs, [(range(4), None, scales)],
+                             sign_bit=lambda c, j: 8 * (j // 2) + 4 * (j % 2) + c)
 
 
 def _iq2_xs_vbmi(context, builder, signature, args, target):
@@ -1160,7 +1187,8 @@ def _grid_generators(name, block_isum, vbmi_block_isum):
 
 IQ2_XXS_ISUM = {t: _grid_isum("IQ2_XXS", _iq2_xxs_block_isum, t) for t in (GENERIC, AVX2, AVX512)}
 IQ2_XXS_ISUM[VBMI] = _grid_isum("IQ2_XXS", _iq2_xxs_vbmi, VBMI)
-IQ3_XXS_ISUM = _grid_generators("IQ3_XXS", _iq3_xxs_block_isum, _iq3_xxs_vbmi)
+IQ3_XXS_ISUM = {t: _grid_isum("IQ3_XXS", _iq3_xxs_block_isum, t) for t in (GENERIC, AVX2, AVX512)}
+IQ3_XXS_ISUM[VBMI] = _grid_isum("IQ3_XXS", _iq3_xxs_vbmi, VBMI)
 IQ2_XS_ISUM = _grid_generators("IQ2_XS", _iq2_xs_block_isum, _iq2_xs_vbmi)
 IQ2_S_ISUM = _grid_generators("IQ2_S", _iq2_s_block_isum, _iq2_s_vbmi)
 IQ3_S_ISUM = _grid_generators("IQ3_S", _iq3_s_block_isum, _iq3_s_vbmi)
