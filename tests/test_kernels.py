@@ -549,18 +549,18 @@ def test_repacked_block_types_rounding(tp):
 SIMD_TARGETS = [simd.GENERIC, simd.AVX2, simd.AVX512]  # the generators every intrinsic has
 IQ1_TARGETS = SIMD_TARGETS + [simd.VBMI]  # IQ1_S/IQ1_M's VBMI generators gather their grid entries
 # the other IQ grid types decode in registers with VBMI, their entries permuted or gathered (IQ2_XXS
-# and IQ3_XXS: looked up in registers only)
+# and the IQ3 types: looked up in registers only)
 GRID_TARGETS = IQ1_TARGETS + [simd.VBMI_GATHER]
 
 
 def x_order(x, target, tp=None):
     """int8 activations in the order the IQ grid intrinsics of `target` for type tp read them: the
-    VBMI ones each 256-value block in simd.IQ2_XXS_ORDER (IQ2_XXS), simd.IQ3_XXS_ORDER (IQ3_XXS) or
+    VBMI ones each 256-value block in simd.IQ2_XXS_ORDER (IQ2_XXS), simd.IQ3_ORDER (IQ3_XXS, IQ3_S) or
     group-major (8-value group j of 32-value sub-block k at 64j + 8k)."""
     if target not in (simd.VBMI, simd.VBMI_GATHER):
         return x
-    if tp in (T.IQ2_XXS, T.IQ3_XXS):
-        order = simd.IQ2_XXS_ORDER if tp == T.IQ2_XXS else simd.IQ3_XXS_ORDER
+    if tp in (T.IQ2_XXS, T.IQ3_XXS, T.IQ3_S):
+        order = simd.IQ2_XXS_ORDER if tp == T.IQ2_XXS else simd.IQ3_ORDER
         return np.ascontiguousarray(x.reshape(-1, 256)[:, order]).reshape(-1)
     return np.ascontiguousarray(x.reshape(-1, 8, 4, 8).transpose(0, 2, 1, 3)).reshape(-1)
 
@@ -574,7 +574,7 @@ def iq2_xxs_pair_order(x):
 
 
 @pytest.mark.parametrize("order, size", [(simd.IQ2_XXS_ORDER, 256), (simd.IQ2_XXS_PAIR_ORDER, 512),
-                                         (simd.IQ3_XXS_ORDER, 256), (simd.GROUP_MAJOR_ORDER, 256)],
+                                         (simd.IQ3_ORDER, 256), (simd.GROUP_MAJOR_ORDER, 256)],
                          ids=["IQ2_XXS", "IQ2_XXS-pair", "IQ3_XXS", "group-major"])
 def test_activation_orders_are_chunks_of_sub_blocks(order, size):
     """Every value once, and qword k of each 64-byte chunk from one sub-block (what the per-sub-block
@@ -588,12 +588,12 @@ def test_activation_orders_are_chunks_of_sub_blocks(order, size):
 
 
 def test_grid_activations_in_the_order_the_grid_intrinsics_read():
-    from swapmoe.runtime.kernels._jit import grid_activations, iq2_xxs_activations, iq3_xxs_activations
+    from swapmoe.runtime.kernels._jit import grid_activations, iq2_xxs_activations, iq3_activations
     x = np.random.default_rng(31).integers(-127, 128, (3, 768), dtype=np.int8)
     reordered = simd.REORDERED
     np.testing.assert_array_equal(grid_activations(x), np.stack([x_order(row, simd.VBMI) for row in x])
                                   if reordered else x)
-    np.testing.assert_array_equal(iq3_xxs_activations(x), np.stack([x_order(row, simd.VBMI, T.IQ3_XXS) for row in x])
+    np.testing.assert_array_equal(iq3_activations(x), np.stack([x_order(row, simd.VBMI, T.IQ3_XXS) for row in x])
                                   if reordered else x)
     np.testing.assert_array_equal(iq2_xxs_activations(x), np.stack([iq2_xxs_pair_order(row) for row in x])
                                   if reordered else x)
@@ -859,7 +859,7 @@ def test_simd_q2_k_isum(target):
 
 
 @pytest.mark.parametrize("tp, target", [(tp, target) for tp in (T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S)
-                                        for target in (IQ1_TARGETS if tp in (T.IQ2_XXS, T.IQ3_XXS) else GRID_TARGETS)],
+                                        for target in (IQ1_TARGETS if tp in (T.IQ2_XXS, T.IQ3_XXS, T.IQ3_S) else GRID_TARGETS)],
                          ids=lambda v: v.name if isinstance(v, T) else v)
 def test_simd_grid_isum(tp, target):
     skip_unless_this_cpu_runs(target)

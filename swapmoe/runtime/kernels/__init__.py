@@ -106,7 +106,7 @@ KERNELS: dict[int, Kernel] = {
     int(T.IQ2_XS): Kernel(int(T.Q8_K), iquants.matmul_iq2_xs, iquants.dequantize_iq2_xs, _straight(8, 8)),
     int(T.IQ2_S): Kernel(int(T.Q8_K), iquants.matmul_iq2_s, iquants.dequantize_iq2_s, _straight(6, 8)),
     int(T.IQ3_XXS): Kernel(int(T.Q8_K), iquants.matmul_iq3_xxs, iquants.dequantize_iq3_xxs, _straight(8, 8)),
-    int(T.IQ3_S): Kernel(int(T.Q8_K), iquants.matmul_iq3_s, iquants.dequantize_iq3_s, _straight(4, 4)),
+    int(T.IQ3_S): Kernel(int(T.Q8_K), iquants.matmul_iq3_s, iquants.dequantize_iq3_s, _straight(8, 4)),
     int(T.IQ1_S): Kernel(int(T.Q8_K), iquants.matmul_iq1_s, iquants.dequantize_iq1_s, 12),
     int(T.IQ1_M): Kernel(int(T.Q8_K), iquants.matmul_iq1_m, iquants.dequantize_iq1_m, 48),
 }

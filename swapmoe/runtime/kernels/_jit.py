@@ -31,7 +31,7 @@ from numba import njit, types
 from numba.extending import intrinsic, overload
 
 from .simd import (PREFETCH_AHEAD, REORDERED, TILE_ROWS, f16_to_f32, nibble_table_dot, prefetch_bytes,
-                   reorder_group_major, reorder_iq2_xxs, reorder_iq2_xxs_pair, reorder_iq3_xxs, store_bytes)
+                   reorder_group_major, reorder_iq2_xxs, reorder_iq2_xxs_pair, reorder_iq3, store_bytes)
 
 # Idle OpenMP workers spin briefly (about 10k polls) before they sleep.  Decode makes hundreds of
 # short kernel calls per token: waking sleeping workers (OMP_WAIT_POLICY=passive) cost ~30 us per
@@ -248,9 +248,9 @@ def _reordered_blocks(reorder):
 
 # qs (int8 activations [T, cols]) in the order this CPU's IQ grid intrinsics read them: as is, or
 # where they are the VBMI ones (simd.REORDERED) each 256-value block in simd.GROUP_MAJOR_ORDER
-# (IQ3_XXS: simd.IQ3_XXS_ORDER)
+# (IQ3_XXS, IQ3_S: simd.IQ3_ORDER)
 grid_activations = _reordered_blocks(reorder_group_major)
-iq3_xxs_activations = _reordered_blocks(reorder_iq3_xxs)
+iq3_activations = _reordered_blocks(reorder_iq3)
 
 
 @njit(**INLINE)

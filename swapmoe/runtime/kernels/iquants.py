@@ -20,7 +20,7 @@ from gguf import quants as gq
 from numba import njit, prange
 
 from ._jit import (INLINE, ORDER_GEMV, ORDER_TILED, PARALLEL, ROWS_PER_TASK, SERIAL, block_step, decode_pairs,
-                   f16_to_f32, grid_activations, iq2_xxs_activations, iq3_xxs_activations, nibble_pair_words,
+                   f16_to_f32, grid_activations, iq2_xxs_activations, iq3_activations, nibble_pair_words,
                    nibble_row_dot, pair_order, tile_count, tile_rows, u32, u64, widen4, widen8)
 from .simd import (PREFETCH_AHEAD, TILE_ROWS, TILES, dot256, int8_tile16, int8_tile16_dot, iq1_delta_table,
                    iq1_m_isum, iq1_s_isum, iq2_s_isum, iq2_xs_isum, iq2_xxs_isum, iq2_xxs_pair_isum, iq3_s_isum,
@@ -577,7 +577,7 @@ def matmul_iq3_xxs(W, rows, group_rows, cols, qs, d, extra, out, order, straight
     nb = cols // 256
     rb = nb * 98
     if straight:  # from the row bytes
-        xs = iq3_xxs_activations(qs)
+        xs = iq3_activations(qs)
         for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
             for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
                 row = W[r * rb:(r + 1) * rb]
@@ -660,7 +660,7 @@ def matmul_iq3_s(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     nb = cols // 256
     rb = nb * 110
     if straight:  # from the row bytes
-        xs = grid_activations(qs)
+        xs = iq3_activations(qs)
         for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
             for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
                 row = W[r * rb:(r + 1) * rb]

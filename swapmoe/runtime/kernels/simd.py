@@ -759,7 +759,7 @@ GROUP_MAJOR_ORDER = np.array([32 * k + 8 * j + i for j in range(4) for k in rang
 IQ2_XXS_ORDER = np.array([32 * k + 8 * (b % 4) + 4 * (b // 4) + c for c in range(4) for k in range(8)
                           for b in range(8)])
 # IQ3_XXS: byte j of qword k of chunk c holds value c of entry j (four values) of sub-block k
-IQ3_XXS_ORDER = np.array([32 * k + 4 * j + c for c in range(4) for k in range(8) for j in range(8)])
+IQ3_ORDER = np.array([32 * k + 4 * j + c for c in range(4) for k in range(8) for j in range(8)])
 # two IQ2_XXS blocks (512 values) at once: byte b of qword k of chunk 4h + c holds value 4h + c of
 # group b % 4 of sub-block k of the first block (b < 4) or of the second
 IQ2_XXS_PAIR_ORDER = np.array([256 * (b // 4) + 32 * k + 8 * (b % 4) + 4 * h + c for h in range(2) for c in range(4)
@@ -785,7 +785,7 @@ def _reorder(order):
 
 
 reorder_group_major, reorder_iq2_xxs = _reorder(GROUP_MAJOR_ORDER), _reorder(IQ2_XXS_ORDER)
-reorder_iq2_xxs_pair, reorder_iq3_xxs = _reorder(IQ2_XXS_PAIR_ORDER), _reorder(IQ3_XXS_ORDER)
+reorder_iq2_xxs_pair, reorder_iq3 = _reorder(IQ2_XXS_PAIR_ORDER), _reorder(IQ3_ORDER)
 
 
 def _bytes(values):
@@ -837,13 +837,10 @@ def _vnni_dots(builder, acc, u, x):
 
 
 def _gathered(builder, grid_ptr, indices):
-    """grid[indices] as <64 x i8>: <8 x i64> indices into a table of 8-byte entries (vpgatherqq)
-    or <16 x i32> into one of 4-byte entries (vpgatherdd)."""
-    n = indices.type.count
-    entry, name = (I64, "qpq") if n == 8 else (I32, "dpi")
-    entries = _call(builder, f"llvm.x86.avx512.mask.gather.{name}.512", _vec(entry, n),
-                    ir.Constant(_vec(entry, n), None), builder.bitcast(grid_ptr, I8.as_pointer()), indices,
-                    ir.Constant(_vec(ir.IntType(1), n), [1] * n), ir.Constant(I32, 64 // n))
+    """grid[indices] as <64 x i8>: <8 x i64> indices into a table of 8-byte entries (vpgatherqq)."""
+    entries = _call(builder, "llvm.x86.avx512.mask.gather.qpq.512", _vec(I64, 8), ir.Constant(_vec(I64, 8), None),
+                    builder.bitcast(grid_ptr, I8.as_pointer()), indices, ir.Constant(_vec(ir.IntType(1), 8), [1] * 8),
+                    ir.Constant(I32, 8))
     return builder.bitcast(entries, _vec(I8, 64))
 
 
@@ -884,26 +881,15 @@ def _level_codes(cls):
 
 
 class _Grid:
-    """A grid as 16-bit codes: `bits` per value, `per_entry` values per entry, `levels` the
-    magnitudes the codes stand for (gguf's table)."""
+    """An IQ2 grid (entries of eight values, three levels) as 16-bit codes, two bits per value,
+    `levels` the magnitudes the codes stand for (gguf's table)."""
 
     def __init__(self, cls):
         self.levels, value_codes = _level_codes(cls)
-        self.per_entry = value_codes.shape[1]
-        self.bits = 2 if len(self.levels) <= 4 else 3
         self.codes = np.zeros(len(value_codes), np.int64)
-        for i in range(self.per_entry):
-            self.codes |= value_codes[:, i] << (self.bits * i)
-        mask = (1 << self.bits) - 1
-        self.values = [self.levels[b & mask] if (b & mask) < len(self.levels) else 0 for b in range(64)]
-
-    def entry_order(self, h):
-        """The block's entries (numbered in storage order) in the 32 word lanes of lookup h, qword
-        k holding sub-block k's: 8-value entries 4k .. 4k + 3 (its groups; one lookup), or 4-value
-        entries 8k + 4h .. 8k + 4h + 3 (groups 2h, 2h + 1; lookups h = 0, 1)."""
-        if self.per_entry == 8:
-            return list(range(32))
-        return [8 * k + 4 * h + w for k in range(8) for w in range(4)]
+        for i in range(8):
+            self.codes |= value_codes[:, i] << (2 * i)
+        self.values = [self.levels[b & 3] if (b & 3) < len(self.levels) else 0 for b in range(64)]
 
     def lookup(self, builder, index_words):
         """codes[index] for 32 i16 indices, as <64 x i8>: vpermi2w over 64-entry slices of the
@@ -921,26 +907,19 @@ class _Grid:
 
     def magnitudes(self, builder, grid_ptr, target, chunk_indices, index_words):
         """j -> the unsigned values of group-major chunk j (<64 x i8>).  VBMI_GATHER: the entries
-        at chunk_indices(j) (<8 x i64> for 8-value entries, <16 x i32> for 4-value ones) gathered
-        from the grid in memory (grid_ptr: one unsigned integer per entry holding its values as
-        bytes); VBMI: looked up in registers, index_words(order) giving the grid indices of the
-        entries listed in `order` as <32 x i16>."""
+        at chunk_indices(j) (<8 x i64>) gathered from the grid in memory (grid_ptr: one uint64 per
+        entry holding its values as bytes); VBMI: looked up in registers, index_words(order) giving
+        the grid indices of the block's 32 entries (`order`: their numbers in storage order, qword
+        k holding sub-block k's) as <32 x i16>, then per chunk one vpmultishiftqb cuts the codes
+        out and one vpermb maps them to values."""
         if target == VBMI_GATHER:
             return lambda j: _gathered(builder, grid_ptr, chunk_indices(j))
-        codes = [self.lookup(builder, index_words(self.entry_order(h))) for h in range(8 // self.per_entry)]
-        return lambda j: self.chunk(builder, codes, j)
-
-    def chunk(self, builder, codes, j):
-        """The 64 values of chunk j from the looked-up codes."""
-        if self.per_entry == 8:
-            fields = _multishift(builder, codes[0], [16 * j + 2 * i for i in range(8)])
-        else:
-            fields = _multishift(builder, codes[j // 2], [16 * (2 * (j % 2) + i // 4) + 3 * (i % 4) for i in range(8)])
-        return _call(builder, "llvm.x86.avx512.permvar.qi.512", _vec(I8, 64), _bytes(self.values), fields)
+        codes = self.lookup(builder, index_words(list(range(32))))
+        return lambda j: _call(builder, "llvm.x86.avx512.permvar.qi.512", _vec(I8, 64), _bytes(self.values),
+                               _multishift(builder, codes, [16 * j + 2 * i for i in range(8)]))
 
 
-_IQ2_XXS_GRID, _IQ2_XS_GRID, _IQ2_S_GRID, _IQ3_S_GRID = (_Grid(cls) for cls in (gq.IQ2_XXS, gq.IQ2_XS, gq.IQ2_S,
-                                                                               gq.IQ3_S))
+_IQ2_XXS_GRID, _IQ2_XS_GRID, _IQ2_S_GRID = _Grid(gq.IQ2_XXS), _Grid(gq.IQ2_XS), _Grid(gq.IQ2_S)
 
 
 def _gf2_affine(builder, v, rows, constant=0):
@@ -964,12 +943,6 @@ def _sign_bytes(builder, v, positions):
     """Signs of IQ2_S / IQ3_S (one byte per 8-value group g, v[positions[g]]) for
     _group_major_isum: group j of sub-block k's in byte j of qword k."""
     return _shuffle(builder, v, v, [positions[4 * k + j % 4] for k in range(8) for j in range(8)])
-
-
-def _byte_pair_indices(builder, q, j):
-    """<16 x i32>: bytes 2j and 2j + 1 of each qword of q (group j's two 4-value entries)."""
-    picked = _multishift(builder, q, [16 * j, 0, 0, 0, 16 * j + 8, 0, 0, 0])
-    return builder.and_(builder.bitcast(picked, _vec(I32, 16)), _splat(I32, 16, 255))
 
 
 def _vbmi_args(context, builder, signature, args):
@@ -1004,12 +977,13 @@ def _iq2_xxs_magnitudes(builder, codes, c):
     return _gf2_affine(builder, builder.bitcast(codes, _vec(I8, 64)), rows, levels[0])
 
 
-def _code_bytes(builder, indices, table):
-    """<8 x i64>: byte i = table[indices byte i] (table: 256 bytes; two vpermi2b and a select)."""
-    halves = [_call(builder, "llvm.x86.avx512.vpermi2var.qi.512", _vec(I8, 64), _bytes(table[h:h + 64]), indices,
-                    _bytes(table[h + 64:h + 128])) for h in (0, 128)]
-    upper = builder.icmp_signed("<", indices, _splat(I8, 64, 0))
-    return builder.bitcast(builder.select(upper, halves[1], halves[0]), _vec(I64, 8))
+def _code_bytes(builder, indices, table, ninth=None):
+    """<8 x i64>: byte i = table[indices byte i] (table: 256 bytes; two vpermi2b and a select), or
+    table[indices byte i + 256 * ninth[i]] (table: 512 bytes, ninth: <64 x i1>; four and three)."""
+    halves = [builder.select(builder.icmp_signed("<", indices, _splat(I8, 64, 0)), *reversed(
+        [_call(builder, "llvm.x86.avx512.vpermi2var.qi.512", _vec(I8, 64), _bytes(table[h:h + 64]), indices,
+               _bytes(table[h + 64:h + 128])) for h in (base, base + 128)])) for base in range(0, len(table), 256)]
+    return builder.bitcast(halves[0] if ninth is None else builder.select(ninth, halves[1], halves[0]), _vec(I64, 8))
 
 
 def _iq2_xxs_vbmi(context, builder, signature, args, target):
@@ -1081,7 +1055,7 @@ iq2_xxs_pair_isum = IQ2_XXS_PAIR_ISUM[VBMI] if TARGET == VBMI else None
 # are two bytes of two nibbles (values 0, 1 and values 2, 3), looked up by vpermi2b as IQ2_XXS's
 # (_code_bytes: one block's 64 entries fill the 64 lanes); per chunk one vpshufb maps a nibble to
 # its level (a code is at most 7, so bit 7 of every byte stays clear; the high nibbles shifted
-# down first).  Chunk c holds value c of each entry (IQ3_XXS_ORDER).  On the Xeon VM 29 cycles per
+# down first).  Chunk c holds value c of each entry (IQ3_ORDER).  On the Xeon VM 29 cycles per
 # block in cache against 43 gathered (docs/kernels.md).
 _IQ3_XXS_LEVELS, _IQ3_XXS_CODES = _level_codes(gq.IQ3_XXS)  # 4, 12, .., 52, 62; codes [256, 4]
 _IQ3_XXS_NIBBLES = [(_IQ3_XXS_CODES[:, 2 * h] | (_IQ3_XXS_CODES[:, 2 * h + 1] << 4)).astype(np.uint8) for h in (0, 1)]
@@ -1090,22 +1064,29 @@ _IQ3_XXS_NIBBLES = [(_IQ3_XXS_CODES[:, 2 * h] | (_IQ3_XXS_CODES[:, 2 * h + 1] <<
 def _iq3_xxs_vbmi(context, builder, signature, args, target):
     """IQ3_XXS (layout in _iq3_xxs_block_isum): byte j of qword k of the 64 bytes at wo+2 is
     sub-block k's entry j (values 4j .. 4j + 3 of its 32); its sign/scale word is spread to qword
-    k.  The activation in IQ3_XXS_ORDER."""
+    k.  The activation in IQ3_ORDER."""
     wt, xt, w, wo, x, xo = signature.args[0], signature.args[2], *args[:4]
     q = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 2), 64)
     words = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 66), 32)
     spaced = _qwords(builder, words, ir.Constant(words.type, None), [[4 * k + b for b in range(4)] + [32] * 4
                                                                      for k in range(8)])
     nibbles = [builder.bitcast(_code_bytes(builder, q, table), _vec(I16, 32)) for table in _IQ3_XXS_NIBBLES]
-    levels = _bytes((_IQ3_XXS_LEVELS + [0] * 8) * 4)
-
-    def magnitudes(c):  # value c of every entry: nibble c % 2 of its code byte c // 2
-        codes = nibbles[c // 2] if c % 2 == 0 else builder.lshr(nibbles[c // 2], _splat(I16, 32, 4))
-        return _call(builder, "llvm.x86.avx512.pshuf.b.512", _vec(I8, 64), levels, builder.bitcast(codes, _vec(I8, 64)))
     signs = _parity_signs(builder, builder.bitcast(spaced, _vec(I8, 64)), [0, 7, 14, 21])
     scales = _odd_scales(builder, spaced, 28)
-    return _group_major_isum(context, builder, xt, x, xo, magnitudes, signs, [(range(4), None, scales)],
-                             sign_bit=lambda c, j: 8 * (j // 2) + 4 * (j % 2) + c)
+    return _group_major_isum(context, builder, xt, x, xo, _nibble_levels(builder, nibbles, _IQ3_XXS_LEVELS), signs,
+                             [(range(4), None, scales)], sign_bit=lambda c, j: 8 * (j // 2) + 4 * (j % 2) + c)
+
+
+def _nibble_levels(builder, nibbles, levels):
+    """magnitudes(c) for _group_major_isum from an IQ3 block's two nibble code vectors (<32 x
+    i16>, codes of values 0, 1 and of 2, 3 of each entry): value c of every entry, nibble c % 2
+    of code byte c // 2, mapped to its level by one vpshufb."""
+    table = _bytes((levels + [0] * (16 - len(levels))) * 4)
+
+    def magnitudes(c):
+        codes = nibbles[c // 2] if c % 2 == 0 else builder.lshr(nibbles[c // 2], _splat(I16, 32, 4))
+        return _call(builder, "llvm.x86.avx512.pshuf.b.512", _vec(I8, 64), table, builder.bitcast(codes, _vec(I8, 64)))
+    return magnitudes
 
 
 def _iq2_xs_vbmi(context, builder, signature, args, target):
@@ -1151,31 +1132,28 @@ def _iq2_s_vbmi(context, builder, signature, args, target):
                               (range(2, 4), None, _odd_scales(builder, scales, 4))])
 
 
+_IQ3_S_LEVELS, _IQ3_S_CODES = _level_codes(gq.IQ3_S)  # 1, 3, .., 15; codes [512, 4]
+_IQ3_S_NIBBLES = [(_IQ3_S_CODES[:, 2 * h] | (_IQ3_S_CODES[:, 2 * h + 1] << 4)).astype(np.uint8) for h in (0, 1)]
+
+
 def _iq3_s_vbmi(context, builder, signature, args, target):
-    """IQ3_S (layout in _iq3_s_block_isum): qword k of the 64 bytes at wo+2 holds sub-block k's
-    eight grid index low bytes; qh (a byte per sub-block, bit m: entry m's ninth bit), the sign
-    bytes and the scales (a nibble per sub-block) as bytes 0..47 of one vector, from loads that
-    stay inside the block."""
-    wt, xt, w, wo, x, xo, g_ptr, q = _vbmi_args(context, builder, signature, args)
-    head = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 66), 32)  # qh, signs 0..23
-    tail = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 94), 16)  # signs 20..31, scales
-    rest = _concat(builder, head, _concat(builder, tail, ir.Constant(tail.type, None)))
-    high = builder.bitcast(_qwords(builder, rest, rest, [[k, 48, 48, 48, k, 48, 48, 48] for k in range(8)]),
-                           _vec(I32, 16))  # dwords 2k, 2k + 1: qh byte k
-
-    def chunk_indices(j):  # entries 2j, 2j + 1 of each sub-block, the ninth bit from qh bits 2j, 2j + 1
-        shifts = ir.Constant(_vec(I32, 16), [8 - 2 * j - e for _ in range(8) for e in (0, 1)])
-        ninth = builder.and_(builder.shl(high, shifts), _splat(I32, 16, 256))
-        return builder.or_(_byte_pair_indices(builder, q, j), ninth)
-
-    def index_words(order):
-        ninth = _high_index_bits(builder, rest, [e // 8 for e in order], [e % 8 for e in order], 0x100)
-        return builder.or_(_words_from_bytes(builder, q, order), ninth)
-    magnitudes = _IQ3_S_GRID.magnitudes(builder, g_ptr, target, chunk_indices, index_words)
-    signs = _sign_bytes(builder, rest, [8 + g + (4 if g >= 24 else 0) for g in range(32)])
-    nibbles = _byte_qwords(builder, rest, [44 + k // 2 for k in range(8)])  # sub-block k's: nibble k % 2
-    scales = _odd_scales(builder, nibbles, [4 * (k % 2) for k in range(8)])
-    return _group_major_isum(context, builder, xt, x, xo, magnitudes, signs, [(range(4), None, scales)])
+    """IQ3_S (layout in _iq3_s_block_isum) as IQ3_XXS (_iq3_xxs_vbmi, the same activation order):
+    byte j of qword k of the 64 bytes at wo+2 is the low byte of sub-block k's entry j's index, its
+    ninth bit is bit 8k + j of the u64 qh at wo+66 (a mask as it is); the sign bytes and the scales
+    (a nibble per sub-block) from the block's last 64 bytes (wo+46: qh at 20, signs at 28, scales
+    at 60; one load, all of it defined: an insert into a vector with undefined lanes let LLVM pick
+    the row's float accumulator as their register, and each block waited for the one before)."""
+    wt, xt, w, wo, x, xo = signature.args[0], signature.args[2], *args[:4]
+    q = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 2), 64)
+    rest = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 46), 64)
+    ninth = builder.bitcast(_load_bytes(context, builder, wt, w, _add_offset(builder, wo, 66), 8),
+                            _vec(ir.IntType(1), 64))
+    nibbles = [builder.bitcast(_code_bytes(builder, q, table, ninth), _vec(I16, 32)) for table in _IQ3_S_NIBBLES]
+    signs = _sign_bytes(builder, rest, [28 + g for g in range(32)])
+    scale_nibbles = _byte_qwords(builder, rest, [60 + k // 2 for k in range(8)])  # sub-block k's: nibble k % 2
+    scales = _odd_scales(builder, scale_nibbles, [4 * (k % 2) for k in range(8)])
+    return _group_major_isum(context, builder, xt, x, xo, _nibble_levels(builder, nibbles, _IQ3_S_LEVELS), signs,
+                             [(range(4), None, scales)], sign_bit=lambda c, j: 8 * (j // 2) + 4 * (j % 2) + c)
 
 
 def _grid_generators(name, block_isum, vbmi_block_isum):
@@ -1191,7 +1169,8 @@ IQ3_XXS_ISUM = {t: _grid_isum("IQ3_XXS", _iq3_xxs_block_isum, t) for t in (GENER
 IQ3_XXS_ISUM[VBMI] = _grid_isum("IQ3_XXS", _iq3_xxs_vbmi, VBMI)
 IQ2_XS_ISUM = _grid_generators("IQ2_XS", _iq2_xs_block_isum, _iq2_xs_vbmi)
 IQ2_S_ISUM = _grid_generators("IQ2_S", _iq2_s_block_isum, _iq2_s_vbmi)
-IQ3_S_ISUM = _grid_generators("IQ3_S", _iq3_s_block_isum, _iq3_s_vbmi)
+IQ3_S_ISUM = {t: _grid_isum("IQ3_S", _iq3_s_block_isum, t) for t in (GENERIC, AVX2, AVX512)}
+IQ3_S_ISUM[VBMI] = _grid_isum("IQ3_S", _iq3_s_vbmi, VBMI)
 iq2_xxs_isum, iq3_xxs_isum = _for_this_cpu(IQ2_XXS_ISUM), _for_this_cpu(IQ3_XXS_ISUM)
 iq2_xs_isum, iq2_s_isum, iq3_s_isum = _for_this_cpu(IQ2_XS_ISUM), _for_this_cpu(IQ2_S_ISUM), _for_this_cpu(IQ3_S_ISUM)
 
