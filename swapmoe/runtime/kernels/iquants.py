@@ -3,7 +3,8 @@
 Lookup grids come from the gguf package's tables (gguf.quants.<TYPE>.grid, decoded from
 grid_hex at import).  For few tokens per row (`straight`, set by kernels.KERNELS; IQ4_NL:
 always) a simd.py intrinsic takes each super-block's exact int32 sum straight from the row
-bytes: grid entries gathered into a vector, signs as byte masks applied to the activation, IQ4
+bytes: grid entries gathered into a vector or looked up in registers, signs as byte masks applied
+to the activation (which the VBMI code reads reordered, _jit.grid_activations and its kin), IQ4
 values looked up by pshufb.  Larger batches decode each row once through "signed grid" tables
 (every grid entry times every sign pattern, packed as uint32/uint64: one table load per 4 or 8
 weights): where vpdpbusd runs (simd.TILES) into int8 values laid out as 16-row tiles that take
