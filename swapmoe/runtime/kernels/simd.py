@@ -59,11 +59,11 @@ HW_HALF = "f16c" in _FEATURES or platform.machine().lower() in ("aarch64", "arm6
 
 
 def _gathers_beat_permutes() -> bool:
-    """Whether the IQ2/IQ3 grid entries should be gathered (vpgatherqq/dd) rather than permuted out
-    of registers (IQ2_XXS: always looked up in registers, its own way): on Intel, which runs
-    512-bit permutes on one port (a Sapphire Rapids class VM: IQ2_XS, IQ2_S and IQ3_S 1.2-1.7x
-    faster per block gathered, IQ3_XXS 0.96x; docs/kernels.md), unless the microcode mitigation
-    of Gather Data Sampling (Skylake .. Ice Lake, Tiger Lake) has slowed gathers several-fold.
+    """Whether IQ2_XS's and IQ2_S's grid entries should be gathered (vpgatherqq) rather than
+    permuted out of registers (IQ2_XXS and the IQ3 types: always in registers, their own way): on
+    Intel, which runs 512-bit permutes on one port (a Sapphire Rapids class VM: 1.2-1.7x faster
+    per block gathered; docs/kernels.md), unless the microcode mitigation of Gather Data
+    Sampling (Skylake .. Ice Lake, Tiger Lake) has slowed gathers several-fold.
     AMD keeps the permutes, measured on Zen 5 (against the scalar-load generator; vector gathers
     of these grids are untimed there)."""
     try:
@@ -742,15 +742,14 @@ def _grid_isum(name: str, block_isum, target: str):
 # vpshufbitqmb negating the activation under it, one vpdpbusd into int32 lanes that each stay
 # inside one sub-block; per block: the lanes folded to one sum per sub-block, times its weight
 # (vpmuldq), one reduction.
-# Grid values come from memory (VBMI_GATHER: vpgatherqq / vpgatherdd of whole entries) or from
-# registers: every IQ grid entry is a few small codes (8 values of 3 levels for IQ2_*, 4 values
-# of 8 levels for IQ3_*) that pack into 16 bits; vpermi2w looks 32 such words up in a 64-entry
-# slice of the table held in two registers, selects on the index's higher bits pick among the
-# slices, vpmultishiftqb cuts a chunk's codes out and vpermb maps them to values.  Intel cores
-# run 512-bit permutes on one port only; there the entries are gathered (GATHER_GRIDS).  The
-# 2048-entry IQ1 grid is always gathered.  IQ2_XXS and IQ3_XXS (256 entries) have a lookup of
-# their own, in registers everywhere, each with its own activation order (_iq2_xxs_vbmi,
-# _iq3_xxs_vbmi).
+# IQ2_XS and IQ2_S take their grid values from memory (VBMI_GATHER: vpgatherqq of whole entries)
+# or from registers: an IQ2 entry is eight 2-bit codes, 16 bits; vpermi2w looks 32 such words up
+# in a 64-entry slice of the table held in two registers, selects on the index's higher bits
+# pick among the slices, vpmultishiftqb cuts a chunk's codes out and vpermb maps them to values.
+# Intel cores run 512-bit permutes on one port only; there the entries are gathered
+# (GATHER_GRIDS).  The 2048-entry IQ1 grid is always gathered.  IQ2_XXS, IQ3_XXS and IQ3_S have
+# a byte-table lookup of their own, in registers everywhere, with activation orders of their own
+# (_iq2_xxs_vbmi, _iq3_xxs_vbmi).
 
 REORDERED = TARGET == VBMI
 # position i of a reordered block holds value ORDER[i] of the block
@@ -1156,21 +1155,20 @@ def _iq3_s_vbmi(context, builder, signature, args, target):
                              [(range(4), None, scales)], sign_bit=lambda c, j: 8 * (j // 2) + 4 * (j % 2) + c)
 
 
-def _grid_generators(name, block_isum, vbmi_block_isum):
+def _grid_generators(name, block_isum, vbmi_block_isum, gathering=False):
+    """An IQ grid type's generators by target (`gathering`: also the VBMI_GATHER variant)."""
     generators = {t: _grid_isum(name, block_isum, t) for t in (GENERIC, AVX2, AVX512)}
     generators[VBMI] = _grid_isum(name, vbmi_block_isum, VBMI)
-    generators[VBMI_GATHER] = _grid_isum(name, vbmi_block_isum, VBMI_GATHER)
+    if gathering:
+        generators[VBMI_GATHER] = _grid_isum(name, vbmi_block_isum, VBMI_GATHER)
     return generators
 
 
-IQ2_XXS_ISUM = {t: _grid_isum("IQ2_XXS", _iq2_xxs_block_isum, t) for t in (GENERIC, AVX2, AVX512)}
-IQ2_XXS_ISUM[VBMI] = _grid_isum("IQ2_XXS", _iq2_xxs_vbmi, VBMI)
-IQ3_XXS_ISUM = {t: _grid_isum("IQ3_XXS", _iq3_xxs_block_isum, t) for t in (GENERIC, AVX2, AVX512)}
-IQ3_XXS_ISUM[VBMI] = _grid_isum("IQ3_XXS", _iq3_xxs_vbmi, VBMI)
-IQ2_XS_ISUM = _grid_generators("IQ2_XS", _iq2_xs_block_isum, _iq2_xs_vbmi)
-IQ2_S_ISUM = _grid_generators("IQ2_S", _iq2_s_block_isum, _iq2_s_vbmi)
-IQ3_S_ISUM = {t: _grid_isum("IQ3_S", _iq3_s_block_isum, t) for t in (GENERIC, AVX2, AVX512)}
-IQ3_S_ISUM[VBMI] = _grid_isum("IQ3_S", _iq3_s_vbmi, VBMI)
+IQ2_XXS_ISUM = _grid_generators("IQ2_XXS", _iq2_xxs_block_isum, _iq2_xxs_vbmi)
+IQ3_XXS_ISUM = _grid_generators("IQ3_XXS", _iq3_xxs_block_isum, _iq3_xxs_vbmi)
+IQ2_XS_ISUM = _grid_generators("IQ2_XS", _iq2_xs_block_isum, _iq2_xs_vbmi, gathering=True)
+IQ2_S_ISUM = _grid_generators("IQ2_S", _iq2_s_block_isum, _iq2_s_vbmi, gathering=True)
+IQ3_S_ISUM = _grid_generators("IQ3_S", _iq3_s_block_isum, _iq3_s_vbmi)
 iq2_xxs_isum, iq3_xxs_isum = _for_this_cpu(IQ2_XXS_ISUM), _for_this_cpu(IQ3_XXS_ISUM)
 iq2_xs_isum, iq2_s_isum, iq3_s_isum = _for_this_cpu(IQ2_XS_ISUM), _for_this_cpu(IQ2_S_ISUM), _for_this_cpu(IQ3_S_ISUM)
 
