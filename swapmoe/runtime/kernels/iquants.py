@@ -22,10 +22,10 @@ from numba import njit, prange
 
 from ._jit import (INLINE, ORDER_GEMV, ORDER_TILED, PARALLEL, ROWS_PER_TASK, SERIAL, block_step, decode_pairs,
                    f16_to_f32, grid_activations, iq2_xxs_activations, iq3_activations, nibble_pair_words,
-                   nibble_row_dot, pair_order, tile_count, tile_rows, u32, u64, widen4, widen8)
-from .simd import (PREFETCH_AHEAD, TILE_ROWS, TILES, dot256, int8_tile16, int8_tile16_dot, iq1_delta_table,
-                   iq1_m_isum, iq1_s_isum, iq2_s_isum, iq2_xs_isum, iq2_xxs_isum, iq2_xxs_pair_isum, iq3_s_isum,
-                   iq3_xxs_isum, iq4_xs_isum, prefetch_bytes, rows_dot8)
+                   nibble_row_dot, pair_order, tile_count, tile_rows, u32, widen4, widen8)
+from .simd import (PREFETCH_AHEAD, TILE_ROWS, TILES, dot256, f16_bits_to_f32, int8_tile16, int8_tile16_dot,
+                   iq1_delta_table, iq1_m_isum, iq1_m_scale_bits, iq1_s_isum, iq2_s_isum, iq2_xs_isum, iq2_xxs_isum,
+                   iq2_xxs_pair_isum, iq3_s_isum, iq3_xxs_isum, iq4_xs_isum, prefetch_bytes, rows_dot8)
 
 
 def _grid(cls) -> np.ndarray:
@@ -816,6 +816,12 @@ def dequantize_iq1_s(W, cols, row_ids, out):
 # (3-bit scales per 16 values; the f16 d lives in the scales' top nibbles) ---
 
 @njit(**INLINE)
+def _d_iq1_m(blk, o):
+    """The block's fp16 d (the top nibbles of its four scale words) as float32."""
+    return f16_bits_to_f32(iq1_m_scale_bits(blk, o))
+
+
+@njit(**INLINE)
 def _scale_iq1_m(blk, o, s):
     """Scale of 16-value sub-block s: 3-bit fields, four per u16 at o + 48."""
     sc = np.int32(blk[o + 48 + 2 * (s // 4)]) | (np.int32(blk[o + 49 + 2 * (s // 4)]) << 8)
@@ -835,15 +841,6 @@ def _decode_iq1_m(blk, o, ws, wo, scaled):
         gi = np.int32(blk[o + g]) | ((qh << (8 - 4 * (g % 2))) & 0x700)
         s = np.int16(_scale_iq1_m(blk, o, g // 2)) if scaled else np.int16(1)
         widen8(_GRID8_IQ1_S[gi], s, ws, wo + g * 8)
-
-
-@njit(**INLINE)
-def _d_iq1_m(blk, o):
-    """The block's f16 d: the top nibbles of the four scale words at o + 48, low word first."""
-    words = u64(blk, o + 48)
-    bits = (((words >> np.uint64(12)) & np.uint64(0x000F)) | ((words >> np.uint64(24)) & np.uint64(0x00F0))
-            | ((words >> np.uint64(36)) & np.uint64(0x0F00)) | ((words >> np.uint64(48)) & np.uint64(0xF000)))
-    return f16_to_f32(np.uint8(bits & np.uint64(0xFF)), np.uint8(bits >> np.uint64(8)))
 
 
 @njit(**PARALLEL)

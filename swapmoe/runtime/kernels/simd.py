@@ -1238,6 +1238,23 @@ IQ1_M_ISUM = {**{t: _iq1_isum("IQ1_M", "8-value group (bit 3 of its qh nibble)",
 iq1_s_isum, iq1_m_isum = _for_this_cpu(IQ1_S_ISUM), _for_this_cpu(IQ1_M_ISUM)
 
 
+@intrinsic
+def iq1_m_scale_bits(typingctx, w, wo):
+    """The bits of an IQ1_M block's fp16 d: the top nibbles of its four scale words at w[wo + 48],
+    the low word's first.  Taken in vector registers from the bytes at wo + 24 (the load
+    iq1_m_isum makes too): read as an integer, LLVM extracted the four bytes one vpextrb each."""
+    if w.dtype != types.uint8:
+        return None
+    sig = types.uint16(w, wo)
+
+    def codegen(context, builder, signature, args):
+        v = _load_bytes(context, builder, signature.args[0], args[0], _add_offset(builder, args[1], 24), 32)
+        low = builder.lshr(_shuffle(builder, v, v, [25, 29]), _splat(I8, 2, 4))  # words 0, 2: bits 12..15
+        high = builder.and_(_shuffle(builder, v, v, [27, 31]), _splat(I8, 2, 0xF0))  # words 1, 3
+        return builder.bitcast(builder.or_(low, high), I16)
+    return sig, codegen
+
+
 def _nibble_table_block_dot(context, builder, signature, args, target):
     """32 values table[nibble] (the 16 low nibbles of w[wo:wo+16] are values 0..15, the high ones
     16..31) dotted with x[xo:xo+32].  x86: pshufb looks the values up in registers, as two
@@ -2052,9 +2069,14 @@ def half_bits_to_f32(h):
 
 
 @njit(nogil=True, cache=True, inline="always")
+def f16_bits_to_f32(bits):
+    """IEEE half (its bits, a uint16) to float32, exactly."""
+    if HW_HALF:  # one instruction: the arithmetic cost Q4_K's gemv a third of its speed
+        return half_to_float(bits)
+    return half_bits_to_f32(np.int32(bits))
+
+
+@njit(nogil=True, cache=True, inline="always")
 def f16_to_f32(lo, hi):
     """IEEE half (two little-endian bytes) to float32, exactly."""
-    h = np.int32(lo) | (np.int32(hi) << 8)
-    if HW_HALF:  # one instruction: the arithmetic cost Q4_K's gemv a third of its speed
-        return half_to_float(np.uint16(h))
-    return half_bits_to_f32(h)
+    return f16_bits_to_f32(np.uint16(np.int32(lo) | (np.int32(hi) << 8)))
