@@ -548,9 +548,10 @@ def test_repacked_block_types_rounding(tp):
 
 SIMD_TARGETS = [simd.GENERIC, simd.AVX2, simd.AVX512]  # the generators every intrinsic has
 IQ1_TARGETS = SIMD_TARGETS + [simd.VBMI]  # IQ1_S/IQ1_M's VBMI generators gather their grid entries
-# the other IQ grid types decode in registers with VBMI, their entries permuted or gathered (IQ2_XXS
-# and the IQ3 types: looked up in registers only)
+# the other IQ grid types decode in registers with VBMI, their entries permuted or gathered, but for
+# these, whose VBMI code looks its grid up in registers only, each in an activation order of its own
 GRID_TARGETS = IQ1_TARGETS + [simd.VBMI_GATHER]
+OWN_ORDER = {T.IQ2_XXS: simd.IQ2_XXS_ORDER, T.IQ3_XXS: simd.IQ3_ORDER, T.IQ3_S: simd.IQ3_ORDER}
 
 
 def x_order(x, target, tp=None):
@@ -559,9 +560,8 @@ def x_order(x, target, tp=None):
     group-major (8-value group j of 32-value sub-block k at 64j + 8k)."""
     if target not in (simd.VBMI, simd.VBMI_GATHER):
         return x
-    if tp in (T.IQ2_XXS, T.IQ3_XXS, T.IQ3_S):
-        order = simd.IQ2_XXS_ORDER if tp == T.IQ2_XXS else simd.IQ3_ORDER
-        return np.ascontiguousarray(x.reshape(-1, 256)[:, order]).reshape(-1)
+    if tp in OWN_ORDER:
+        return np.ascontiguousarray(x.reshape(-1, 256)[:, OWN_ORDER[tp]]).reshape(-1)
     return np.ascontiguousarray(x.reshape(-1, 8, 4, 8).transpose(0, 2, 1, 3)).reshape(-1)
 
 
@@ -593,8 +593,8 @@ def test_grid_activations_in_the_order_the_grid_intrinsics_read():
     reordered = simd.REORDERED
     np.testing.assert_array_equal(grid_activations(x), np.stack([x_order(row, simd.VBMI) for row in x])
                                   if reordered else x)
-    np.testing.assert_array_equal(iq3_activations(x), np.stack([x_order(row, simd.VBMI, T.IQ3_XXS) for row in x])
-                                  if reordered else x)
+    np.testing.assert_array_equal(iq3_activations(x),
+                                  np.stack([x_order(row, simd.VBMI, T.IQ3_XXS) for row in x]) if reordered else x)
     np.testing.assert_array_equal(iq2_xxs_activations(x), np.stack([iq2_xxs_pair_order(row) for row in x])
                                   if reordered else x)
 
@@ -859,7 +859,7 @@ def test_simd_q2_k_isum(target):
 
 
 @pytest.mark.parametrize("tp, target", [(tp, target) for tp in (T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S)
-                                        for target in (IQ1_TARGETS if tp in (T.IQ2_XXS, T.IQ3_XXS, T.IQ3_S) else GRID_TARGETS)],
+                                        for target in (IQ1_TARGETS if tp in OWN_ORDER else GRID_TARGETS)],
                          ids=lambda v: v.name if isinstance(v, T) else v)
 def test_simd_grid_isum(tp, target):
     skip_unless_this_cpu_runs(target)
@@ -910,7 +910,7 @@ def test_simd_iq2_xxs_pair_isum():
     out = np.empty(n, np.float32)
     run(blocks.reshape(-1), iq2_xxs_pair_order(x), out)
     scaled = integer_parts(T.IQ2_XXS, blocks, o0=8.0)
-    np.testing.assert_array_equal(out, (scaled * x.reshape(n, 256)).sum(axis=1).astype(np.int64).astype(np.float32))
+    np.testing.assert_array_equal(out, (scaled * x.reshape(n, 256)).sum(axis=1).astype(np.float32))
 
 
 def legacy_case(tp: T, seed: int):
