@@ -83,14 +83,26 @@ _IQ4_NL_ROW = nibble_row_dot(18, _IQ4_VALUES, fp16_scale=True)
 _IQ4_NL_ROWS8 = rows_dot8["iq4_nl"]
 
 
-def _grid_row_dot(isum, block_bytes, grid, signs, factor):
+def _grid_row_dot(isum, block_bytes, grid, signs, factor, pair_isum=None):
     """A row . token for one of the IQ2/IQ3 grid types, straight from the row bytes: each
     super-block's exact sum from its simd intrinsic `isum`, ggml's float step (block_step with the
-    block's fp16 d in its first two bytes), then the type's final factor."""
+    block's fp16 d in its first two bytes), then the type's final factor.  `pair_isum`, where the
+    type has one for this CPU: two blocks per call (sharing their grid lookups, their sums as
+    float32), an odd last block by `isum`."""
     @njit(**INLINE)
     def row_dot(row, x, dx, nb, order):
         acc = np.float32(0.0)
-        for b in range(nb):
+        paired = 0
+        if pair_isum is not None:
+            paired = nb - nb % 2
+            for b in range(0, paired, 2):
+                o = b * block_bytes
+                prefetch_bytes(row, o + PREFETCH_AHEAD, 2 * block_bytes)
+                first, second = pair_isum(row, o, x, b * 256)
+                acc = block_step(order, acc, first, f16_to_f32(row[o], row[o + 1]), dx[b])
+                o2 = o + block_bytes
+                acc = block_step(order, acc, second, f16_to_f32(row[o2], row[o2 + 1]), dx[b + 1])
+        for b in range(paired, nb):
             o = b * block_bytes
             prefetch_bytes(row, o + PREFETCH_AHEAD, block_bytes)
             block = np.float32(isum(row, o, x, b * 256, grid, signs))
@@ -99,29 +111,8 @@ def _grid_row_dot(isum, block_bytes, grid, signs, factor):
     return row_dot
 
 
-@njit(**INLINE)
-def _iq2_xxs_row(row, x, dx, nb, order):
-    """_grid_row_dot for IQ2_XXS: where its VBMI code runs, two blocks per intrinsic call (they
-    share the grid lookups: simd.iq2_xxs_pair_isum), an odd last block alone (the activation from
-    _jit.iq2_xxs_activations)."""
-    acc = np.float32(0.0)
-    paired = 0
-    if iq2_xxs_pair_isum is not None:
-        paired = nb - nb % 2
-        for b in range(0, paired, 2):
-            o = b * 66
-            prefetch_bytes(row, o + PREFETCH_AHEAD, 132)
-            first, second = iq2_xxs_pair_isum(row, o, x, b * 256)
-            acc = block_step(order, acc, first, f16_to_f32(row[o], row[o + 1]), dx[b])
-            acc = block_step(order, acc, second, f16_to_f32(row[o + 66], row[o + 67]), dx[b + 1])
-    for b in range(paired, nb):
-        o = b * 66
-        prefetch_bytes(row, o + PREFETCH_AHEAD, 66)
-        block = np.float32(iq2_xxs_isum(row, o, x, b * 256, _GRID8_IQ2_XXS, _SIGN_MASKS))
-        acc = block_step(order, acc, block, f16_to_f32(row[o], row[o + 1]), dx[b])
-    return np.float32(0.125) * acc
-
-
+# IQ2_XXS: the activation from _jit.iq2_xxs_activations (pairs and an odd last block, each read in its order)
+_IQ2_XXS_ROW = _grid_row_dot(iq2_xxs_isum, 66, _GRID8_IQ2_XXS, _SIGN_MASKS, 0.125, iq2_xxs_pair_isum)
 _IQ2_XS_ROW = _grid_row_dot(iq2_xs_isum, 74, _GRID8_IQ2_XS, _SIGN_MASKS, 0.125)
 _IQ2_S_ROW = _grid_row_dot(iq2_s_isum, 82, _GRID8_IQ2_S, _BYTE_MASKS, 0.125)
 _IQ3_XXS_ROW = _grid_row_dot(iq3_xxs_isum, 98, _GRID4_IQ3_XXS, _SIGN_MASKS, 0.25)
@@ -334,7 +325,7 @@ def matmul_iq2_xxs(W, rows, group_rows, cols, qs, d, extra, out, order, straight
                 row = W[r * rb:(r + 1) * rb]
                 t0 = (r // group_rows) * n_tok
                 for t in range(n_tok):
-                    out[t, r] = _iq2_xxs_row(row, xs[t0 + t], d[t0 + t], nb, order)
+                    out[t, r] = _IQ2_XXS_ROW(row, xs[t0 + t], d[t0 + t], nb, order)
         return
     if TILES:  # 16-row tiles (where vpdpbusd runs), a group's last one partial
         for tile in prange(tile_count(rows, group_rows)):

@@ -1050,14 +1050,20 @@ IQ2_XXS_PAIR_ISUM = {VBMI: _iq2_xxs_pair_isum}
 iq2_xxs_pair_isum = IQ2_XXS_PAIR_ISUM[VBMI] if TARGET == VBMI else None
 
 
+def _nibble_codes(cls):
+    """An IQ3 grid's levels and its two code-byte tables: per entry the codes of values 0, 1 (and
+    of 2, 3) as the low and high nibble of a byte."""
+    levels, codes = _level_codes(cls)
+    return levels, [(codes[:, 2 * h] | (codes[:, 2 * h + 1] << 4)).astype(np.uint8) for h in (0, 1)]
+
+
 # IQ3_XXS in registers as well: 256 entries of four values, eight levels.  An entry's 3-bit codes
 # are two bytes of two nibbles (values 0, 1 and values 2, 3), looked up by vpermi2b as IQ2_XXS's
 # (_code_bytes: one block's 64 entries fill the 64 lanes); per chunk one vpshufb maps a nibble to
 # its level (a code is at most 7, so bit 7 of every byte stays clear; the high nibbles shifted
 # down first).  Chunk c holds value c of each entry (IQ3_ORDER).  On the Xeon VM 29 cycles per
 # block in cache against 43 gathered (docs/kernels.md).
-_IQ3_XXS_LEVELS, _IQ3_XXS_CODES = _level_codes(gq.IQ3_XXS)  # 4, 12, .., 52, 62; codes [256, 4]
-_IQ3_XXS_NIBBLES = [(_IQ3_XXS_CODES[:, 2 * h] | (_IQ3_XXS_CODES[:, 2 * h + 1] << 4)).astype(np.uint8) for h in (0, 1)]
+_IQ3_XXS_LEVELS, _IQ3_XXS_NIBBLES = _nibble_codes(gq.IQ3_XXS)  # levels 4, 12, .., 52, 62
 
 
 def _iq3_xxs_vbmi(context, builder, signature, args, target):
@@ -1131,8 +1137,7 @@ def _iq2_s_vbmi(context, builder, signature, args, target):
                               (range(2, 4), None, _odd_scales(builder, scales, 4))])
 
 
-_IQ3_S_LEVELS, _IQ3_S_CODES = _level_codes(gq.IQ3_S)  # 1, 3, .., 15; codes [512, 4]
-_IQ3_S_NIBBLES = [(_IQ3_S_CODES[:, 2 * h] | (_IQ3_S_CODES[:, 2 * h + 1] << 4)).astype(np.uint8) for h in (0, 1)]
+_IQ3_S_LEVELS, _IQ3_S_NIBBLES = _nibble_codes(gq.IQ3_S)  # levels 1, 3, .., 15
 
 
 def _iq3_s_vbmi(context, builder, signature, args, target):
