@@ -233,14 +233,21 @@ def nibble_row_dot(block_bytes: int, table: np.ndarray, fp16_scale: bool):
     return row_dot
 
 
-def _reordered_blocks(reorder):
+def _reordered_blocks(reorder, pair_reorder=None):
+    """qs in the order `reorder` gives each 256-value block (where simd.REORDERED; else as is), or
+    with `pair_reorder` each pair of blocks in its order and an odd last block in reorder's."""
     @njit(**INLINE)
     def reordered(qs):
         if not REORDERED:
             return qs
         out = np.empty_like(qs)
+        paired = 0
         for t in range(qs.shape[0]):
-            for o in range(0, qs.shape[1], 256):
+            if pair_reorder is not None:
+                paired = qs.shape[1] - qs.shape[1] % 512
+                for o in range(0, paired, 512):
+                    pair_reorder(qs[t], o, out[t], o)
+            for o in range(paired, qs.shape[1], 256):
                 reorder(qs[t], o, out[t], o)
         return out
     return reordered
@@ -248,22 +255,8 @@ def _reordered_blocks(reorder):
 
 # qs (int8 activations [T, cols]) in the order this CPU's IQ grid intrinsics read them: as is, or
 # where they are the VBMI ones (simd.REORDERED) each 256-value block in simd.GROUP_MAJOR_ORDER
-# (IQ3_XXS, IQ3_S: simd.IQ3_ORDER)
+# (IQ3_XXS, IQ3_S: simd.IQ3_ORDER; IQ2_XXS, whose row dot takes blocks in pairs: each pair in
+# simd.IQ2_XXS_PAIR_ORDER, an odd last block in simd.IQ2_XXS_ORDER)
 grid_activations = _reordered_blocks(reorder_group_major)
 iq3_activations = _reordered_blocks(reorder_iq3)
-
-
-@njit(**INLINE)
-def iq2_xxs_activations(qs):
-    """grid_activations for IQ2_XXS, whose VBMI row dot takes blocks in pairs: each pair's 512
-    values in simd.IQ2_XXS_PAIR_ORDER, an odd last block's in simd.IQ2_XXS_ORDER."""
-    if not REORDERED:
-        return qs
-    out = np.empty_like(qs)
-    paired = qs.shape[1] - qs.shape[1] % 512
-    for t in range(qs.shape[0]):
-        for o in range(0, paired, 512):
-            reorder_iq2_xxs_pair(qs[t], o, out[t], o)
-        if paired < qs.shape[1]:
-            reorder_iq2_xxs(qs[t], paired, out[t], paired)
-    return out
+iq2_xxs_activations = _reordered_blocks(reorder_iq2_xxs, reorder_iq2_xxs_pair)
