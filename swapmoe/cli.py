@@ -154,13 +154,13 @@ def run(model, prompt, prompt_file, chat, max_tokens, temp, top_k, top_p, min_p,
             pieces.append(piece)
         click.echo()
         s = m.stats
-        click.echo(f"prompt {s['prompt_tokens']} tok at {s['prompt_tokens'] / max(s['prompt_seconds'], 1e-9):.1f} tok/s, "
-                   f"decode {s['decode_tokens']} tok at {s['decode_tokens'] / max(s['decode_seconds'], 1e-9):.1f} tok/s, "
-                   f"expert hits {s['hits']}/{s['requests']}, experts read {s['bytes_read'] / 2**20:.1f} MiB",
+        click.echo(f"prompt {s.prompt_tokens} tok at {s.prompt_tokens / max(s.prompt_seconds, 1e-9):.1f} tok/s, "
+                   f"decode {s.decode_tokens} tok at {s.decode_tokens / max(s.decode_seconds, 1e-9):.1f} tok/s, "
+                   f"expert hits {s.hits}/{s.requests}, experts read {s.bytes_read / 2**20:.1f} MiB",
                    err=True)
         if show_stats:
             click.echo("swapmoe: " + ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
-                                             for k, v in s.items()), err=True)
+                                             for k, v in s.as_dict().items()), err=True)
         return "".join(pieces)
 
     if not chat:
@@ -293,12 +293,12 @@ def _print_stream_stats(m) -> None:
     s = m.stats
     budget = m.plan.budget_bytes
     click.echo(f"\n--- expert streaming ({m.plan.engine}) ---")
-    click.echo(f"prompt  {s['prompt_tokens']} tokens at {s['prompt_tokens'] / max(s['prompt_seconds'], 1e-9):.1f} tok/s; "
-               f"decode {s['decode_tokens']} tokens at {s['decode_tokens'] / max(s['decode_seconds'], 1e-9):.1f} tok/s")
-    click.echo(f"experts asked for {s['requests']}, found in RAM {s['hits']}, read {s['misses']} "
-               f"({s['bytes_read'] / 2**20:.1f} MiB), evicted {s['evictions']}")
+    click.echo(f"prompt  {s.prompt_tokens} tokens at {s.prompt_tokens / max(s.prompt_seconds, 1e-9):.1f} tok/s; "
+               f"decode {s.decode_tokens} tokens at {s.decode_tokens / max(s.decode_seconds, 1e-9):.1f} tok/s")
+    click.echo(f"experts asked for {s.requests}, found in RAM {s.hits}, read {s.misses} "
+               f"({s.bytes_read / 2**20:.1f} MiB), evicted {s.evictions}")
     if budget is not None:
-        click.echo(f"resident experts at most {s['peak_resident_expert_bytes'] / 2**20:.2f} MiB "
+        click.echo(f"resident experts at most {s.peak_resident_expert_bytes / 2**20:.2f} MiB "
                    f"of a {budget / 2**20:.2f} MiB budget")
 
 

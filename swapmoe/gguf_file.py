@@ -361,9 +361,14 @@ class GGUFFile:
             raise SwapmoeError(f"{self.path}: no general.architecture key")
         return arch
 
-    def arch_get(self, suffix: str, default: Any = None) -> Any:
-        """Value of `{arch}.{suffix}`, e.g. arch_get("expert_count")."""
-        return self.get(f"{self.arch}.{suffix}", default)
+    def arch_key(self, key: str) -> str:
+        """A per-architecture key template of gguf's (`Keys.LLM.EXPERT_COUNT` is
+        "{arch}.expert_count") spelled for this file's architecture."""
+        return key.format(arch=self.arch)
+
+    def arch_get(self, key: str, default: Any = None) -> Any:
+        """Value of a per-architecture key, e.g. arch_get(Keys.LLM.EXPERT_COUNT)."""
+        return self.get(self.arch_key(key), default)
 
     # --- tensors --------------------------------------------------------------------
     def tensors_of_kind(self, kind: TensorKind) -> list[TensorInfo]:

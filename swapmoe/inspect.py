@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from gguf import GGMLQuantizationType
+from gguf import GGMLQuantizationType, Keys
 
 from swapmoe.errors import SwapmoeError
 from swapmoe.gguf_file import GGUFFile, TensorKind
@@ -38,8 +38,8 @@ def summarize(g: GGUFFile, page_size: int = 16384) -> dict[str, Any]:
     tensor_bytes = sum(t.nbytes for t in g.tensors.values())
     summary: dict[str, Any] = {
         "file": str(g.path), "shards": len(g.shards), "file_bytes": g.total_size, "arch": g.arch,
-        "layers": g.arch_get("block_count"), "experts": g.arch_get("expert_count"),
-        "experts_used": g.arch_get("expert_used_count"), "index": source,
+        "layers": g.arch_get(Keys.LLM.BLOCK_COUNT), "experts": g.arch_get(Keys.LLM.EXPERT_COUNT),
+        "experts_used": g.arch_get(Keys.LLM.EXPERT_USED_COUNT), "index": source,
         "swapmoe_layout": g.get("swapmoe.layout"),
     }
     if index is None:

@@ -2,7 +2,7 @@ import struct
 
 import numpy as np
 import pytest
-from gguf import GGMLQuantizationType as T, GGUFReader, GGUFValueType as V
+from gguf import GGMLQuantizationType as T, GGUFReader, GGUFValueType as V, Keys
 
 import swapmoe
 from swapmoe.errors import SwapmoeError
@@ -39,7 +39,7 @@ def test_tensor_table_matches_gguf_reader(tmp_path):
         t = g.tensors[rt.name]
         assert (t.offset, t.nbytes, t.ggml_type, t.ne) == (rt.data_offset, rt.n_bytes, rt.tensor_type, tuple(rt.shape))
         assert np.array_equal(g.raw(rt.name), np.asarray(rt.data).reshape(-1).view(np.uint8))
-    assert g.arch == "qwen3moe" and g.arch_get("expert_count") == 8
+    assert g.arch == "qwen3moe" and g.arch_get(Keys.LLM.EXPERT_COUNT) == 8
     shard = g.shards[0]
     assert shard.kv_span[0] == 24 and shard.kv_span[1] <= shard.tensor_info_span[0] <= shard.tensor_info_span[1]
     assert shard.tensor_info_span[1] <= shard.data_offset < shard.tensor_info_span[1] + shard.alignment

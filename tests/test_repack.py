@@ -147,7 +147,7 @@ def test_deepseek4_hash_tables(models, tmp_path):
     assert tables and idx.hash_layers() == sorted(tables)
     for layer, table in tables.items():
         assert np.array_equal(idx.hash_table(layer), table)  # [n_vocab, k], order kept
-        assert idx.hash_table(layer).shape == (table.shape[0], g.arch_get("expert_used_count"))
+        assert idx.hash_table(layer).shape == (table.shape[0], g.arch_get(gguf.Keys.LLM.EXPERT_USED_COUNT))
     with pytest.raises(SwapmoeError, match="not hash-routed"):
         idx.hash_table(max(tables) + 1)
 

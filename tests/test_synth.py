@@ -1,6 +1,6 @@
 import numpy as np
 import pytest
-from gguf import GGMLQuantizationType as T, GGUFReader
+from gguf import GGMLQuantizationType as T, GGUFReader, Keys
 from gguf.quants import dequantize
 
 import swapmoe
@@ -30,14 +30,14 @@ def test_every_arch_writes_a_readable_gguf(tmp_path, arch):
     g = open_gguf(path)
     assert g.arch == arch and len(reader.tensors) == len(g.tensors)
     routed = g.tensors_of_kind(TensorKind.ROUTED_EXPERT)
-    assert routed and all(t.n_experts == g.arch_get("expert_count") for t in routed)
+    assert routed and all(t.n_experts == g.arch_get(Keys.LLM.EXPERT_COUNT) for t in routed)
     for t in g.tensors.values():
         if t.ggml_type in (T.F32, T.F16):
             assert np.isfinite(g.array(t.name)).all(), t.name
     for t in g.tensors_of_kind(TensorKind.HASH_TABLE):
         ids = g.array(t.name)
-        assert ids.shape == (len(build_vocab().tokens), g.arch_get("expert_used_count"))
-        assert ids.min() >= 0 and ids.max() < g.arch_get("expert_count")
+        assert ids.shape == (len(build_vocab().tokens), g.arch_get(Keys.LLM.EXPERT_USED_COUNT))
+        assert ids.min() >= 0 and ids.max() < g.arch_get(Keys.LLM.EXPERT_COUNT)
         assert all(len(set(row)) == len(row) for row in ids[:50])
 
 

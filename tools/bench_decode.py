@@ -37,7 +37,7 @@ def swapmoe_rounds(path: Path, n_prompt: int, n_decode: int, threads: int):
     while True:
         list(model.generate_ids(prompt, max_tokens=n_decode, ignore_eos=True))
         s = model.stats
-        yield s["prompt_tokens"] / s["prompt_seconds"], s["decode_tokens"] / s["decode_seconds"]
+        yield s.prompt_tokens / s.prompt_seconds, s.decode_tokens / s.decode_seconds
 
 
 def llama_speed(llama_bin: Path, path: Path, n_prompt: int, n_decode: int, threads: int,

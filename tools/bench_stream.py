@@ -62,7 +62,7 @@ def child(args) -> None:
     # then never miss; sampling keeps the routing moving as real text does
     ids = list(model.generate_ids(prompt, max_tokens=args.decode, ignore_eos=True, temperature=1.0, top_k=0,
                                   top_p=1.0, min_p=0.0, seed=0))
-    s = dict(model.stats)
+    s = model.stats.as_dict()
     s.update(load_seconds=load_seconds, plan=model.plan.reasons, engine=model.plan.engine,
              budget=model.plan.budget_bytes, tokens=ids)
     print("RESULT " + json.dumps(s))

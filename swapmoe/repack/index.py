@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import zstandard
-from gguf import GGMLQuantizationType
+from gguf import GGMLQuantizationType, Keys
 
 from swapmoe.errors import SwapmoeError
 from swapmoe.gguf_file import GGUFFile
@@ -360,7 +360,7 @@ def build(g: GGUFFile, piece_digests: np.ndarray | None = None, page_size: int =
     layout = layout_of(g)
     page_size = int(g.get(KEY_PAGE_SIZE)) if layout != "original" else page_size
     routed = [t for t in tensors if t.routed]
-    n_layer = int(g.arch_get("block_count") or 0)
+    n_layer = int(g.arch_get(Keys.LLM.BLOCK_COUNT) or 0)
     n_layer = max([n_layer] + [t.cls.layer + 1 for t in routed])
     n_expert = max((t.ne[-1] for t in routed), default=0)
     parts = [p for p in PARTS if any(part_name(t.cls) == p for t in routed)]
@@ -375,7 +375,7 @@ def build(g: GGUFFile, piece_digests: np.ndarray | None = None, page_size: int =
         header_lengths=np.array([s.data_offset for s in g.shards], np.int64),
         header_digests=np.frombuffer(b"".join(headers), np.uint8).reshape(-1, 32).copy(),
         arch=g.arch, layout=layout, page_size=page_size, n_layer=L, n_expert=E,
-        n_expert_used=int(g.arch_get("expert_used_count") or 0), parts=parts,
+        n_expert_used=int(g.arch_get(Keys.LLM.EXPERT_USED_COUNT) or 0), parts=parts,
         part_type=np.full((L, P), -1, np.int32), part_ne=np.zeros((L, P, 4), np.int64),
         part_file=np.zeros((L, E, P), np.uint16), part_offset=np.zeros((L, E, P), np.int64),
         part_length=np.zeros((L, E, P), np.int64), part_digest=np.zeros((L, E, P, 32), np.uint8),

@@ -1,14 +1,17 @@
 """`swapmoe.load(path)`: a GGUF MoE model ready to score and generate text."""
 from __future__ import annotations
 
+import dataclasses
 import mmap
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
 import numba
 import numpy as np
+from gguf import Keys
 
 from swapmoe.errors import SwapmoeError
 from swapmoe.gguf_file import GGUFFile, open_gguf
@@ -18,14 +21,41 @@ from swapmoe.runtime.experts import options as streaming_options
 from swapmoe.runtime.experts.io import MmapEngine, PreadEngine, slot_need
 from swapmoe.runtime.experts.store import ExpertStore
 from swapmoe.runtime.models import ARCHITECTURES
+from swapmoe.runtime.models.base import Hparams
 from swapmoe.runtime.sampling import Sampler, Sampling
 from swapmoe.runtime.tokenizer import Tokenizer
 
 BATCH = 256  # prompt tokens per forward pass: each expert is read once per batch
 
 
+@dataclass
+class Stats:
+    """What the last logits() or generate() call did: tokens and seconds of each phase, and the
+    expert store's counters over the call (`as_dict()` for the dict form)."""
+    prompt_tokens: int = 0
+    prompt_seconds: float = 0.0
+    decode_tokens: int = 0
+    decode_seconds: float = 0.0
+    requests: int = 0  # experts asked of the store
+    hits: int = 0  # ... found resident
+    misses: int = 0  # ... read from storage
+    prefetch_issued: int = 0
+    prefetch_used: int = 0
+    bytes_read: int = 0  # expert bytes the store read
+    evictions: int = 0
+    wait_seconds: float = 0.0  # time spent waiting for expert reads
+    major_faults: int = 0
+    storage_read_bytes: int = 0  # bytes this process read from storage (/proc/self/io), experts or not
+    resident_expert_bytes: int = 0
+    peak_resident_expert_bytes: int = 0
+    engine: str = ""
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
 class Model:
-    """A loaded model. `stats` describes the last call of logits() or generate()."""
+    """A loaded model. `stats` (a Stats) describes the last call of logits() or generate()."""
 
     def __init__(self, path: str | os.PathLike, ctx: int | None = None, threads: int | None = None,
                  **streaming):
@@ -39,7 +69,7 @@ class Model:
         if threads:
             numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
         self.index = _index_for(self.gguf)
-        self.n_ctx = ctx or min(int(self.gguf.arch_get("context_length") or 4096), 4096)
+        self.n_ctx = ctx or min(int(self.gguf.arch_get(Keys.LLM.CONTEXT_LENGTH) or 4096), 4096)
         self.plan = self._plan()
         if self.plan.streaming:
             self._load_nonexpert()
@@ -52,13 +82,13 @@ class Model:
         if not self.plan.streaming:
             self.store.preload()
         self.tokenizer = Tokenizer.from_gguf(self.gguf)
-        self.stats: dict = {}
+        self.stats = Stats()
 
     def _plan(self) -> streaming_options.StreamingPlan:
         idx = self.index
         expert_bytes = int(idx.part_length.sum())
         tensor_bytes = sum(t.nbytes for t in self.gguf.tensors.values())
-        kv = kv_cache_bytes(self.gguf, self.n_ctx)
+        kv = Hparams.from_gguf(self.gguf).kv_cache_bytes(self.n_ctx)
         per_expert = idx.part_length.sum(axis=2)  # [layer, expert]
         min_cache = int(per_expert.max(initial=0)) * max(idx.n_expert_used, 1) * 2
         return streaming_options.plan(self.options, expert_bytes, tensor_bytes - expert_bytes, kv, min_cache,
@@ -102,20 +132,20 @@ class Model:
         return np.concatenate(outs) if all_logits else outs[-1]
 
     def _start_stats(self) -> None:
-        self.stats = {"prompt_tokens": 0, "prompt_seconds": 0.0, "decode_tokens": 0, "decode_seconds": 0.0}
+        self.stats = Stats()
         self._store_before = self.store.summary()
         self._io_before = _proc_read_bytes()
 
     def _finish_stats(self) -> None:
-        now = self.store.summary()
-        for key in ("requests", "hits", "misses", "prefetch_issued", "prefetch_used", "bytes_loaded", "evictions",
-                    "wait_seconds", "major_faults"):
-            self.stats[key] = now[key] - self._store_before[key]
-        self.stats["bytes_read"] = self.stats["bytes_loaded"]
-        self.stats["storage_read_bytes"] = _proc_read_bytes() - self._io_before
-        self.stats["resident_expert_bytes"] = now["resident_bytes"]
-        self.stats["peak_resident_expert_bytes"] = now["peak_resident_bytes"]
-        self.stats["engine"] = now["engine"]
+        now, before, s = self.store.summary(), self._store_before, self.stats
+        for key in ("requests", "hits", "misses", "prefetch_issued", "prefetch_used", "evictions", "wait_seconds",
+                    "major_faults"):
+            setattr(s, key, now[key] - before[key])
+        s.bytes_read = now["bytes_loaded"] - before["bytes_loaded"]
+        s.storage_read_bytes = _proc_read_bytes() - self._io_before
+        s.resident_expert_bytes = now["resident_bytes"]
+        s.peak_resident_expert_bytes = now["peak_resident_bytes"]
+        s.engine = now["engine"]
 
     def logits(self, token_ids) -> np.ndarray:
         """float32 [n_tokens, n_vocab]: the logits after every position, in a fresh context."""
@@ -126,7 +156,7 @@ class Model:
         self._start_stats()
         start = time.perf_counter()
         out = self._prefill(ids, self.net.new_cache(len(ids)), all_logits=True)
-        self.stats.update(prompt_tokens=len(ids), prompt_seconds=time.perf_counter() - start)
+        self.stats.prompt_tokens, self.stats.prompt_seconds = len(ids), time.perf_counter() - start
         self._finish_stats()
         return out
 
@@ -147,7 +177,7 @@ class Model:
         self._start_stats()
         start = time.perf_counter()
         logits = self._prefill(ids, cache, all_logits=False)[-1]
-        self.stats.update(prompt_tokens=len(ids), prompt_seconds=time.perf_counter() - start)
+        self.stats.prompt_tokens, self.stats.prompt_seconds = len(ids), time.perf_counter() - start
         history = ids.tolist()
         start = time.perf_counter()
         try:
@@ -156,12 +186,12 @@ class Model:
                 if token in stop:
                     break
                 history.append(token)
-                self.stats["decode_tokens"] += 1
+                self.stats.decode_tokens += 1
                 yield token
                 if n + 1 < max_tokens:
                     logits = self.net.forward(np.array([token]), cache)[-1]
         finally:
-            self.stats["decode_seconds"] = time.perf_counter() - start
+            self.stats.decode_seconds = time.perf_counter() - start
             self._finish_stats()
 
     def generate(self, prompt: str | list[int], max_tokens: int = 128, ignore_eos: bool = False,
@@ -212,16 +242,6 @@ def expert_regions(idx) -> list[tuple[int, int, int]]:
         ends = starts + lengths[layer, present, p]
         regions.append((int(idx.part_file[layer, present, p][0]), int(starts.min()), int(ends.max() - starts.min())))
     return regions
-
-
-def kv_cache_bytes(g: GGUFFile, n_ctx: int) -> int:
-    """f32 K and V for every layer and position (an upper bound for MLA and SWA models)."""
-    n_layer = int(g.arch_get("block_count") or 0)
-    heads = g.arch_get("attention.head_count_kv", g.arch_get("attention.head_count", 1))
-    heads = max(heads) if isinstance(heads, list) else heads
-    k = g.arch_get("attention.key_length") or int(g.arch_get("embedding_length")) // max(1, heads)
-    v = g.arch_get("attention.value_length") or k
-    return n_layer * n_ctx * heads * (k + v) * 4
 
 
 def load(path: str | os.PathLike, **options) -> Model:

@@ -1,11 +1,33 @@
-"""What every architecture file shares: hyperparameters read from the GGUF, weight lookup,
-and the outer loop (embed → blocks → norm → output). Each architecture supplies its block."""
+"""The contract every architecture file is written against.
+
+An architecture is a subclass of `Transformer`. The base reads the hyperparameters, maps the
+non-expert weights, runs the outer loop (embed → blocks → norm → output) and offers the pieces
+several architectures share (grouped-query attention, the routed-expert mixture, dense FFNs).
+A subclass provides:
+
+- `setup()`: architecture-level settings, before the blocks load: sets `self.rope` (the RoPE
+  of the attention layers) and whatever else the architecture reads from the file.
+- `load_block(i) -> Block`: layer i's weights as typed records, built with the loaders of
+  `self.w` (`attention`, `moe`, `dense_ffn`, `block`). Every tensor is looked up when the model
+  loads, so a misnamed one fails there with a message naming it.
+- `block(i, h, positions, cache) -> h`: the forward pass of layer i, reading like the model.
+
+and may override:
+
+- `router`: how router logits become expert weights (a `Router`; class attribute or set in setup).
+- `hparams(gguf)`: the hyperparameters, where the architecture reads a generic key differently.
+- `new_cache(n_ctx)`: per-layer caches other than GQA's per-head keys and values.
+- `expert_activation(gate, up)`: the routed experts' activation (default SwiGLU).
+"""
 from __future__ import annotations
 
+import enum
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+from gguf import ExpertGatingFuncType, Keys
 from gguf import GGMLQuantizationType as T
 
 from swapmoe.errors import SwapmoeError
@@ -13,6 +35,8 @@ from swapmoe.gguf_file import GGUFFile
 from swapmoe.runtime import layers
 from swapmoe.runtime.experts.store import Expert
 from swapmoe.runtime.linear import Weight, linear, quantize, rows_of
+
+ROPE_SCALE_LINEAR = "{arch}.rope.scale_linear"  # the older key for the linear factor; gguf-py no longer names it
 
 
 def _per_layer(value, n_layer: int) -> list:
@@ -39,30 +63,40 @@ class Hparams:
     rope_attn_factor: float
     n_ctx_orig: int
 
+    n_nextn: int  # trailing multi-token-prediction layers, not part of the forward pass
+
     @classmethod
     def from_gguf(cls, g: GGUFFile) -> "Hparams":
         def need(key):
             value = g.arch_get(key)
             if value is None:
-                raise SwapmoeError(f"{g.path}: missing metadata key {g.arch}.{key}")
+                raise SwapmoeError(f"{g.path}: missing metadata key {g.arch_key(key)}")
             return value
 
-        d_model, n_layer = need("embedding_length"), need("block_count") - g.arch_get("nextn_predict_layers", 0)
-        n_head = _per_layer(need("attention.head_count"), n_layer)[0]
-        n_head_kv = _per_layer(g.arch_get("attention.head_count_kv", n_head), n_layer)[0]
-        head_dim = g.arch_get("attention.key_length", d_model // n_head)
-        factor = g.arch_get("rope.scaling.factor", g.arch_get("rope.scale_linear", 0.0))
-        scaling = g.arch_get("rope.scaling.type", "linear")
+        n_nextn = g.arch_get(Keys.LLM.NEXTN_PREDICT_LAYERS, 0)
+        d_model, n_layer = need(Keys.LLM.EMBEDDING_LENGTH), need(Keys.LLM.BLOCK_COUNT) - n_nextn
+        n_head = _per_layer(need(Keys.Attention.HEAD_COUNT), n_layer)[0]
+        n_head_kv = _per_layer(g.arch_get(Keys.Attention.HEAD_COUNT_KV, n_head), n_layer)[0]
+        head_dim = g.arch_get(Keys.Attention.KEY_LENGTH, d_model // n_head)
+        factor = g.arch_get(Keys.Rope.SCALING_FACTOR, g.arch_get(ROPE_SCALE_LINEAR, 0.0))
+        scaling = g.arch_get(Keys.Rope.SCALING_TYPE, "linear")
         return cls(
             n_layer=n_layer, d_model=d_model, n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim,
-            v_head_dim=g.arch_get("attention.value_length", head_dim),
-            n_expert=g.arch_get("expert_count", 0), n_expert_used=_per_layer(g.arch_get("expert_used_count", 0), 1)[0],
-            rms_eps=need("attention.layer_norm_rms_epsilon"), n_ctx_train=need("context_length"),
-            n_rot=g.arch_get("rope.dimension_count", head_dim), rope_base=g.arch_get("rope.freq_base", 10000.0),
+            v_head_dim=g.arch_get(Keys.Attention.VALUE_LENGTH, head_dim),
+            n_expert=g.arch_get(Keys.LLM.EXPERT_COUNT, 0),
+            n_expert_used=_per_layer(g.arch_get(Keys.LLM.EXPERT_USED_COUNT, 0), 1)[0],
+            rms_eps=need(Keys.Attention.LAYERNORM_RMS_EPS), n_ctx_train=need(Keys.LLM.CONTEXT_LENGTH),
+            n_rot=g.arch_get(Keys.Rope.DIMENSION_COUNT, head_dim), rope_base=g.arch_get(Keys.Rope.FREQ_BASE, 10000.0),
             rope_scaling=scaling, rope_freq_scale=1.0 if scaling == "none" or not factor else 1.0 / factor,
-            rope_attn_factor=g.arch_get("rope.scaling.attn_factor", 1.0),
-            n_ctx_orig=g.arch_get("rope.scaling.original_context_length", need("context_length")),
+            rope_attn_factor=g.arch_get(Keys.Rope.SCALING_ATTN_FACTOR, 1.0),
+            n_ctx_orig=g.arch_get(Keys.Rope.SCALING_ORIG_CTX_LEN, need(Keys.LLM.CONTEXT_LENGTH)),
+            n_nextn=n_nextn,
         )
+
+    def kv_cache_bytes(self, n_ctx: int) -> int:
+        """f32 keys and values of every layer and position: GQA's cache, an upper bound for the
+        architectures that cache less (MLA's latent rows, sliding windows)."""
+        return self.n_layer * n_ctx * self.n_head_kv * (self.head_dim + self.v_head_dim) * 4
 
     def context_attn_factor(self, mscale: float = 1.0, mscale_all_dims: float = 0.0) -> float:
         """llama.cpp's context attn_factor: with YaRN, get_mscale(f, 1) — or get_mscale(f, mscale) /
@@ -87,8 +121,81 @@ class Hparams:
                            self.n_ctx_orig, freq_factors=freq_factors)
 
 
+# --- per-layer weight records ------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Attention:
+    """Grouped-query attention: q/k/v/output projections, their optional biases, optional RMS
+    norms of q and k, and optional per-head sink logits (gpt-oss)."""
+    wq: Weight
+    wk: Weight
+    wv: Weight
+    wo: Weight
+    bq: np.ndarray | None = None
+    bk: np.ndarray | None = None
+    bv: np.ndarray | None = None
+    bo: np.ndarray | None = None
+    q_norm: np.ndarray | None = None
+    k_norm: np.ndarray | None = None
+    sinks: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class DenseFFN:
+    """down(silu(gate(x)) * up(x)): a dense layer's FFN, or an always-on shared expert."""
+    gate: Weight
+    up: Weight
+    down: Weight
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        return linear(self.down, layers.swiglu(*_gate_and_up(self.gate, self.up, x)))
+
+
+@dataclass(frozen=True)
+class MoE:
+    """A mixture of experts' non-expert weights; the routed experts themselves stream from the
+    expert store."""
+    router: Weight  # ffn_gate_inp: one logit per expert
+    router_bias: np.ndarray | None = None  # added to the logits (gpt-oss)
+    selection_bias: np.ndarray | None = None  # exp_probs_b: shifts which experts are chosen, not their weights
+    shared: DenseFFN | None = None  # always-on shared expert
+    shared_gate: Weight | None = None  # a per-token logit that scales the shared expert (qwen2moe)
+
+
+@dataclass(frozen=True)
+class Block:
+    """One layer: the norm before attention, the attention weights (`Attention`, or a record of
+    the architecture's own such as DeepSeek-2's latent attention), the norm before the FFN, the FFN."""
+    attn_norm: np.ndarray
+    attn: Any
+    ffn_norm: np.ndarray
+    ffn: MoE | DenseFFN
+
+
+class Gating(enum.IntEnum):
+    """llama.cpp's expert_gating_func values: how router logits become expert probabilities."""
+    SOFTMAX = ExpertGatingFuncType.SOFTMAX
+    SIGMOID = ExpertGatingFuncType.SIGMOID
+    SOFTMAX_WEIGHT = 3  # gpt-oss: the top-k of the raw logits, softmax over those k (gguf-py has no name for it)
+
+
+@dataclass(frozen=True)
+class Router:
+    """llama.cpp's build_moe_ffn settings after the router logits: the gating function, whether
+    the k weights are renormalised to sum to one, a scale (0 or 1: none), DeepSeek-V3's group
+    limit (keep the experts of the best n_groups_used of n_groups groups)."""
+    gating: Gating
+    normalize: bool = False
+    scale: float = 0.0
+    n_groups: int = 0
+    n_groups_used: int = 0
+
+
+# --- loading --------------------------------------------------------------------------------
+
 class Weights:
-    """Non-expert tensors of a GGUF, by name, as views of the mapped file."""
+    """Non-expert tensors of a GGUF, by name, as views of the mapped file; and the loaders that
+    build the per-layer records from llama.cpp's tensor names."""
 
     def __init__(self, g: GGUFFile):
         self.g = g
@@ -111,6 +218,38 @@ class Weights:
 
     def optional_vector(self, name: str) -> np.ndarray | None:
         return self.vector(name) if self.has(name) else None
+
+    def attention(self, i: int, qk_norm: bool = False, sinks: bool = False) -> Attention:
+        """Layer i's GQA weights; biases wherever the file has them."""
+        p = f"blk.{i}."
+        return Attention(
+            wq=self.matrix(p + "attn_q.weight"), wk=self.matrix(p + "attn_k.weight"),
+            wv=self.matrix(p + "attn_v.weight"), wo=self.matrix(p + "attn_output.weight"),
+            bq=self.optional_vector(p + "attn_q.bias"), bk=self.optional_vector(p + "attn_k.bias"),
+            bv=self.optional_vector(p + "attn_v.bias"), bo=self.optional_vector(p + "attn_output.bias"),
+            q_norm=self.vector(p + "attn_q_norm.weight") if qk_norm else None,
+            k_norm=self.vector(p + "attn_k_norm.weight") if qk_norm else None,
+            sinks=self.vector(p + "attn_sinks.weight") if sinks else None)
+
+    def dense_ffn(self, i: int, suffix: str = "") -> DenseFFN:
+        """Layer i's ffn_{gate,up,down}{suffix} (suffix "_shexp": the shared expert)."""
+        return DenseFFN(*(self.matrix(f"blk.{i}.ffn_{part}{suffix}.weight") for part in ("gate", "up", "down")))
+
+    def moe(self, i: int, router_bias: bool = False, selection_bias: bool = False, shared: bool = False,
+            shared_gate: bool = False) -> MoE:
+        """Layer i's router and, where asked for, its bias, selection bias, shared expert and gate."""
+        p = f"blk.{i}."
+        return MoE(
+            router=self.matrix(p + "ffn_gate_inp.weight"),
+            router_bias=self.vector(p + "ffn_gate_inp.bias") if router_bias else None,
+            selection_bias=self.vector(p + "exp_probs_b.bias") if selection_bias else None,
+            shared=self.dense_ffn(i, "_shexp") if shared else None,
+            shared_gate=self.matrix(p + "ffn_gate_inp_shexp.weight") if shared_gate else None)
+
+    def block(self, i: int, attn: Any, ffn: MoE | DenseFFN, ffn_norm: str = "ffn_norm") -> Block:
+        """A layer from its attention and FFN records and its two norms (attn_norm, and `ffn_norm`:
+        the name of the norm in front of the FFN)."""
+        return Block(self.vector(f"blk.{i}.attn_norm.weight"), attn, self.vector(f"blk.{i}.{ffn_norm}.weight"), ffn)
 
 
 class Routing:
@@ -167,23 +306,49 @@ class Routing:
 
 
 class Transformer:
-    """The outer loop shared by all architectures: embed, run the blocks, normalise, project.
+    """The outer loop and the shared pieces; see the module docstring for what a subclass provides."""
 
-    Subclasses set up their per-layer weights in __init__ and implement `block`.
-    """
-
-    neox_rope = True
+    rope: layers.Rope
+    router: Router = Router(Gating.SOFTMAX)
+    blocks: list[Block]
+    expert_activation = staticmethod(layers.swiglu)  # act(gate, up) of the routed experts
 
     def __init__(self, gguf: GGUFFile, store, hp: Hparams | None = None):
         self.gguf = gguf
         self.store = store
-        self.hp = hp or Hparams.from_gguf(gguf)
+        self.hp = hp or self.hparams(gguf)
         self.w = Weights(gguf)
         self.embedding = self.w.matrix("token_embd.weight")
         self.output_norm = self.w.vector("output_norm.weight")
         self.output = self.w.matrix("output.weight") if self.w.has("output.weight") else self.embedding
         self.n_vocab = self.embedding.rows
         self.routing = Routing(store)
+        self.setup()
+        self.blocks = [self.load_block(i) for i in range(self.hp.n_layer)]
+        self._check_contract()
+
+    @classmethod
+    def hparams(cls, gguf: GGUFFile) -> Hparams:
+        return Hparams.from_gguf(gguf)
+
+    def setup(self) -> None:
+        raise NotImplementedError
+
+    def load_block(self, i: int) -> Block:
+        raise NotImplementedError
+
+    def block(self, i: int, h: np.ndarray, positions: np.ndarray, cache: layers.KVCache) -> np.ndarray:
+        raise NotImplementedError
+
+    def _check_contract(self) -> None:
+        name = type(self).__name__
+        if not isinstance(getattr(self, "rope", None), layers.Rope):
+            raise TypeError(f"{name}.setup() must set self.rope to a layers.Rope")
+        if not isinstance(self.router, Router):
+            raise TypeError(f"{name}.router must be a Router")
+        for i, b in enumerate(self.blocks):
+            if not isinstance(b, Block):
+                raise TypeError(f"{name}.load_block({i}) returned {type(b).__name__}, not a Block")
 
     def new_cache(self, n_ctx: int) -> list[layers.KVCache]:
         hp = self.hp
@@ -205,10 +370,58 @@ class Transformer:
             h = h[-1:]
         return linear(self.output, layers.rms_norm(h, self.output_norm, self.hp.rms_eps))
 
-    def block(self, i: int, h: np.ndarray, positions: np.ndarray, cache: layers.KVCache) -> np.ndarray:
-        raise NotImplementedError
-
     # --- pieces several architectures use -------------------------------------------------
+    def gqa_attention(self, a: Attention, x: np.ndarray, positions: np.ndarray, cache: layers.KVCache,
+                      qk_norm_per_head: bool = True, window: int | None = None,
+                      rope: layers.Rope | None = None) -> np.ndarray:
+        """Grouped-query attention as llama.cpp builds it: q,k,v (+bias) → optional RMS norm of q
+        and k (per head, or over the whole projection) → RoPE → softmax(q·k/√d) v, with the sinks
+        in the denominator if any → output (+bias). `rope` replaces the model's RoPE for this
+        layer (sliding-window layers with their own frequency base)."""
+        hp, T_ = self.hp, len(x)
+        qx = quantize(a.wq, x)
+        same = lambda w: qx if w.vec_dot_type == a.wq.vec_dot_type else None  # noqa: E731
+        q, k, v = linear(a.wq, x, qx), linear(a.wk, x, same(a.wk)), linear(a.wv, x, same(a.wv))
+        for proj, bias in ((q, a.bq), (k, a.bk), (v, a.bv)):
+            if bias is not None:
+                proj += bias
+        if a.q_norm is not None and not qk_norm_per_head:
+            q, k = layers.rms_norm(q, a.q_norm, hp.rms_eps), layers.rms_norm(k, a.k_norm, hp.rms_eps)
+        q = q.reshape(T_, hp.n_head, hp.head_dim)
+        k = k.reshape(T_, hp.n_head_kv, hp.head_dim)
+        if a.q_norm is not None and qk_norm_per_head:
+            q, k = layers.rms_norm(q, a.q_norm, hp.rms_eps), layers.rms_norm(k, a.k_norm, hp.rms_eps)
+        rope = rope or self.rope
+        cos, sin = rope.tables(positions)
+        q, k = rope.apply(q, cos, sin), rope.apply(k, cos, sin)
+        keys, values = cache.append(k, v.reshape(T_, hp.n_head_kv, hp.v_head_dim))
+        out = linear(a.wo, layers.attention(q, keys, values, positions, 1.0 / math.sqrt(hp.head_dim),
+                                            window, a.sinks))
+        return out if a.bo is None else out + a.bo
+
+    def moe(self, i: int, x: np.ndarray) -> np.ndarray:
+        """llama.cpp's build_moe_ffn for layer i's routed experts, by `self.router`: router logits
+        (+ bias) → probabilities by the gating function → choice (shifted by the selection bias,
+        limited to groups) → top-k → weights from the unbiased probabilities, optionally
+        renormalised, then scaled → the weighted sum of the chosen experts."""
+        ffn, r = self.blocks[i].ffn, self.router
+        logits = linear(ffn.router, x)
+        if ffn.router_bias is not None:
+            logits = logits + ffn.router_bias
+        probs = _GATES[r.gating](logits)
+        selection = probs if ffn.selection_bias is None else probs + ffn.selection_bias
+        if r.n_groups > 1:
+            selection = layers.limit_to_groups(selection, r.n_groups, r.n_groups_used)
+        ids = self.routing.select(i, selection, self.hp.n_expert_used)
+        weights = np.take_along_axis(probs, ids, axis=-1)
+        if r.gating == Gating.SOFTMAX_WEIGHT:
+            weights = layers.softmax(weights)
+        if r.normalize:
+            weights = layers.normalize_weights(weights)
+        if r.scale not in (0.0, 1.0):
+            weights = weights * np.float32(r.scale)
+        return self.routed_experts(i, x, ids, weights)
+
     def routed_experts(self, layer: int, x: np.ndarray, ids: np.ndarray, weights: np.ndarray) -> np.ndarray:
         """Σ_k weights[t,k] · expert_{ids[t,k]}(x[t]), summed in rank order as llama.cpp does.
 
@@ -227,8 +440,6 @@ class Transformer:
             out = out + per_slot[:, s]
         return out
 
-    expert_activation = staticmethod(layers.swiglu)  # act(gate, up) of the routed experts
-
     def expert_ffn(self, expert: Expert, x: np.ndarray) -> np.ndarray:
         """down(act(gate(x), up(x))) of one routed expert, plus its per-expert biases if the file has
         them. A fused gate_up is one matmul whose rows [0, F) are the gate and [F, 2F) the up."""
@@ -241,81 +452,17 @@ class Transformer:
             gate, up = _plus(gate, bias("gate.bias")), _plus(up, bias("up.bias"))
         return _plus(linear(expert.down, self.expert_activation(gate, up)), bias("down.bias"))
 
-    def dense_ffn(self, gate: Weight, up: Weight, down: Weight, x: np.ndarray) -> np.ndarray:
-        """down(silu(gate(x)) * up(x))."""
-        return linear(down, layers.swiglu(*_gate_and_up(gate, up, x)))
-
     def predict_experts(self, i: int, h: np.ndarray) -> np.ndarray | None:
         """Guess layer i's experts from the residual stream before layer i runs (for prefetch):
-        its router applied to h as if attention added nothing. None if the layer has no router."""
+        its router applied to h as if attention added nothing. None for a dense layer."""
         b = self.blocks[i]
-        if "router" not in b:
+        if not isinstance(b.ffn, MoE):
             return None
-        x = layers.rms_norm(h[-1:], b["ffn_norm"], self.hp.rms_eps)
-        return layers.top_k(linear(b["router"], x), self.hp.n_expert_used)[0]
+        x = layers.rms_norm(h[-1:], b.ffn_norm, self.hp.rms_eps)
+        return layers.top_k(linear(b.ffn.router, x), self.hp.n_expert_used)[0]
 
-    def attention_weights(self, i: int, q_norm: bool = False, k_norm: bool = False) -> dict:
-        """Per-layer GQA weights: q/k/v/o matrices, optional biases and optional q/k norms."""
-        w, p = self.w, f"blk.{i}."
-        b = {name: w.matrix(p + f"attn_{name[1]}.weight") for name in ("wq", "wk", "wv")}
-        b["wo"] = w.matrix(p + "attn_output.weight")
-        for name, tensor in (("bq", "attn_q"), ("bk", "attn_k"), ("bv", "attn_v"), ("bo", "attn_output")):
-            b[name] = w.optional_vector(p + tensor + ".bias")
-        b["q_norm"] = w.vector(p + "attn_q_norm.weight") if q_norm else None
-        b["k_norm"] = w.vector(p + "attn_k_norm.weight") if k_norm else None
-        return b
 
-    def gqa_attention(self, b: dict, x: np.ndarray, positions: np.ndarray, cache: layers.KVCache,
-                      qk_norm_per_head: bool = True, window: int | None = None,
-                      sinks: np.ndarray | None = None, rope: layers.Rope | None = None) -> np.ndarray:
-        """Grouped-query attention as llama.cpp builds it: q,k,v (+bias) → optional RMS norm of q
-        and k (per head, or over the whole projection) → RoPE → softmax(q·k/√d) v → output (+bias).
-        `rope` replaces the model's RoPE for this layer (per-layer frequency base)."""
-        hp, T_ = self.hp, len(x)
-        qx = quantize(b["wq"], x)
-        same = lambda w: qx if w.vec_dot_type == b["wq"].vec_dot_type else None  # noqa: E731
-        q, k, v = linear(b["wq"], x, qx), linear(b["wk"], x, same(b["wk"])), linear(b["wv"], x, same(b["wv"]))
-        for proj, bias in ((q, b["bq"]), (k, b["bk"]), (v, b["bv"])):
-            if bias is not None:
-                proj += bias
-        if b["q_norm"] is not None and not qk_norm_per_head:
-            q, k = layers.rms_norm(q, b["q_norm"], hp.rms_eps), layers.rms_norm(k, b["k_norm"], hp.rms_eps)
-        q = q.reshape(T_, hp.n_head, hp.head_dim)
-        k = k.reshape(T_, hp.n_head_kv, hp.head_dim)
-        if b["q_norm"] is not None and qk_norm_per_head:
-            q, k = layers.rms_norm(q, b["q_norm"], hp.rms_eps), layers.rms_norm(k, b["k_norm"], hp.rms_eps)
-        rope = rope or self.rope
-        cos, sin = rope.tables(positions)
-        q, k = rope.apply(q, cos, sin), rope.apply(k, cos, sin)
-        keys, values = cache.append(k, v.reshape(T_, hp.n_head_kv, hp.v_head_dim))
-        out = linear(b["wo"], layers.attention(q, keys, values, positions, 1.0 / math.sqrt(hp.head_dim),
-                                               window, sinks))
-        return out if b["bo"] is None else out + b["bo"]
-
-    def softmax_moe(self, i: int, router: Weight, x: np.ndarray, renormalize: bool) -> np.ndarray:
-        """Softmax over all experts, top-k, optionally renormalise the k weights, run the experts."""
-        return self.moe(i, linear(router, x), x, "softmax", normalize=renormalize)
-
-    def moe(self, i: int, logits: np.ndarray, x: np.ndarray, gating: str, selection_bias: np.ndarray | None = None,
-            normalize: bool = False, scale: float = 0.0, n_groups: int = 0, n_groups_used: int = 0) -> np.ndarray:
-        """llama.cpp's build_moe_ffn from the router logits on. gating: "softmax" or "sigmoid" gives
-        the probabilities, "softmax_weight" (gpt-oss) keeps the logits and softmaxes the chosen k.
-        `selection_bias` (DeepSeek-V3's exp_probs_b) shifts only which experts are chosen; group
-        limiting, top-k, weights gathered from the unbiased probabilities, optionally renormalised,
-        then scaled unless scale is 0 or 1."""
-        probs = {"softmax": layers.softmax, "sigmoid": layers.sigmoid, "softmax_weight": lambda z: z}[gating](logits)
-        selection = probs if selection_bias is None else probs + selection_bias
-        if n_groups > 1:
-            selection = layers.limit_to_groups(selection, n_groups, n_groups_used)
-        ids = self.routing.select(i, selection, self.hp.n_expert_used)
-        weights = np.take_along_axis(probs, ids, axis=-1)
-        if gating == "softmax_weight":
-            weights = layers.softmax(weights)
-        if normalize:
-            weights = layers.normalize_weights(weights)
-        if scale not in (0.0, 1.0):
-            weights = weights * np.float32(scale)
-        return self.routed_experts(i, x, ids, weights)
+_GATES = {Gating.SOFTMAX: layers.softmax, Gating.SIGMOID: layers.sigmoid, Gating.SOFTMAX_WEIGHT: lambda z: z}
 
 
 def _gate_and_up(gate: Weight, up: Weight, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

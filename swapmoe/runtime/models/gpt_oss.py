@@ -11,48 +11,42 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from gguf import Keys
+
 from swapmoe.runtime import layers
-from swapmoe.runtime.linear import linear
-from swapmoe.runtime.models.base import Hparams, Transformer
+from swapmoe.runtime.models.base import Gating, Hparams, Router, Transformer
 
 
 def sliding_window_layers(gguf, n_layer: int) -> list[bool]:
     """Which layers use sliding-window attention: the file's per-layer flags, or every layer
     il with il % n < n - 1 for the pattern n (default 2: the even layers), as llama.cpp reads it."""
-    pattern = gguf.arch_get("attention.sliding_window_pattern", 2)
+    pattern = gguf.arch_get(Keys.Attention.SLIDING_WINDOW_PATTERN, 2)
     if isinstance(pattern, list):
         return [bool(p) for p in pattern[:n_layer]]
     return [pattern == 0 or il % pattern < pattern - 1 for il in range(n_layer)]
 
 
 class GptOss(Transformer):
+    router = Router(Gating.SOFTMAX_WEIGHT)
     expert_activation = staticmethod(layers.swiglu_oai)
 
-    def __init__(self, gguf, store, hp=None):
-        if hp is None:  # llama.cpp sizes gpt-oss heads by rope.dimension_count, not key_length
-            hp = Hparams.from_gguf(gguf)
-            hp = replace(hp, head_dim=hp.n_rot, v_head_dim=hp.n_rot)
-        super().__init__(gguf, store, hp)
-        self.window = gguf.arch_get("attention.sliding_window")
-        self.is_swa = sliding_window_layers(gguf, self.hp.n_layer)
+    @classmethod
+    def hparams(cls, gguf):  # llama.cpp sizes gpt-oss heads by rope.dimension_count, not key_length
+        hp = Hparams.from_gguf(gguf)
+        return replace(hp, head_dim=hp.n_rot, v_head_dim=hp.n_rot)
+
+    def setup(self):
+        self.window = self.gguf.arch_get(Keys.Attention.SLIDING_WINDOW)
+        self.is_swa = sliding_window_layers(self.gguf, self.hp.n_layer)
         self.rope = self.hp.rope(neox=True)
-        swa_base = gguf.arch_get("rope.freq_base_swa", self.hp.rope_base)
-        self.swa_rope = self.hp.rope(neox=True, base=swa_base)
+        self.swa_rope = self.hp.rope(neox=True, base=self.gguf.arch_get(Keys.Rope.FREQ_BASE_SWA, self.hp.rope_base))
+
+    def load_block(self, i):
         w = self.w
-        self.blocks = [{
-            **self.attention_weights(i),
-            "attn_norm": w.vector(f"blk.{i}.attn_norm.weight"),
-            "sinks": w.vector(f"blk.{i}.attn_sinks.weight"),
-            "ffn_norm": w.vector(f"blk.{i}.post_attention_norm.weight"),  # the norm before the experts
-            "router": w.matrix(f"blk.{i}.ffn_gate_inp.weight"),
-            "router_bias": w.vector(f"blk.{i}.ffn_gate_inp.bias"),
-        } for i in range(self.hp.n_layer)]
+        return w.block(i, w.attention(i, sinks=True), w.moe(i, router_bias=True), ffn_norm="post_attention_norm")
 
     def block(self, i, h, positions, cache):
         b, eps, swa = self.blocks[i], self.hp.rms_eps, self.is_swa[i]
-        h = h + self.gqa_attention(b, layers.rms_norm(h, b["attn_norm"], eps), positions, cache,
-                                   window=self.window if swa else None, sinks=b["sinks"],
-                                   rope=self.swa_rope if swa else self.rope)
-        x = layers.rms_norm(h, b["ffn_norm"], eps)
-        return h + self.moe(i, linear(b["router"], x) + b["router_bias"], x, "softmax_weight")
-
+        h = h + self.gqa_attention(b.attn, layers.rms_norm(h, b.attn_norm, eps), positions, cache,
+                                   window=self.window if swa else None, rope=self.swa_rope if swa else self.rope)
+        return h + self.moe(i, layers.rms_norm(h, b.ffn_norm, eps))

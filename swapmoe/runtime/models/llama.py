@@ -8,28 +8,22 @@ layers without a router.
 from __future__ import annotations
 
 from swapmoe.runtime import layers
-from swapmoe.runtime.models.base import Transformer
+from swapmoe.runtime.models.base import Gating, MoE, Router, Transformer
 
 
 class Llama(Transformer):
-    def __init__(self, gguf, store, hp=None):
-        super().__init__(gguf, store, hp)
+    router = Router(Gating.SOFTMAX, normalize=True)
+
+    def setup(self):
+        self.rope = self.hp.rope(neox=False, freq_factors=self.w.optional_vector("rope_freqs.weight"))
+
+    def load_block(self, i):
         w = self.w
-        self.rope = self.hp.rope(neox=False, freq_factors=w.optional_vector("rope_freqs.weight"))
-        self.blocks = []
-        for i in range(self.hp.n_layer):
-            b = {**self.attention_weights(i), "attn_norm": w.vector(f"blk.{i}.attn_norm.weight"),
-                 "ffn_norm": w.vector(f"blk.{i}.ffn_norm.weight")}
-            if w.has(f"blk.{i}.ffn_gate_inp.weight"):
-                b["router"] = w.matrix(f"blk.{i}.ffn_gate_inp.weight")
-            else:
-                b["dense"] = [w.matrix(f"blk.{i}.ffn_{p}.weight") for p in ("gate", "up", "down")]
-            self.blocks.append(b)
+        ffn = w.moe(i) if w.has(f"blk.{i}.ffn_gate_inp.weight") else w.dense_ffn(i)
+        return w.block(i, w.attention(i), ffn)
 
     def block(self, i, h, positions, cache):
         b, eps = self.blocks[i], self.hp.rms_eps
-        h = h + self.gqa_attention(b, layers.rms_norm(h, b["attn_norm"], eps), positions, cache)
-        x = layers.rms_norm(h, b["ffn_norm"], eps)
-        if "router" in b:
-            return h + self.softmax_moe(i, b["router"], x, renormalize=True)
-        return h + self.dense_ffn(*b["dense"], x)
+        h = h + self.gqa_attention(b.attn, layers.rms_norm(h, b.attn_norm, eps), positions, cache)
+        x = layers.rms_norm(h, b.ffn_norm, eps)
+        return h + (self.moe(i, x) if isinstance(b.ffn, MoE) else b.ffn(x))

@@ -7,23 +7,20 @@ no renormalisation of the k weights.
 from __future__ import annotations
 
 from swapmoe.runtime import layers
-from swapmoe.runtime.models.base import Transformer
+from swapmoe.runtime.models.base import Gating, Router, Transformer
 
 
 class OLMoE(Transformer):
-    def __init__(self, gguf, store, hp=None):
-        super().__init__(gguf, store, hp)
+    router = Router(Gating.SOFTMAX, normalize=False)
+
+    def setup(self):
         self.rope = self.hp.rope(neox=True)
-        self.blocks = [{
-            **self.attention_weights(i, q_norm=True, k_norm=True),
-            "attn_norm": self.w.vector(f"blk.{i}.attn_norm.weight"),
-            "ffn_norm": self.w.vector(f"blk.{i}.ffn_norm.weight"),
-            "router": self.w.matrix(f"blk.{i}.ffn_gate_inp.weight"),
-        } for i in range(self.hp.n_layer)]
+
+    def load_block(self, i):
+        return self.w.block(i, self.w.attention(i, qk_norm=True), self.w.moe(i))
 
     def block(self, i, h, positions, cache):
         b, eps = self.blocks[i], self.hp.rms_eps
-        h = h + self.gqa_attention(b, layers.rms_norm(h, b["attn_norm"], eps), positions, cache,
+        h = h + self.gqa_attention(b.attn, layers.rms_norm(h, b.attn_norm, eps), positions, cache,
                                    qk_norm_per_head=False)
-        x = layers.rms_norm(h, b["ffn_norm"], eps)
-        return h + self.softmax_moe(i, b["router"], x, renormalize=False)
+        return h + self.moe(i, layers.rms_norm(h, b.ffn_norm, eps))
