@@ -62,7 +62,6 @@ class Hparams:
     rope_freq_scale: float
     rope_attn_factor: float
     n_ctx_orig: int
-
     n_nextn: int  # trailing multi-token-prediction layers, not part of the forward pass
 
     @classmethod
