@@ -19,8 +19,8 @@ import swapmoe
 from swapmoe.gguf_file import GGUFFile
 from swapmoe.repack import index
 from swapmoe.runtime import layers
-from swapmoe.runtime.experts.io import MmapEngine
 from swapmoe.runtime.compare import kl_divergence
+from swapmoe.runtime.experts.io import MmapEngine
 from swapmoe.runtime.experts.store import ExpertStore
 from swapmoe.runtime.models import ARCHITECTURES
 from swapmoe.runtime.models.gpt_oss import sliding_window_layers

@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T, quants
 from numba import njit
-from gguf import GGML_QUANT_SIZES, quants
-from gguf import GGMLQuantizationType as T
 
 from swapmoe.runtime import kernels as K
 from swapmoe.runtime.kernels import simd
@@ -205,7 +204,8 @@ def emulate_row(tp: T, blocks: np.ndarray, x: np.ndarray) -> F32:
     bsum = (ints * factor * q).sum(axis=1)  # for IQ1: sumi + 0.125 * sumi1, exactly
     for i in range(len(blocks)):
         sumf += (dw[i] * dy[i]) * F32(bsum[i])
-    return {T.IQ2_XXS: F32(0.125), T.IQ2_XS: F32(0.125), T.IQ2_S: F32(0.125), T.IQ3_XXS: F32(0.25)}.get(tp, F32(1)) * sumf
+    scale = {T.IQ2_XXS: F32(0.125), T.IQ2_XS: F32(0.125), T.IQ2_S: F32(0.125), T.IQ3_XXS: F32(0.25)}.get(tp, F32(1))
+    return scale * sumf
 
 
 def emulate(tp: T, W: np.ndarray, rows: int, cols: int, X: np.ndarray) -> np.ndarray:

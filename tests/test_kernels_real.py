@@ -6,8 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from gguf import GGUFReader, quants
-from gguf import GGMLQuantizationType as T
+from gguf import GGMLQuantizationType as T, GGUFReader, quants
 
 from swapmoe.runtime import kernels as K
 from test_kernels import activation_error_bound, emulate

@@ -78,7 +78,7 @@ def check_round_trip(src: Path, out: Path, layout: str, page_size: int = 16384) 
             if layout == "bundled":
                 assert len(ranges) == 1 and ranges[0].offset % page_size == 0
                 assert idx.slice_flags[layer, e] == FLAG_CONTIGUOUS | FLAG_PAGE_ALIGNED
-                parts = [idx.projection(layer, e, p) for p in idx.parts if idx.part_length[layer, e, idx.parts.index(p)]]
+                parts = [idx.projection(layer, e, p) for i, p in enumerate(idx.parts) if idx.part_length[layer, e, i]]
                 assert all(p.offset % 64 == 0 for p in parts)
                 assert min(p.offset for p in parts) == ranges[0].offset
                 assert max(p.offset + p.length for p in parts) == ranges[0].offset + ranges[0].length
@@ -198,7 +198,7 @@ def test_split_input(models, tmp_path):
     digests = [sha256(s) for s in shards]
     # the sidecar of an un-repacked split file: ranges carry their shard number
     _, idx = index_gguf(first)
-    assert len(idx.files) == len(shards) and {r.file for l in idx.moe_layers() for r in idx.slice(l, 0)} - {0}
+    assert len(idx.files) == len(shards) and {r.file for layer in idx.moe_layers() for r in idx.slice(layer, 0)} - {0}
     loaded = swapmoe.index.load(first)
     assert [p.name for p in loaded.paths] == [s.name for s in shards]
     # repack makes one file; unpack gives the shards back, bit for bit

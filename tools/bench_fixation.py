@@ -20,7 +20,6 @@ import swapmoe
 from swapmoe.runtime.compare import log_softmax
 
 
-
 def decode_logits(model, tokens: list[int], n_prompt: int, fixation: int) -> np.ndarray:
     net = model.net
     net.routing.fixation = fixation

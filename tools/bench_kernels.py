@@ -22,8 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numba
 import numpy as np
-from gguf import GGML_QUANT_SIZES
-from gguf import GGMLQuantizationType as T
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
 
 from swapmoe.runtime import kernels as K
 from swapmoe.synthetic.blocks import random_blocks
@@ -87,8 +86,10 @@ def main() -> None:
     numba.set_num_threads(args.threads)
     rng = np.random.default_rng(0)
     bw = memory_bandwidth(args.threads)
-    print(f"memory read bandwidth (numpy max, {args.threads} threads): {bw / 1e9:.1f} GB/s; kernels on the same threads")
-    print(f"{'type':8s} {'compile s':>9s} {'matvec GB/s':>11s} {'x mem bw':>8s} {'per CPU-s':>9s} {'matmul T=64 GB/s':>16s}")
+    print(f"memory read bandwidth (numpy max, {args.threads} threads): {bw / 1e9:.1f} GB/s; "
+          "kernels on the same threads")
+    print(f"{'type':8s} {'compile s':>9s} {'matvec GB/s':>11s} {'x mem bw':>8s} {'per CPU-s':>9s} "
+          f"{'matmul T=64 GB/s':>16s}")
     total_compile = 0.0
     for name in args.types.split(","):
         tp = T[name]
@@ -110,7 +111,8 @@ def main() -> None:
         qX = K.quantize_activation(tp, X)
         mm, _ = best_time(lambda: K.matmul_q(tp, W, mm_rows, COLS, qX), 2)
         mv_bw = rows * row_bytes / mv
-        print(f"{name:8s} {compile_s:9.1f} {mv_bw / 1e9:11.2f} {mv_bw / bw:8.2f} {rows * row_bytes / mv_cpu / 1e9:9.2f} {mm_rows * row_bytes / mm / 1e9:16.3f}", flush=True)
+        print(f"{name:8s} {compile_s:9.1f} {mv_bw / 1e9:11.2f} {mv_bw / bw:8.2f} "
+              f"{rows * row_bytes / mv_cpu / 1e9:9.2f} {mm_rows * row_bytes / mm / 1e9:16.3f}", flush=True)
     print(f"total compile/load time: {total_compile:.1f} s")
 
 

@@ -24,8 +24,7 @@ import time
 
 import numba
 import numpy as np
-from gguf import GGML_QUANT_SIZES
-from gguf import GGMLQuantizationType as T
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
 
 from bench_kernels import random_weights  # tools/ is on the path of a script run from it
 from swapmoe.runtime import kernels as K

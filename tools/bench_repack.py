@@ -130,7 +130,8 @@ def main() -> None:
     cp_s = sum(s for s, _ in results["cp"]) / len(results["cp"])
     rp_s = sum(s for s, _ in results["repack"]) / len(results["repack"])
     print(f"mean: cp {size / cp_s / 1e6:.0f} MB/s, repack {size / rp_s / 1e6:.0f} MB/s, "
-          f"ratio repack/cp = {cp_s / rp_s:.2f}; repack peak RSS {max(r for _, r in results['repack']) / 2**20:.0f} MiB; "
+          f"ratio repack/cp = {cp_s / rp_s:.2f}; "
+          f"repack peak RSS {max(r for _, r in results['repack']) / 2**20:.0f} MiB; "
           f"load average {os.getloadavg()[0]:.2f} at end")
 
 

@@ -13,9 +13,9 @@ peak RSS.
 """
 import argparse
 import os
+import statistics
 import subprocess
 import sys
-import statistics
 import time
 from pathlib import Path
 

@@ -14,8 +14,8 @@ import argparse
 import ctypes
 import json
 
-import numpy as np
 import llama_cpp as L
+import numpy as np
 
 _quiet = L.llama_log_callback(lambda level, text, user: None)
 

@@ -18,8 +18,8 @@ found this way.
 import argparse
 import ctypes
 
-import numpy as np
 import llama_cpp as L
+import numpy as np
 
 _quiet = L.llama_log_callback(lambda level, text, user: None)
 
