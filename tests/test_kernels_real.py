@@ -9,6 +9,7 @@ import pytest
 from gguf import GGMLQuantizationType as T, GGUFReader, quants
 
 from swapmoe.runtime import kernels as K
+
 from test_kernels import activation_error_bound, emulate
 
 FIXTURES = sorted((Path(__file__).parent / "data/kernels").glob("*.gguf"))

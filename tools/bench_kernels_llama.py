@@ -26,8 +26,9 @@ import numba
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
 
-from bench_kernels import random_weights  # tools/ is on the path of a script run from it
 from swapmoe.runtime import kernels as K
+
+from bench_kernels import random_weights  # tools/ is on the path of a script run from it
 
 ROWS, COLS = 4096, 14336  # test-backend-ops' matvec case: m = 4096, k = 14336
 

@@ -26,8 +26,9 @@ import numba
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from bench_kernels import best_time, random_weights
 from swapmoe.runtime import kernels as K
+
+from bench_kernels import best_time, random_weights
 
 TOKENS = (2, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 
