@@ -6,40 +6,27 @@ DeepSeek's legacy attn_kv_b, lite, YaRN, V2 gating, fused gate_up; gpt-oss with 
 window shorter than the prompt), both written by tools/make_golden.py. Plus the routing and
 activation pieces these architectures add, checked on hand-made inputs.
 """
-import hashlib
 import json
 import math
 from pathlib import Path
 
 import numpy as np
 import pytest
-import zstandard
 
 import swapmoe
-from swapmoe.gguf_file import GGUFFile
-from swapmoe.repack import index
 from swapmoe.runtime import layers
 from swapmoe.runtime.compare import kl_divergence
-from swapmoe.runtime.experts.io import MmapEngine
-from swapmoe.runtime.experts.store import ExpertStore
-from swapmoe.runtime.models import ARCHITECTURES
 from swapmoe.runtime.models.gpt_oss import sliding_window_layers
 
-GOLDEN = Path(__file__).parent / "data" / "golden"
+from conftest import DATA, open_model, sha256_file, unzstd
+
+GOLDEN = DATA / "golden"
 ARCHS = ("deepseek2", "minimax-m2", "gpt-oss")
 MANIFEST = json.loads((GOLDEN / "manifest.json").read_text()) if (GOLDEN / "manifest.json").exists() else None
 GOLDEN_CASES = [c for c in (MANIFEST or {"cases": []})["cases"]
                 if c["arch"] in ARCHS and c["type"] in ("F32", "MXFP4_MOE")]
 N_GREEDY = 8  # enough to run the cache through decoding; test_parity checks all 32
 VARIANTS = json.loads((GOLDEN / "variants.json").read_text())["cases"] if (GOLDEN / "variants.json").exists() else []
-
-
-def open_model(path: Path):
-    g = GGUFFile(path)
-    store = ExpertStore(index.build(g), MmapEngine([s.path for s in g.shards], None))
-    return ARCHITECTURES[g.arch](g, store)
-
-
 
 
 def check_against(model, ref, limit: float, n_greedy: int) -> None:
@@ -58,7 +45,7 @@ def check_against(model, ref, limit: float, n_greedy: int) -> None:
 
 def synth_exactly(tmp_path, name: str, arch: str, settings: dict, sha256: str) -> Path:
     path = swapmoe.synth(tmp_path / f"{name}.gguf", arch=arch, progress=False, **settings)
-    assert hashlib.sha256(path.read_bytes()).hexdigest() == sha256, f"{name} differs from the fixture's file"
+    assert sha256_file(path) == sha256, f"{name} differs from the fixture's file"
     return path
 
 
@@ -73,8 +60,7 @@ def test_golden_case_matches_llama_cpp(case, tmp_path):
     if case["gguf"] is None:
         path = synth_exactly(tmp_path, case["arch"], case["arch"], MANIFEST["synth"], case["sha256"])
     else:
-        path = tmp_path / f"{case['arch']}-{case['type']}.gguf"
-        path.write_bytes(zstandard.ZstdDecompressor().decompress((GOLDEN / case["gguf"]).read_bytes()))
+        path = unzstd(GOLDEN / case["gguf"], tmp_path / f"{case['arch']}-{case['type']}.gguf")
     limit = 1e-3 if case["type"] == "F32" else 5e-3
     n_greedy = N_GREEDY if case["type"] == "F32" else 0
     check_against(open_model(path), np.load(GOLDEN / case["reference"]), limit, n_greedy)

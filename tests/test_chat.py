@@ -4,42 +4,34 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
-from pathlib import Path
 
 import pytest
-import zstandard
 
-import swapmoe
 from swapmoe.errors import SwapmoeError
 from swapmoe.runtime import chat
 from swapmoe.runtime.chat import ChatTemplate, ChatTemplateError, apply_chat_template, render_template
 from swapmoe.runtime.tokenizer import Tokenizer
 
-DATA = Path(__file__).parent / "data" / "tokenizer"
-PROMPTS = json.loads(zstandard.ZstdDecompressor().decompress((DATA / "templates.json.zst").read_bytes()))
+from conftest import DATA, read_zst
+
+PROMPTS = json.loads(read_zst(DATA / "tokenizer" / "templates.json.zst"))
 MESSAGES = [{"role": "system", "content": "You are helpful."}, {"role": "user", "content": "Hi!"},
             {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "2+2?"}]
 
 
 @pytest.fixture(scope="module")
-def synthetic(tmp_path_factory) -> Tokenizer:
-    path = tmp_path_factory.mktemp("synth") / "m.gguf"
-    swapmoe.synth(path, progress=False)
-    return Tokenizer.from_gguf(path)
+def synthetic(synth_model) -> Tokenizer:
+    return Tokenizer.from_gguf(synth_model())
 
 
 @pytest.fixture(scope="module")
-def vocab(tmp_path_factory):
+def vocab(vocab_dir):
     """name -> tokenizer of a committed vocab-only GGUF, built on first use."""
-    folder = tmp_path_factory.mktemp("vocab")
     built: dict[str, Tokenizer] = {}
 
     def tokenizer(name: str) -> Tokenizer:
         if name not in built:
-            path = folder / f"{name}.gguf"
-            path.write_bytes(zstandard.ZstdDecompressor().decompress(
-                (DATA / "vocab" / f"ggml-vocab-{name}.gguf.zst").read_bytes()))
-            built[name] = Tokenizer.from_gguf(path)
+            built[name] = Tokenizer.from_gguf(vocab_dir / f"ggml-vocab-{name}.gguf")
         return built[name]
 
     return tokenizer
@@ -114,10 +106,8 @@ def test_llama_cpp_template_patches(synthetic):
     assert "More" in apply_chat_template(synthetic, messages, template=source)
 
 
-def test_chat_template_from_gguf(tmp_path):
-    path = tmp_path / "m.gguf"
-    swapmoe.synth(path, progress=False)
-    template = ChatTemplate.from_gguf(path)
+def test_chat_template_from_gguf(synth_model):
+    template = ChatTemplate.from_gguf(synth_model())
     assert template.render(MESSAGES[1:2]) == "<|im_start|>user\nHi!<|im_end|>\n<|im_start|>assistant\n"
 
 

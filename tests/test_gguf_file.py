@@ -30,8 +30,8 @@ def test_classify(name, kind, layer, projection, part):
     assert (c.kind, c.layer, c.projection, c.part) == (kind, layer, projection, part)
 
 
-def test_tensor_table_matches_gguf_reader(tmp_path):
-    path = swapmoe.synth(tmp_path / "m.gguf", arch="qwen3moe", type="Q4_K", progress=False)
+def test_tensor_table_matches_gguf_reader(synth_model):
+    path = synth_model(arch="qwen3moe", type="Q4_K")
     g = open_gguf(path)
     reader = GGUFReader(path)
     assert [t.name for t in reader.tensors] == list(g.tensors)
@@ -48,8 +48,8 @@ def test_tensor_table_matches_gguf_reader(tmp_path):
     assert all(t.n_experts == 8 and t.expert_nbytes * 8 == t.nbytes for t in experts)
 
 
-def test_metadata_matches_gguf_reader(tmp_path):
-    path = swapmoe.synth(tmp_path / "m.gguf", arch="gpt-oss", progress=False)
+def test_metadata_matches_gguf_reader(synth_model):
+    path = synth_model(arch="gpt-oss")
     g = open_gguf(path)
     fields = {key: f for key, f in GGUFReader(path).fields.items() if not key.startswith("GGUF.")}
     assert g.keys() == list(fields) and g.metadata() == {key: f.contents() for key, f in fields.items()}
@@ -115,11 +115,11 @@ def test_damaged_headers_are_refused(tmp_path, kvs, tensors, data_size, version,
         open_gguf(path)
 
 
-def test_split_shards_are_one_model(tmp_path):
+def test_split_shards_are_one_model(tmp_path, synth_model):
     first = swapmoe.synth(tmp_path / "m.gguf", shards=3, progress=False)
     assert first.name == "m-00001-of-00003.gguf"
     g = open_gguf(first)
-    whole = open_gguf(swapmoe.synth(tmp_path / "whole.gguf", progress=False))
+    whole = open_gguf(synth_model())
     assert len(g.shards) == 3 and list(g.tensors) == list(whole.tensors)
     for name in whole.tensors:
         assert np.array_equal(g.raw(name), whole.raw(name))
@@ -144,17 +144,17 @@ def test_not_a_gguf(tmp_path):
         open_gguf(tmp_path / "absent.gguf")
 
 
-def test_truncated_data_is_reported(tmp_path):
-    path = swapmoe.synth(tmp_path / "m.gguf", progress=False)
-    data = path.read_bytes()
+def test_truncated_data_is_reported(tmp_path, synth_model):
+    path = tmp_path / "m.gguf"
+    data = synth_model().read_bytes()
     path.write_bytes(data[:len(data) - 1000])
     with pytest.raises(SwapmoeError, match=r"m\.gguf: truncated: tensor .* needs bytes up to"):
         open_gguf(path)
 
 
 @pytest.mark.parametrize("keep", [30, 2000, 9000])
-def test_truncated_header_is_reported(tmp_path, keep):
-    path = swapmoe.synth(tmp_path / "m.gguf", progress=False)
-    path.write_bytes(path.read_bytes()[:keep])
+def test_truncated_header_is_reported(tmp_path, synth_model, keep):
+    path = tmp_path / "m.gguf"
+    path.write_bytes(synth_model().read_bytes()[:keep])
     with pytest.raises(SwapmoeError, match=r"m\.gguf: (corrupt or truncated GGUF header|truncated)"):
         open_gguf(path)

@@ -47,8 +47,8 @@ def big_index(gguf_path, n_layer=60, n_expert=256, n_vocab=129280, k=6, hash_lay
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return swapmoe.synth(tmp_path_factory.mktemp("m") / "tiny.gguf", arch="qwen3moe", progress=False)
+def tiny(synth_model):
+    return synth_model(arch="qwen3moe")
 
 
 def test_load_60x256_under_100ms(tiny, tmp_path):

@@ -2,17 +2,16 @@
 (tests/data/kernels, made by tools/make_kernel_fixtures.py)."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T, GGUFReader, quants
 
 from swapmoe.runtime import kernels as K
 
+from conftest import DATA
 from test_kernels import activation_error_bound, emulate
 
-FIXTURES = sorted((Path(__file__).parent / "data/kernels").glob("*.gguf"))
+FIXTURES = sorted((DATA / "kernels").glob("*.gguf"))
 
 
 def quantized_tensors():

@@ -4,16 +4,13 @@ import pytest
 
 import swapmoe
 from swapmoe.errors import SwapmoeError
-from swapmoe.gguf_file import GGUFFile
-from swapmoe.repack import index
-from swapmoe.runtime.experts.io import MmapEngine
-from swapmoe.runtime.experts.store import ExpertStore
 from swapmoe.runtime.models.qwen3moe import Qwen3MoE
+
+from conftest import open_model
 
 
 def load(cls):
-    g = GGUFFile(swapmoe.default_model_path())
-    return cls(g, ExpertStore(index.build(g), MmapEngine([s.path for s in g.shards], None)))
+    return open_model(swapmoe.default_model_path(), cls)
 
 
 def test_the_tiny_model_loads_as_its_architecture():

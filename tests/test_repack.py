@@ -2,22 +2,18 @@
 from __future__ import annotations
 
 import errno
-import hashlib
 import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import gguf
 import numpy as np
 import pytest
-from click.testing import CliRunner
 
 import swapmoe
-from swapmoe.cli import main
 from swapmoe.errors import SwapmoeError
 from swapmoe.gguf_file import TensorKind, open_gguf
 from swapmoe.repack import stream
@@ -27,26 +23,16 @@ from swapmoe.repack.unpack import unpack
 from swapmoe.repack.verify import verify
 from swapmoe.repack.write import index_gguf
 
+from conftest import cli_command, run_cli, sha256_file
+
 ARCHS = ["qwen3moe", "qwen2moe", "olmoe", "llama", "deepseek2", "deepseek4", "minimax-m2", "gpt-oss", "qwen35moe"]
 TYPES = ["F32", "F16", "BF16", "Q4_K", "Q2_K", "IQ2_XXS", "MXFP4", "Q4_K_M"]
 
 
-def sha256(path: Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
 @pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    """Synthetic inputs made once per module: models(arch, type) -> path."""
-    root = tmp_path_factory.mktemp("models")
-    made = {}
-
-    def get(arch: str, type_: str = "Q8_0") -> Path:
-        if (arch, type_) not in made:
-            made[arch, type_] = swapmoe.synth(root / f"{arch}-{type_}.gguf", arch=arch, type=type_, progress=False)
-        return made[arch, type_]
-
-    return get
+def models(synth_model):
+    """Synthetic inputs, made once: models(arch, type) -> path."""
+    return lambda arch, type_="Q8_0": synth_model(arch=arch, type=type_)
 
 
 def leftovers(directory: Path) -> list[str]:
@@ -55,7 +41,7 @@ def leftovers(directory: Path) -> list[str]:
 
 def check_round_trip(src: Path, out: Path, layout: str, page_size: int = 16384) -> None:
     """The acceptance checks: slices page-aligned and equal, other tensors equal, verify, unpack."""
-    before = sha256(src)
+    before = sha256_file(src)
     swapmoe.repack(src, out, layout=layout, page_size=page_size)
     g_in, g_out = open_gguf(src), open_gguf(out)
     idx = swapmoe.index.load(out)
@@ -109,7 +95,7 @@ def check_round_trip(src: Path, out: Path, layout: str, page_size: int = 16384) 
     assert verify(out, against=src).ok
     back = out.with_name(out.stem + "-back.gguf")
     unpack(out, back)
-    assert sha256(back) == before == sha256(src)
+    assert sha256_file(back) == before == sha256_file(src)
     assert not leftovers(out.parent)
 
 
@@ -195,7 +181,7 @@ def split_gguf(src: Path, directory: Path, max_tensors: int) -> Path:
 def test_split_input(models, tmp_path):
     first = split_gguf(models("qwen2moe"), tmp_path, max_tensors=12)
     shards = sorted(tmp_path.glob("split-*.gguf"))
-    digests = [sha256(s) for s in shards]
+    digests = [sha256_file(s) for s in shards]
     # the sidecar of an un-repacked split file: ranges carry their shard number
     _, idx = index_gguf(first)
     assert len(idx.files) == len(shards) and {r.file for layer in idx.moe_layers() for r in idx.slice(layer, 0)} - {0}
@@ -210,11 +196,11 @@ def test_split_input(models, tmp_path):
     restored.mkdir()
     paths = unpack(out, restored)
     assert [p.name for p in paths] == [s.name for s in shards]
-    assert [sha256(p) for p in paths] == digests
+    assert [sha256_file(p) for p in paths] == digests
     with pytest.raises(SwapmoeError, match="split into"):
         unpack(out, tmp_path / "x.gguf")
     named = unpack(out, tmp_path / "named-00001-of-{:05d}.gguf".format(len(shards)))
-    assert [sha256(p) for p in named] == digests
+    assert [sha256_file(p) for p in named] == digests
 
 
 def test_api_is_callable_after_submodule_import():
@@ -266,12 +252,8 @@ def test_verify_finds_changed_bytes(models, tmp_path):
     with pytest.raises(SwapmoeError, match="damaged"):
         unpack(out, tmp_path / "back.gguf")
     assert not (tmp_path / "back.gguf").exists() and not leftovers(tmp_path)
-    result = CliRunner().invoke(main, ["verify", str(out), "--against", str(models("qwen3moe"))])
+    result = run_cli("verify", out, "--against", models("qwen3moe"))
     assert result.exit_code == 1 and "differ from" in result.output
-
-
-def run_cli(*args):
-    return CliRunner().invoke(main, [str(a) for a in args])
 
 
 def test_cli_round_trip(models, tmp_path):
@@ -283,7 +265,7 @@ def test_cli_round_trip(models, tmp_path):
     result = run_cli("inspect", out, "--json")
     assert result.exit_code == 0 and '"swapmoe_layout": "compat"' in result.output
     assert run_cli("unpack", out, tmp_path / "back.gguf").exit_code == 0
-    assert sha256(tmp_path / "back.gguf") == sha256(src)
+    assert sha256_file(tmp_path / "back.gguf") == sha256_file(src)
     copy = tmp_path / "orig.gguf"
     shutil.copy(src, copy)
     result = run_cli("index", copy)
@@ -326,13 +308,13 @@ def corrupt_copy(src: Path, tmp_path: Path, edit) -> Path:
 ])
 def test_bad_input(models, tmp_path, edit, message):
     bad = corrupt_copy(models("qwen3moe"), tmp_path, edit)
-    before = sha256(bad)
+    before = sha256_file(bad)
     for command in (["repack", bad, tmp_path / "out.gguf"], ["index", bad], ["inspect", bad]):
         result = run_cli(*command)
         assert result.exit_code == 1 and message in result.output, result.output
         assert "Traceback" not in result.output
     assert not (tmp_path / "out.gguf").exists() and not sidecar_path(bad).exists() and not leftovers(tmp_path)
-    assert sha256(bad) == before
+    assert sha256_file(bad) == before
 
 
 def test_hash_table_id_out_of_range(models, tmp_path):
@@ -368,7 +350,7 @@ def test_no_routed_experts(tmp_path):
 
 def test_disk_full_leaves_nothing(models, tmp_path, monkeypatch):
     src = models("qwen3moe")
-    before = sha256(src)
+    before = sha256_file(src)
     calls = []
     real = os.pwrite
 
@@ -381,18 +363,18 @@ def test_disk_full_leaves_nothing(models, tmp_path, monkeypatch):
     monkeypatch.setattr(stream.os, "pwrite", full)
     result = run_cli("repack", src, tmp_path / "out.gguf")
     assert result.exit_code == 1 and "disk full" in result.output, result.output
-    assert len(calls) > 3 and list(tmp_path.iterdir()) == [] and sha256(src) == before
+    assert len(calls) > 3 and list(tmp_path.iterdir()) == [] and sha256_file(src) == before
 
 
 def test_interrupt_leaves_nothing(tmp_path):
     """Ctrl-C for real: SIGINT to a repack running in its own process, once its temp file exists."""
     src = swapmoe.synth(tmp_path / "src.gguf", preset="qwen3-30b-a3b", type="Q4_K", n_layer=1, progress=False)
-    before = sha256(src)
+    before = sha256_file(src)
     out_dir = tmp_path / "out"
     out_dir.mkdir()
     # a background job (CI) may run with SIGINT ignored, and Python then keeps ignoring it: give the
     # child a terminal's default disposition, as a user pressing Ctrl-C has
-    proc = subprocess.Popen([sys.executable, "-m", "swapmoe.cli", "repack", str(src), str(out_dir / "out.gguf")],
+    proc = subprocess.Popen(cli_command("repack", src, out_dir / "out.gguf"),
                             stderr=subprocess.PIPE, text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 60
@@ -402,7 +384,7 @@ def test_interrupt_leaves_nothing(tmp_path):
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and "interrupted" in err and "Traceback" not in err
-    assert list(out_dir.iterdir()) == [] and sha256(src) == before
+    assert list(out_dir.iterdir()) == [] and sha256_file(src) == before
 
 
 def test_disk_full_at_preallocation(models, tmp_path, monkeypatch):

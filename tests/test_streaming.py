@@ -16,10 +16,9 @@ PROMPT = [5, 60, 7, 300, 41, 42, 9, 120, 200, 11, 3, 77]
 
 
 @pytest.fixture(scope="module")
-def model_path(tmp_path_factory):
+def model_path(synth_model):
     """A qwen3moe with 16 experts (top-2) in 3 layers; each expert slice is 288 KiB."""
-    path = tmp_path_factory.mktemp("stream") / "m.gguf"
-    return swapmoe.synth(path, arch="qwen3moe", type="Q8_0", n_layer=3, n_expert=16, seed=3, progress=False)
+    return synth_model(arch="qwen3moe", type="Q8_0", n_layer=3, n_expert=16, seed=3)
 
 
 @pytest.fixture(scope="module")

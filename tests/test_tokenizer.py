@@ -9,26 +9,15 @@ from functools import lru_cache
 from pathlib import Path
 
 import pytest
-import zstandard
 
-import swapmoe
 from swapmoe.errors import SwapmoeError
 from swapmoe.gguf_file import open_gguf
 from swapmoe.runtime.tokenizer import Tokenizer
 
-DATA = Path(__file__).parent / "data" / "tokenizer"
-CORPUS: list[str] = json.loads((DATA / "corpus.json").read_text(encoding="utf-8"))
-EXPECTED: dict[str, dict] = json.loads(zstandard.ZstdDecompressor().decompress(
-    (DATA / "expected.json.zst").read_bytes()))
+from conftest import DATA, read_zst
 
-
-@pytest.fixture(scope="session")
-def vocab_dir(tmp_path_factory) -> Path:
-    """The committed vocab-only GGUFs, decompressed."""
-    folder = tmp_path_factory.mktemp("vocab")
-    for packed in (DATA / "vocab").glob("*.gguf.zst"):
-        (folder / packed.name[:-4]).write_bytes(zstandard.ZstdDecompressor().decompress(packed.read_bytes()))
-    return folder
+CORPUS: list[str] = json.loads((DATA / "tokenizer" / "corpus.json").read_text(encoding="utf-8"))
+EXPECTED: dict[str, dict] = json.loads(read_zst(DATA / "tokenizer" / "expected.json.zst"))
 
 
 @lru_cache(maxsize=2)
@@ -172,10 +161,8 @@ def test_stream_decoder_hides_control_tokens_unless_special(vocab_dir):
     assert "".join(map(tok.decoder(special=True).push, ids)) == "<|im_start|>assistant\nHi<|im_end|>"
 
 
-def test_synthetic_model_tokenizer(tmp_path):
-    path = tmp_path / "m.gguf"
-    swapmoe.synth(path, progress=False)
-    tok = Tokenizer.from_gguf(path)
+def test_synthetic_model_tokenizer(synth_model):
+    tok = Tokenizer.from_gguf(synth_model())
     text = "<|im_start|>user\nThe quick brown fox, ünïcödé 🦙!<|im_end|>\n"
     ids = tok.encode(text)
     assert ids[0] == tok.token_ids["<|im_start|>"] and ids[-2] == tok.token_ids["<|im_end|>"]
