@@ -8,6 +8,8 @@ Public API (each name is imported lazily so `import swapmoe` stays cheap):
     swapmoe.index.load(gguf_path)             the sidecar index: where every expert slice lives
     swapmoe.load(path, **options)             a model ready to score and generate text (Model)
     swapmoe.Tokenizer.from_gguf(path)         llama.cpp-exact tokenizer of a GGUF
+Each name also imports as `from swapmoe import load, repack, synth, ...`; `swapmoe.index` and
+`swapmoe.repack` are submodules too (`import swapmoe.index`, `from swapmoe.index import load`).
 """
 from __future__ import annotations
 
@@ -18,11 +20,13 @@ _LAZY = {
     "open_gguf": ("swapmoe.gguf_file", "open_gguf"),
     "SwapmoeError": ("swapmoe.errors", "SwapmoeError"),
     "repack": ("swapmoe.repack", None),  # the package itself, callable
-    "index": ("swapmoe.repack.index", None),
+    "index": ("swapmoe.index", None),  # the submodule swapmoe/index.py (re-exports swapmoe.repack.index)
     "load": ("swapmoe.runtime.model", "load"),
     "Model": ("swapmoe.runtime.model", "Model"),
     "Tokenizer": ("swapmoe.runtime.tokenizer", "Tokenizer"),
 }
+
+__all__ = ["default_model_path", *_LAZY]
 
 
 def default_model_path() -> str:
@@ -40,3 +44,7 @@ def __getattr__(name: str):
         module = importlib.import_module(module)
         return module if attr is None else getattr(module, attr)
     raise AttributeError(f"module 'swapmoe' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
