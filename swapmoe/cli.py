@@ -42,11 +42,13 @@ def main():
 
 @main.command()
 @click.argument("out", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--arch", help="Architecture (default: the preset's, else qwen3moe): qwen3moe, qwen2moe, olmoe, llama, deepseek2, deepseek4, minimax-m2, gpt-oss, qwen35moe.")
+@click.option("--arch", help="Architecture (default: the preset's, else qwen3moe): qwen3moe, qwen2moe, olmoe, "
+              "llama, deepseek2, deepseek4, minimax-m2, gpt-oss, qwen35moe.")
 @click.option("--preset", help="Shape of a real model, e.g. qwen3-30b-a3b, deepseek-v4-flash (default: tiny-ARCH).")
 @click.option("--size-gb", type=float, help="Scale the layer count so the file is about this many GB.")
 @click.option("--type", "type_name", default="Q8_0", show_default=True,
-              help="ggml type of every weight matrix (F32, F16, Q8_0, Q4_K, Q2_K, IQ2_XXS, MXFP4, ...) or the mix Q4_K_M.")
+              help="ggml type of every weight matrix (F32, F16, Q8_0, Q4_K, Q2_K, IQ2_XXS, MXFP4, ...) "
+                   "or the mix Q4_K_M.")
 @click.option("--layers", type=int, help="Override the layer count.")
 @click.option("--experts", type=int, help="Override the number of experts per layer.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Random seed for the weights.")
@@ -117,7 +119,8 @@ def inspect(model, as_json, page_size):
                    "predicted by its router (alone: both). Env SWAPMOE_EXPERT_PREFETCH.")
 @click.option("--io", type=click.Choice(["auto", "mmap", "pread"]),
               help="How experts are read: mapped file or explicit reads into owned buffers. Env SWAPMOE_IO.")
-@click.option("--stats", "show_stats", is_flag=True, help="Print what the expert store chose and why, and its counters.")
+@click.option("--stats", "show_stats", is_flag=True,
+              help="Print what the expert store chose and why, and its counters.")
 @user_errors
 def run(model, prompt, prompt_file, chat, max_tokens, temp, top_k, top_p, min_p, repeat_penalty, seed, ctx,
         threads, ignore_eos, expert_streaming, expert_cache_size, expert_keep_recent, expert_fixation,

@@ -6,12 +6,11 @@
 
 The code lives in swapmoe/repack/index.py (it is written and read with the repacked file);
 this module re-exports its public names, the very same objects, so `import swapmoe.index` and
-`from swapmoe.index import load` work as well as the attribute `swapmoe.index`. Any other name
-of that module is looked up there too. The byte format is in docs/index-format.md.
+`from swapmoe.index import load` work as well as the attribute `swapmoe.index`. The byte format
+is in docs/index-format.md.
 """
 from __future__ import annotations
 
-from swapmoe.repack import index as _impl
 from swapmoe.repack.index import (
     FLAG_CONTIGUOUS,
     FLAG_PAGE_ALIGNED,
@@ -33,14 +32,3 @@ __all__ = [
     "SIDECAR_SUFFIX", "MAGIC", "FORMAT_VERSION", "FLAG_PAGE_ALIGNED", "FLAG_SHARES_PAGE", "FLAG_CONTIGUOUS",
 ]
 
-
-def __getattr__(name: str):
-    # what `swapmoe.index` gave when it was swapmoe.repack.index itself, e.g. a name added there later
-    try:
-        return getattr(_impl, name)
-    except AttributeError:
-        raise AttributeError(f"module 'swapmoe.index' has no attribute {name!r}") from None
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(dir(_impl)))

@@ -26,8 +26,16 @@ from gguf import GGMLQuantizationType, Keys
 
 from swapmoe.errors import SwapmoeError
 from swapmoe.gguf_file import GGUFFile
-from swapmoe.repack.tensors import (KEY_PAGE_SIZE, PARTS, LogicalTensor, hash_tables, layout_of, logical_tensors,
-                                    part_name, tensor_digests)
+from swapmoe.repack.tensors import (
+    KEY_PAGE_SIZE,
+    PARTS,
+    LogicalTensor,
+    hash_tables,
+    layout_of,
+    logical_tensors,
+    part_name,
+    tensor_digests,
+)
 
 SIDECAR_SUFFIX = ".swapidx"
 MAGIC = b"SWAPIDX\0"
@@ -268,7 +276,8 @@ class ExpertIndex:
                      f"rebuild it with `swapmoe index {paths[0]}`")
             try:
                 if path.stat().st_size != self.file_sizes[i]:
-                    raise SwapmoeError(stale + f" (size {path.stat().st_size:,}, index says {int(self.file_sizes[i]):,})")
+                    raise SwapmoeError(stale + f" (size {path.stat().st_size:,}, "
+                                               f"index says {int(self.file_sizes[i]):,})")
                 with open(path, "rb") as f:
                     header = f.read(int(self.header_lengths[i]))
             except FileNotFoundError:

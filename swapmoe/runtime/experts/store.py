@@ -92,7 +92,8 @@ class ExpertStore:
     # --- what an expert is made of ----------------------------------------------------------
     def _new_entry(self, layer: int, expert: int) -> _Entry:
         index = self.index
-        if not (0 <= layer < index.n_layer and 0 <= expert < index.n_expert) or not index.part_length[layer, expert].any():
+        in_range = 0 <= layer < index.n_layer and 0 <= expert < index.n_expert
+        if not in_range or not index.part_length[layer, expert].any():
             raise SwapmoeError(f"no routed expert {expert} in layer {layer}")
         ranges = [(r.file, r.offset, r.length) for r in index.slice(layer, expert)]
         nbytes = slot_need(ranges) if isinstance(self.engine, PreadEngine) else sum(n for _, _, n in ranges)
@@ -112,7 +113,8 @@ class ExpertStore:
                     place[name] = (r, off - ro, length)
                     break
             else:
-                raise SwapmoeError(f"index inconsistency: part {name} of expert {expert} layer {layer} not in its slice")
+                raise SwapmoeError(f"index inconsistency: part {name} of expert {expert} layer {layer} "
+                                   "not in its slice")
             ne = [int(d) for d in index.part_ne[layer, p] if d]
             if "." in name:  # bias or scale: float32 per row
                 extras[name] = raw.view(np.float32)

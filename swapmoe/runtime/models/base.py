@@ -27,8 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from gguf import ExpertGatingFuncType, Keys
-from gguf import GGMLQuantizationType as T
+from gguf import ExpertGatingFuncType, GGMLQuantizationType as T, Keys
 
 from swapmoe.errors import SwapmoeError
 from swapmoe.gguf_file import GGUFFile

@@ -107,7 +107,8 @@ class DeepSeek2(Transformer):
             values = dict(k_b=w.matrix(p + "attn_k_b.weight"), v_b=w.matrix(p + "attn_v_b.weight"))
         else:
             values = dict(kv_b=w.matrix(p + "attn_kv_b.weight"))
-        attn = LatentAttention(kv_a=w.matrix(p + "attn_kv_a_mqa.weight"), kv_a_norm=w.vector(p + "attn_kv_a_norm.weight"),
+        attn = LatentAttention(kv_a=w.matrix(p + "attn_kv_a_mqa.weight"),
+                               kv_a_norm=w.vector(p + "attn_kv_a_norm.weight"),
                                wo=w.matrix(p + "attn_output.weight"), **query, **values)
         if i < self.n_dense:
             return w.block(i, attn, w.dense_ffn(i))
