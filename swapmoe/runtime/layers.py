@@ -49,6 +49,12 @@ def sigmoid(x: np.ndarray) -> np.ndarray:
     return F32(1.0) / (F32(1.0) + expf(-x))
 
 
+@numba.vectorize(["float32(float32)"], cache=True)
+def softplus(x):
+    """ggml's softplus: x above 20, else log(1 + exp(x)) with the C library's logf and expf."""
+    return x if x > F32(20.0) else math.log(F32(1.0) + math.exp(x))
+
+
 def swiglu_oai(gate: np.ndarray, up: np.ndarray, alpha: float = 1.702, limit: float = 7.0) -> np.ndarray:
     """gpt-oss's clamped SwiGLU: g·σ(alpha·g)·(u + 1) with g = min(gate, limit), u = clamp(up, ±limit)."""
     g = np.minimum(gate, F32(limit))
@@ -141,6 +147,17 @@ class KVCache:
         self.v[self.length:self.length + n] = v
         self.length += n
         return self.k[:self.length], self.v[:self.length]
+
+
+class RecurrentState:
+    """What a recurrent (gated DeltaNet) layer keeps between tokens, the same size at any context
+    length: the raw inputs of its causal convolution's last d_conv - 1 tokens, and one delta-rule
+    matrix per V-head (transposed, as ggml keeps it). `length` counts the tokens seen."""
+
+    def __init__(self, d_conv: int, conv_dim: int, n_v_heads: int, head_k: int, head_v: int):
+        self.conv = np.zeros((d_conv - 1, conv_dim), F32)
+        self.ssm = np.zeros((n_v_heads, head_v, head_k), F32)
+        self.length = 0
 
 
 def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_pos: np.ndarray, scale: float,

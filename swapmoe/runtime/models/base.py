@@ -372,17 +372,29 @@ class Transformer:
     def gqa_attention(self, a: Attention, x: np.ndarray, positions: np.ndarray, cache: layers.KVCache,
                       qk_norm_per_head: bool = True, window: int | None = None,
                       rope: layers.Rope | None = None) -> np.ndarray:
-        """Grouped-query attention as llama.cpp builds it: q,k,v (+bias) → optional RMS norm of q
-        and k (per head, or over the whole projection) → RoPE → softmax(q·k/√d) v, with the sinks
-        in the denominator if any → output (+bias). `rope` replaces the model's RoPE for this
-        layer (sliding-window layers with their own frequency base)."""
-        hp, T_ = self.hp, len(x)
+        """Grouped-query attention as llama.cpp builds it: q,k,v (+bias) → attend → output (+bias)."""
+        q, k, v = self.project_qkv(a, x)
+        out = linear(a.wo, self.attend(a, q, k, v, positions, cache, qk_norm_per_head, window, rope))
+        return out if a.bo is None else out + a.bo
+
+    def project_qkv(self, a: Attention, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """q, k, v (+ their biases), sharing one quantized activation where the types allow."""
         qx = quantize(a.wq, x)
         same = lambda w: qx if w.vec_dot_type == a.wq.vec_dot_type else None  # noqa: E731
         q, k, v = linear(a.wq, x, qx), linear(a.wk, x, same(a.wk)), linear(a.wv, x, same(a.wv))
         for proj, bias in ((q, a.bq), (k, a.bk), (v, a.bv)):
             if bias is not None:
                 proj += bias
+        return q, k, v
+
+    def attend(self, a: Attention, q: np.ndarray, k: np.ndarray, v: np.ndarray, positions: np.ndarray,
+               cache: layers.KVCache, qk_norm_per_head: bool = True, window: int | None = None,
+               rope: layers.Rope | None = None) -> np.ndarray:
+        """The heads' attention before the output projection [T, H*dv]: optional RMS norm of q and
+        k (per head, or over the whole projection) → RoPE → cache → softmax(q·k/√d) v, with the
+        sinks in the denominator if any. `rope` replaces the model's RoPE for this layer
+        (sliding-window layers with their own frequency base)."""
+        hp, T_ = self.hp, len(q)
         if a.q_norm is not None and not qk_norm_per_head:
             q, k = layers.rms_norm(q, a.q_norm, hp.rms_eps), layers.rms_norm(k, a.k_norm, hp.rms_eps)
         q = q.reshape(T_, hp.n_head, hp.head_dim)
@@ -393,9 +405,7 @@ class Transformer:
         cos, sin = rope.tables(positions)
         q, k = rope.apply(q, cos, sin), rope.apply(k, cos, sin)
         keys, values = cache.append(k, v.reshape(T_, hp.n_head_kv, hp.v_head_dim))
-        out = linear(a.wo, layers.attention(q, keys, values, positions, 1.0 / math.sqrt(hp.head_dim),
-                                            window, a.sinks))
-        return out if a.bo is None else out + a.bo
+        return layers.attention(q, keys, values, positions, 1.0 / math.sqrt(hp.head_dim), window, a.sinks)
 
     def moe(self, i: int, x: np.ndarray) -> np.ndarray:
         """llama.cpp's build_moe_ffn for layer i's routed experts, by `self.router`: router logits
