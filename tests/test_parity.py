@@ -25,7 +25,7 @@ def model_path(case, tmp_path_factory) -> Path:
         path = Path(swapmoe.default_model_path())
     elif case["gguf"] is None:  # F32: regenerate exactly as the fixture tool did
         path = tmp_path_factory.mktemp("golden") / f"{case['arch']}-F32.gguf"
-        swapmoe.synth(path, arch=case["arch"], progress=False, **MANIFEST["synth"])
+        swapmoe.synth(path, arch=case["arch"], progress=False, **case["synth"])
     else:
         path = unzstd(GOLDEN / case["gguf"], tmp_path_factory.mktemp("golden") / f"{case['arch']}-{case['type']}.gguf")
     assert sha256_file(path) == case["sha256"], f"{path.name} differs from the file the fixture was made from"

@@ -11,7 +11,7 @@ Needs the llama.cpp reference build (REF/llama-build-noamx/bin if present, else
 REF/llama-build/bin; the AMX build crashes on some quantized types on machines without AMX)
 and its Python bindings (REF/venv), pointed at that build's libraries. For each
 architecture: a synthetic F32 model is written with swapmoe.synth (the tests regenerate it
-and check its sha256), quantized with llama-quantize (an importance matrix from
+from the settings each case records and check its sha256), quantized with llama-quantize (an importance matrix from
 llama-imatrix for IQ2_XXS), and run through tools/llama_ref.py with an F32 KV cache, flash
 attention off, 2 threads. Quantized files are stored zstd-compressed. The
 embedded tiny model is run as shipped. manifest.json lists every case; --arch redoes only
@@ -35,10 +35,11 @@ import zstandard
 
 import swapmoe
 
-ARCHS = ("qwen3moe", "qwen2moe", "olmoe", "llama", "deepseek2", "minimax-m2", "gpt-oss")
+ARCHS = ("qwen3moe", "qwen2moe", "olmoe", "llama", "deepseek2", "minimax-m2", "gpt-oss", "qwen35moe")
 QUANTS = ("Q8_0", "Q4_K_M", "Q2_K", "IQ2_XXS")
-EXTRA_QUANTS = {"gpt-oss": ("MXFP4_MOE",)}
+EXTRA_QUANTS = {"gpt-oss": ("MXFP4_MOE",), "qwen35moe": ("IQ1_M", "MXFP4_MOE")}
 SYNTH = {"type": "F32", "seed": 7, "n_layer": 2}
+ARCH_SYNTH = {"qwen35moe": {"n_layer": 4}}  # three DeltaNet layers and one full-attention layer
 _DS2 = {"q_lora_rank": 128, "kv_lora_rank": 64, "rope_dim": 32, "nope_dim": 32, "v_dim": 32, "groups": 4,
         "groups_used": 2}  # the tiny-deepseek2 preset's extra
 VARIANTS = {  # name: (arch, swapmoe.synth overrides on top of SYNTH)
@@ -126,14 +127,15 @@ def main():
     kept = json.loads(manifest_path.read_text())["cases"] if manifest_path.exists() else []
     manifest = {"settings": "llama.cpp via llama-cpp-python: F32 KV cache, flash attention off, prompt in one "
                             "batch, 2 threads; greedy = argmax, one token per decode",
-                "synth": SYNTH, "cases": [c for c in kept if c["arch"] not in args.arch]}
+                "cases": [c for c in kept if c["arch"] not in args.arch]}
     zstd = zstandard.ZstdCompressor(level=19)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         text = tmp / "calibration.txt"
         text.write_text(PROMPT * 40)
         for arch in [a for a in args.arch if a != "tiny-moe"]:
-            f32 = swapmoe.synth(tmp / f"{arch}-F32.gguf", arch=arch, progress=False, **SYNTH)
+            settings = SYNTH | ARCH_SYNTH.get(arch, {})
+            f32 = swapmoe.synth(tmp / f"{arch}-F32.gguf", arch=arch, progress=False, **settings)
             tokens = tokenize(args.ref, f32)
             imatrix = tmp / f"{arch}.imatrix.gguf"
             run([bin_dir / "llama-imatrix", "-m", f32, "-f", text, "-o", imatrix, "-c", "128", "--chunks", "8",
@@ -149,8 +151,8 @@ def main():
             for quant, path, stored in cases:
                 npz = args.out / f"{arch}-{quant}.npz"
                 reference(args.ref, path, tokens, npz)
-                manifest["cases"].append({"arch": arch, "type": quant, "gguf": stored, "sha256": sha256(path),
-                                          "reference": npz.name, "n_tokens": len(tokens)})
+                manifest["cases"].append({"arch": arch, "type": quant, "gguf": stored, "synth": settings,
+                                          "sha256": sha256(path), "reference": npz.name, "n_tokens": len(tokens)})
                 print(f"{arch} {quant}: {len(tokens)} tokens, {path.stat().st_size / 1e6:.2f} MB")
     tiny = Path(swapmoe.default_model_path())
     if "tiny-moe" in args.arch and tiny.exists():

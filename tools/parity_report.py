@@ -39,7 +39,7 @@ def main():
                 path = Path(swapmoe.default_model_path())
             elif case["gguf"] is None:
                 path = swapmoe.synth(Path(tmp) / f"{case['arch']}.gguf", arch=case["arch"], progress=False,
-                                     force=True, **manifest["synth"])
+                                     force=True, **case["synth"])
             else:
                 path = Path(tmp) / case["gguf"].removesuffix(".zst")
                 path.write_bytes(zstandard.ZstdDecompressor().decompress((GOLDEN / case["gguf"]).read_bytes()))
