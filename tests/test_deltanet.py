@@ -58,5 +58,5 @@ def test_gated_delta_rule_matches_the_recurrence_with_tiled_k_heads():
 
 def test_softplus_is_linear_above_twenty():
     x = np.array([-30.0, -1.0, 0.0, 1.0, 19.5, 20.0, 25.0], F32)
-    expected = np.where(x > 20, x, np.log1p(np.exp(x.astype(np.float64))))
-    np.testing.assert_allclose(layers.softplus(x), expected, rtol=1e-6)
+    expected = np.where(x > 20, x, np.log(F32(1.0) + np.exp(x)))  # in float: 1 + exp(-30) is 1
+    np.testing.assert_allclose(layers.softplus(x), expected, rtol=1e-6, atol=0)
