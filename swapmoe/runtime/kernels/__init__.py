@@ -58,7 +58,7 @@ _configure_numba()
 
 from . import float as _float  # noqa: E402  (kernel modules: after the cache directory is set)
 from . import iquants, kquants, legacy, mxfp4  # noqa: E402
-from ._jit import ORDER_DOT, ORDER_GEMM, ORDER_GEMV, ORDER_LANES, ORDER_TILED  # noqa: E402
+from ._constants import ORDER_DOT, ORDER_GEMM, ORDER_GEMV, ORDER_LANES, ORDER_TILED  # noqa: E402
 from .ggml_math import LANES  # noqa: E402
 from .simd import TILES  # noqa: E402
 from .activation import QUANTIZERS, QuantizedActivation  # noqa: E402

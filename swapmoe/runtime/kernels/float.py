@@ -14,7 +14,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ._jit import ORDER_LANES, PARALLEL, SERIAL
+from ._constants import ORDER_LANES
+from ._jit import PARALLEL, SERIAL
 from .simd import HW_HALF, bf16_to_float, half_to_float, sgemm_dot, vec_dot_f32
 
 _F16_EXP_SCALE = np.float32(2.0**112)

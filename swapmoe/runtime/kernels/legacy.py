@@ -23,7 +23,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ._jit import INLINE, ORDER_LANES, PARALLEL, SERIAL, f16_to_f32, u64
+from ._constants import ORDER_LANES
+from ._jit import INLINE, PARALLEL, SERIAL, f16_to_f32, u64
 from .simd import lanes_dot, rows_dot8
 
 _Q4_0_LANES, _Q4_1_LANES, _Q5_0_LANES, _Q5_1_LANES, _Q8_0_LANES = (

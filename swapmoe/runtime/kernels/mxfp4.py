@@ -9,7 +9,8 @@ import numpy as np
 from gguf.quants import MXFP4
 from numba import njit, prange
 
-from ._jit import E8M0_HALF, ORDER_GEMV, PARALLEL, SERIAL, nibble_row_dot
+from ._constants import ORDER_GEMV
+from ._jit import E8M0_HALF, PARALLEL, SERIAL, nibble_row_dot
 from .simd import rows_dot8
 
 _KVALUES = np.array(MXFP4.kvalues, dtype=np.int8)

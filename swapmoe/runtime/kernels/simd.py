@@ -34,6 +34,8 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from ._constants import ORDER_GEMM, ORDER_GEMV, ORDER_TILED
+
 I8, I16, I32, I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 
 
@@ -1590,7 +1592,6 @@ def _q4_k_tile16_dot(context, builder, signature, args, target):
         step = builder.fsub(builder.fmul(scale, fisum), builder.fmul(scale_min, fsumm))
         builder.store(builder.fadd(builder.load(at, align=4), step), at, align=4)
 
-    from ._jit import ORDER_GEMM, ORDER_GEMV, ORDER_TILED  # (_jit imports this module)
     done, other = builder.append_basic_block("tile.done"), builder.append_basic_block("tile.vec_dot")
     switch = builder.switch(order, other)
     for route, emit in ((ORDER_GEMM, gemm), (ORDER_GEMV, gemv), (ORDER_TILED, tiled), (None, vec_dot)):
@@ -1649,7 +1650,7 @@ def _q4_k_tile16_dot_intrinsic(target: str):
     @intrinsic
     def q4_k_tile16_dot(typingctx, tile, x, xo, scales, mins, bsums, bo, dw, dmin, dx, acc, ao, order):
         """One Q4_K/Q5_K block of a 16-row tile against one token, rounded as the llama.cpp route
-        `order` (an ORDER_* of _jit) rounds it, for row i: isum, row i's exact sum of value *
+        `order` (an ORDER_* of _constants) rounds it, for row i: isum, row i's exact sum of value *
         sub-block scale * activation, and summ, its sub-blocks' mins times the token's Q8_K block
         sums; ORDER_GEMM (repacked): acc[ao + i] = fma(isum, dw[i] * dx, ...) and acc[ao + 16 +
         i] = fma(summ, dmin[i] * dx, ...) over each 64 values, ORDER_GEMV the same per block;
