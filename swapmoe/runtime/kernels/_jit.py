@@ -30,7 +30,7 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic, overload
 
-from ._constants import ORDER_GEMV, ORDER_TILED
+from ._constants import ORDER_GEMV, ORDER_TILED, QK8_0, QK_K
 from .simd import (PREFETCH_AHEAD, REORDERED, TILE_ROWS, f16_to_f32, nibble_table_dot, prefetch_bytes,
                    reorder_group_major, reorder_iq2_xxs, reorder_iq2_xxs_pair, reorder_iq3, store_bytes)
 
@@ -215,7 +215,7 @@ def nibble_row_dot(block_bytes: int, table: np.ndarray, fp16_scale: bool):
         for b in range(nb):
             o = b * block_bytes
             prefetch_bytes(row, o + PREFETCH_AHEAD, block_bytes)
-            sumi = np.float32(nibble_table_dot(row, o + quants_at, x, b * 32, table))
+            sumi = np.float32(nibble_table_dot(row, o + quants_at, x, b * QK8_0, table))
             dw = f16_to_f32(row[o], row[o + 1]) if fp16_scale else E8M0_HALF[row[o]]
             acc = block_fma(order, acc, sumi, dw, dx[b])
         return acc
@@ -233,10 +233,10 @@ def _reordered_blocks(reorder, pair_reorder=None):
         paired = 0
         for t in range(qs.shape[0]):
             if pair_reorder is not None:
-                paired = qs.shape[1] - qs.shape[1] % 512
-                for o in range(0, paired, 512):
+                paired = qs.shape[1] - qs.shape[1] % (2 * QK_K)
+                for o in range(0, paired, 2 * QK_K):
                     pair_reorder(qs[t], o, out[t], o)
-            for o in range(paired, qs.shape[1], 256):
+            for o in range(paired, qs.shape[1], QK_K):
                 reorder(qs[t], o, out[t], o)
         return out
     return reordered

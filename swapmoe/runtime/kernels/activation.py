@@ -22,6 +22,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 from numba import njit
 
+from ._constants import QK8_0, QK_K
 from ._jit import SERIAL
 
 
@@ -42,20 +43,20 @@ class QuantizedActivation(NamedTuple):
 @njit(**SERIAL)
 def _quantize_q8_0_blocks(x):
     n_tok, cols = x.shape
-    nb = cols // 32
+    nb = cols // QK8_0
     qs = np.empty((n_tok, cols), np.int8)
     amax = np.empty((n_tok, nb), np.float32)
     qsum = np.empty((n_tok, nb), np.int32)
     for t in range(n_tok):
         for b in range(nb):
             m = np.float32(0.0)
-            for j in range(32):
-                m = max(m, abs(x[t, b * 32 + j]))
+            for j in range(QK8_0):
+                m = max(m, abs(x[t, b * QK8_0 + j]))
             inv = np.float32(127.0) / m if m != 0 else np.float32(0.0)
             total = 0
-            for j in range(32):
-                q = np.int32(np.rint(x[t, b * 32 + j] * inv))
-                qs[t, b * 32 + j] = q
+            for j in range(QK8_0):
+                q = np.int32(np.rint(x[t, b * QK8_0 + j] * inv))
+                qs[t, b * QK8_0 + j] = q
                 total += q
             amax[t, b] = m
             qsum[t, b] = total
@@ -65,16 +66,16 @@ def _quantize_q8_0_blocks(x):
 @njit(**SERIAL)
 def _quantize_q8_k_blocks(x):
     n_tok, cols = x.shape
-    nb = cols // 256
+    nb = cols // QK_K
     qs = np.zeros((n_tok, cols), np.int8)
     d = np.zeros((n_tok, nb), np.float32)
     bsums = np.zeros((n_tok, cols // 16), np.int32)
     for t in range(n_tok):
         for b in range(nb):
-            o = b * 256
+            o = b * QK_K
             amax = np.float32(0.0)
             mx = np.float32(0.0)
-            for j in range(256):
+            for j in range(QK_K):
                 ax = abs(x[t, o + j])
                 if ax > amax:
                     amax = ax
@@ -82,7 +83,7 @@ def _quantize_q8_k_blocks(x):
             if amax == 0:
                 continue
             iscale = np.float32(-127.0) / mx
-            for j in range(256):
+            for j in range(QK_K):
                 qs[t, o + j] = min(np.int32(127), np.int32(np.rint(iscale * x[t, o + j])))
             for g in range(16):
                 total = 0

@@ -20,7 +20,8 @@ import numpy as np
 from gguf import quants as gq
 from numba import njit, prange
 
-from ._constants import ORDER_GEMV, ORDER_TILED
+from ._constants import (IQ1_M_BYTES, IQ1_S_BYTES, IQ2_S_BYTES, IQ2_XS_BYTES, IQ2_XXS_BYTES, IQ3_S_BYTES,
+                         IQ3_XXS_BYTES, IQ4_NL_BYTES, IQ4_XS_BYTES, ORDER_GEMV, ORDER_TILED, QK4_NL, QK_K)
 from ._jit import (INLINE, PARALLEL, ROWS_PER_TASK, SERIAL, block_step, decode_pairs, f16_to_f32, grid_activations,
                    iq2_xxs_activations, iq3_activations, nibble_pair_words, nibble_row_dot, pair_order, tile_count,
                    tile_rows, u32, widen4, widen8)
@@ -80,7 +81,7 @@ _BYTE_MASKS = np.ascontiguousarray(np.where(_SIGNS < 0, 0xFF, 0).astype(np.uint8
 _IQ4_VALUES = np.array(gq.IQ4_NL.kvalues, dtype=np.int8)
 _IQ4_PAIRS = nibble_pair_words(_IQ4_VALUES)
 _IQ1_DELTA = np.float32(0.125)
-_IQ4_NL_ROW = nibble_row_dot(18, _IQ4_VALUES, fp16_scale=True)
+_IQ4_NL_ROW = nibble_row_dot(IQ4_NL_BYTES, _IQ4_VALUES, fp16_scale=True)
 _IQ4_NL_ROWS8 = rows_dot8["iq4_nl"]
 
 
@@ -99,25 +100,25 @@ def _grid_row_dot(isum, block_bytes, grid, signs, factor, pair_isum=None):
             for b in range(0, paired, 2):
                 o = b * block_bytes
                 prefetch_bytes(row, o + PREFETCH_AHEAD, 2 * block_bytes)
-                first, second = pair_isum(row, o, x, b * 256)
+                first, second = pair_isum(row, o, x, b * QK_K)
                 acc = block_step(order, acc, first, f16_to_f32(row[o], row[o + 1]), dx[b])
                 o2 = o + block_bytes
                 acc = block_step(order, acc, second, f16_to_f32(row[o2], row[o2 + 1]), dx[b + 1])
         for b in range(paired, nb):
             o = b * block_bytes
             prefetch_bytes(row, o + PREFETCH_AHEAD, block_bytes)
-            block = np.float32(isum(row, o, x, b * 256, grid, signs))
+            block = np.float32(isum(row, o, x, b * QK_K, grid, signs))
             acc = block_step(order, acc, block, f16_to_f32(row[o], row[o + 1]), dx[b])
         return np.float32(factor) * acc
     return row_dot
 
 
 # IQ2_XXS: the activation from _jit.iq2_xxs_activations (pairs and an odd last block, each read in its order)
-_IQ2_XXS_ROW = _grid_row_dot(iq2_xxs_isum, 66, _GRID8_IQ2_XXS, _SIGN_MASKS, 0.125, iq2_xxs_pair_isum)
-_IQ2_XS_ROW = _grid_row_dot(iq2_xs_isum, 74, _GRID8_IQ2_XS, _SIGN_MASKS, 0.125)
-_IQ2_S_ROW = _grid_row_dot(iq2_s_isum, 82, _GRID8_IQ2_S, _BYTE_MASKS, 0.125)
-_IQ3_XXS_ROW = _grid_row_dot(iq3_xxs_isum, 98, _GRID4_IQ3_XXS, _SIGN_MASKS, 0.25)
-_IQ3_S_ROW = _grid_row_dot(iq3_s_isum, 110, _GRID4_IQ3_S, _BYTE_MASKS, 1.0)
+_IQ2_XXS_ROW = _grid_row_dot(iq2_xxs_isum, IQ2_XXS_BYTES, _GRID8_IQ2_XXS, _SIGN_MASKS, 0.125, iq2_xxs_pair_isum)
+_IQ2_XS_ROW = _grid_row_dot(iq2_xs_isum, IQ2_XS_BYTES, _GRID8_IQ2_XS, _SIGN_MASKS, 0.125)
+_IQ2_S_ROW = _grid_row_dot(iq2_s_isum, IQ2_S_BYTES, _GRID8_IQ2_S, _BYTE_MASKS, 0.125)
+_IQ3_XXS_ROW = _grid_row_dot(iq3_xxs_isum, IQ3_XXS_BYTES, _GRID4_IQ3_XXS, _SIGN_MASKS, 0.25)
+_IQ3_S_ROW = _grid_row_dot(iq3_s_isum, IQ3_S_BYTES, _GRID4_IQ3_S, _BYTE_MASKS, 1.0)
 
 
 def _tile_matmul(block_bytes, decode, scale16, factor):
@@ -129,7 +130,7 @@ def _tile_matmul(block_bytes, decode, scale16, factor):
     times the type's final factor."""
     @njit(**INLINE)
     def tile_matmul(W, r0, n_rows, rb, nb, qs, d, extra, out, t0, n_tok, tiled):
-        values = np.empty(TILE_ROWS * 256, np.int8)
+        values = np.empty(TILE_ROWS * QK_K, np.int8)
         tile = np.empty(4096, np.uint8)
         scales = np.empty(16 * TILE_ROWS, np.int32)
         dw = np.empty(TILE_ROWS, np.float32)
@@ -139,12 +140,12 @@ def _tile_matmul(block_bytes, decode, scale16, factor):
                 o = (r0 + i) * rb + b * block_bytes
                 prefetch_bytes(W, o + PREFETCH_AHEAD, block_bytes)
                 dw[i] = f16_to_f32(W[o], W[o + 1])
-                decode(W, o, values, i * 256, False)
+                decode(W, o, values, i * QK_K, False)
                 for j in range(16):
                     scales[j * TILE_ROWS + i] = scale16(W, o, j)
-            int8_tile16(values.view(np.uint8), 0, 256, TILE_ROWS, tile, 0)  # (rows past n_rows: unused)
+            int8_tile16(values.view(np.uint8), 0, QK_K, TILE_ROWS, tile, 0)  # (rows past n_rows: unused)
             for t in range(n_tok):
-                int8_tile16_dot(tile, qs[t0 + t], b * 256, scales, extra[t0 + t], b * 16, dw, d[t0 + t, b], acc,
+                int8_tile16_dot(tile, qs[t0 + t], b * QK_K, scales, extra[t0 + t], b * 16, dw, d[t0 + t, b], acc,
                                 t * TILE_ROWS, tiled)
         for t in range(n_tok):
             for i in range(n_rows):
@@ -160,8 +161,8 @@ def matmul_iq4_nl(W, rows, group_rows, cols, qs, d, extra, out, order, straight)
     bytes: 2.5-4x faster than decoding the row once for a batch, even for 64 tokens.  Repacked by
     llama.cpp (ORDER_GEMV; then rows % 8 == 0 and one group): eight rows per call (simd.rows_dot8)."""
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
-    nb = cols // 32
-    rb = nb * 18
+    nb = cols // QK4_NL
+    rb = nb * IQ4_NL_BYTES
     if order == ORDER_GEMV:
         for task in prange(rows // 8):
             for t in range(n_tok):
@@ -176,16 +177,16 @@ def matmul_iq4_nl(W, rows, group_rows, cols, qs, d, extra, out, order, straight)
 
 @njit(**SERIAL)
 def dequantize_iq4_nl(W, cols, row_ids, out):
-    nb = cols // 32
-    rb = nb * 18
+    nb = cols // QK4_NL
+    rb = nb * IQ4_NL_BYTES
     for i in range(row_ids.size):
         row = W[row_ids[i] * rb:(row_ids[i] + 1) * rb]
         for b in range(nb):
-            o = b * 18
+            o = b * IQ4_NL_BYTES
             dw = f16_to_f32(row[o], row[o + 1])
             for j in range(16):
-                out[i, b * 32 + j] = dw * np.float32(_IQ4_VALUES[row[o + 2 + j] & 15])
-                out[i, b * 32 + 16 + j] = dw * np.float32(_IQ4_VALUES[row[o + 2 + j] >> 4])
+                out[i, b * QK4_NL + j] = dw * np.float32(_IQ4_VALUES[row[o + 2 + j] & 15])
+                out[i, b * QK4_NL + 16 + j] = dw * np.float32(_IQ4_VALUES[row[o + 2 + j] >> 4])
 
 
 # ---- IQ4_XS: d, scales_h u16, scales_l[4], qs[128]; 6-bit scales - 32 --------
@@ -214,15 +215,15 @@ def _scale16_iq4_xs(blk, o, j):
     return _scale_iq4_xs(blk, o, j // 2)
 
 
-_IQ4_XS_TILES = _tile_matmul(136, _decode_iq4_xs, _scale16_iq4_xs, 1.0)
+_IQ4_XS_TILES = _tile_matmul(IQ4_XS_BYTES, _decode_iq4_xs, _scale16_iq4_xs, 1.0)
 
 
 @njit(**PARALLEL)
 def matmul_iq4_xs(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     """Weights in pair order times their sub-block scale, against pair-ordered activations."""
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
-    nb = cols // 256
-    rb = nb * 136
+    nb = cols // QK_K
+    rb = nb * IQ4_XS_BYTES
     if straight:
         for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
             for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
@@ -232,9 +233,9 @@ def matmul_iq4_xs(W, rows, group_rows, cols, qs, d, extra, out, order, straight)
                     x, dx = qs[t0 + t], d[t0 + t]
                     acc = np.float32(0.0)
                     for b in range(nb):
-                        o = b * 136
-                        prefetch_bytes(row, o + PREFETCH_AHEAD, 136)
-                        sumi = iq4_xs_isum(row, o, x, b * 256, _IQ4_VALUES)
+                        o = b * IQ4_XS_BYTES
+                        prefetch_bytes(row, o + PREFETCH_AHEAD, IQ4_XS_BYTES)
+                        sumi = iq4_xs_isum(row, o, x, b * QK_K, _IQ4_VALUES)
                         dw = f16_to_f32(row[o], row[o + 1])
                         acc = block_step(order, acc, np.float32(sumi), dw, dx[b])
                     out[t, r] = acc
@@ -252,39 +253,40 @@ def matmul_iq4_xs(W, rows, group_rows, cols, qs, d, extra, out, order, straight)
         for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
             row = W[r * rb:(r + 1) * rb]
             for b in range(nb):
-                o = b * 136
-                prefetch_bytes(row, o + PREFETCH_AHEAD, 136)
+                o = b * IQ4_XS_BYTES
+                prefetch_bytes(row, o + PREFETCH_AHEAD, IQ4_XS_BYTES)
                 dw[b] = f16_to_f32(row[o], row[o + 1])
                 for ib in range(8):
                     s = _scale_iq4_xs(row, o, ib)
                     for k in range(4):
-                        widen8(decode_pairs(_IQ4_PAIRS, row, o + 8 + ib * 16 + 4 * k), s, ws, b * 256 + ib * 32 + 8 * k)
+                        widen8(decode_pairs(_IQ4_PAIRS, row, o + 8 + ib * 16 + 4 * k), s, ws,
+                               b * QK_K + ib * 32 + 8 * k)
             t0 = (r // group_rows) * n_tok
             for t in range(n_tok):
                 x = xp[t0 + t]
                 dx = d[t0 + t]
                 acc = np.float32(0.0)
                 for b in range(nb):
-                    sumi = dot256(ws, b * 256, x, b * 256)
+                    sumi = dot256(ws, b * QK_K, x, b * QK_K)
                     acc = block_step(order, acc, np.float32(sumi), dw[b], dx[b])
                 out[t, r] = acc
 
 
 @njit(**SERIAL)
 def dequantize_iq4_xs(W, cols, row_ids, out):
-    nb = cols // 256
-    rb = nb * 136
+    nb = cols // QK_K
+    rb = nb * IQ4_XS_BYTES
     for i in range(row_ids.size):
         row = W[row_ids[i] * rb:(row_ids[i] + 1) * rb]
         for b in range(nb):
-            o = b * 136
+            o = b * IQ4_XS_BYTES
             dw = f16_to_f32(row[o], row[o + 1])
             for ib in range(8):
                 dl = dw * np.float32(_scale_iq4_xs(row, o, ib))
                 for j in range(16):
                     v = row[o + 8 + ib * 16 + j]
-                    out[i, b * 256 + ib * 32 + j] = dl * np.float32(_IQ4_VALUES[v & 15])
-                    out[i, b * 256 + ib * 32 + 16 + j] = dl * np.float32(_IQ4_VALUES[v >> 4])
+                    out[i, b * QK_K + ib * 32 + j] = dl * np.float32(_IQ4_VALUES[v & 15])
+                    out[i, b * QK_K + ib * 32 + 16 + j] = dl * np.float32(_IQ4_VALUES[v >> 4])
 
 
 # ---- IQ2_XXS: d, 8 x (4 grid bytes, u32 of 4x7 sign bits + 4-bit scale) -----
@@ -311,14 +313,14 @@ def _scale16_iq2_xxs(blk, o, j):
     return _scale_iq2_xxs(blk, o, j // 2)
 
 
-_IQ2_XXS_TILES = _tile_matmul(66, _decode_iq2_xxs, _scale16_iq2_xxs, 0.125)
+_IQ2_XXS_TILES = _tile_matmul(IQ2_XXS_BYTES, _decode_iq2_xxs, _scale16_iq2_xxs, 0.125)
 
 
 @njit(**PARALLEL)
 def matmul_iq2_xxs(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
-    nb = cols // 256
-    rb = nb * 66
+    nb = cols // QK_K
+    rb = nb * IQ2_XXS_BYTES
     if straight:  # from the row bytes
         xs = iq2_xxs_activations(qs)
         for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
@@ -340,36 +342,36 @@ def matmul_iq2_xxs(W, rows, group_rows, cols, qs, d, extra, out, order, straight
         for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
             row = W[r * rb:(r + 1) * rb]
             for b in range(nb):
-                o = b * 66
-                prefetch_bytes(row, o + PREFETCH_AHEAD, 66)
+                o = b * IQ2_XXS_BYTES
+                prefetch_bytes(row, o + PREFETCH_AHEAD, IQ2_XXS_BYTES)
                 dw[b] = f16_to_f32(row[o], row[o + 1])
-                _decode_iq2_xxs(row, o, ws, b * 256, True)
+                _decode_iq2_xxs(row, o, ws, b * QK_K, True)
             t0 = (r // group_rows) * n_tok
             for t in range(n_tok):
                 x = qs[t0 + t]
                 dx = d[t0 + t]
                 acc = np.float32(0.0)
                 for b in range(nb):
-                    bsum = dot256(ws, b * 256, x, b * 256)
+                    bsum = dot256(ws, b * QK_K, x, b * QK_K)
                     acc = block_step(order, acc, np.float32(bsum), dw[b], dx[b])
                 out[t, r] = np.float32(0.125) * acc
 
 
 @njit(**SERIAL)
 def dequantize_iq2_xxs(W, cols, row_ids, out):
-    nb = cols // 256
-    rb = nb * 66
+    nb = cols // QK_K
+    rb = nb * IQ2_XXS_BYTES
     for i in range(row_ids.size):
         row = W[row_ids[i] * rb:(row_ids[i] + 1) * rb]
-        ws = np.empty(256, np.int16)
+        ws = np.empty(QK_K, np.int16)
         for b in range(nb):
-            o = b * 66
+            o = b * IQ2_XXS_BYTES
             dw = f16_to_f32(row[o], row[o + 1])
             _decode_iq2_xxs(row, o, ws, 0, False)
             for ib in range(8):
                 db = dw * (np.float32(0.5) + np.float32(_scale_iq2_xxs(row, o, ib) // 2)) * np.float32(0.25)
                 for j in range(32):
-                    out[i, b * 256 + ib * 32 + j] = db * np.float32(ws[ib * 32 + j])
+                    out[i, b * QK_K + ib * 32 + j] = db * np.float32(ws[ib * 32 + j])
 
 
 # ---- IQ2_XS: d, 32 x u16 (9-bit grid index, 7-bit sign index), scales[8] ---
@@ -394,14 +396,14 @@ def _scale16_iq2_xs(blk, o, j):
     return _scale16(blk, o + 66, j)
 
 
-_IQ2_XS_TILES = _tile_matmul(74, _decode_iq2_xs, _scale16_iq2_xs, 0.125)
+_IQ2_XS_TILES = _tile_matmul(IQ2_XS_BYTES, _decode_iq2_xs, _scale16_iq2_xs, 0.125)
 
 
 @njit(**PARALLEL)
 def matmul_iq2_xs(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
-    nb = cols // 256
-    rb = nb * 74
+    nb = cols // QK_K
+    rb = nb * IQ2_XS_BYTES
     if straight:  # from the row bytes
         xs = grid_activations(qs)
         for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
@@ -423,36 +425,36 @@ def matmul_iq2_xs(W, rows, group_rows, cols, qs, d, extra, out, order, straight)
         for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
             row = W[r * rb:(r + 1) * rb]
             for b in range(nb):
-                o = b * 74
-                prefetch_bytes(row, o + PREFETCH_AHEAD, 74)
+                o = b * IQ2_XS_BYTES
+                prefetch_bytes(row, o + PREFETCH_AHEAD, IQ2_XS_BYTES)
                 dw[b] = f16_to_f32(row[o], row[o + 1])
-                _decode_iq2_xs(row, o, ws, b * 256, True)
+                _decode_iq2_xs(row, o, ws, b * QK_K, True)
             t0 = (r // group_rows) * n_tok
             for t in range(n_tok):
                 x = qs[t0 + t]
                 dx = d[t0 + t]
                 acc = np.float32(0.0)
                 for b in range(nb):
-                    bsum = dot256(ws, b * 256, x, b * 256)
+                    bsum = dot256(ws, b * QK_K, x, b * QK_K)
                     acc = block_step(order, acc, np.float32(bsum), dw[b], dx[b])
                 out[t, r] = np.float32(0.125) * acc
 
 
 @njit(**SERIAL)
 def dequantize_iq2_xs(W, cols, row_ids, out):
-    nb = cols // 256
-    rb = nb * 74
+    nb = cols // QK_K
+    rb = nb * IQ2_XS_BYTES
     for i in range(row_ids.size):
         row = W[row_ids[i] * rb:(row_ids[i] + 1) * rb]
-        ws = np.empty(256, np.int16)
+        ws = np.empty(QK_K, np.int16)
         for b in range(nb):
-            o = b * 74
+            o = b * IQ2_XS_BYTES
             dw = f16_to_f32(row[o], row[o + 1])
             _decode_iq2_xs(row, o, ws, 0, False)
             for s in range(16):
                 db = dw * (np.float32(0.5) + np.float32(_scale16(row, o + 66, s) // 2)) * np.float32(0.25)
                 for j in range(16):
-                    out[i, b * 256 + s * 16 + j] = db * np.float32(ws[s * 16 + j])
+                    out[i, b * QK_K + s * 16 + j] = db * np.float32(ws[s * 16 + j])
 
 
 # ---- IQ2_S: d, qs[32] grid low bits, signs[32], qh[8], scales[8] ------------
@@ -475,14 +477,14 @@ def _scale16_iq2_s(blk, o, j):
     return _scale16(blk, o + 74, j)
 
 
-_IQ2_S_TILES = _tile_matmul(82, _decode_iq2_s, _scale16_iq2_s, 0.125)
+_IQ2_S_TILES = _tile_matmul(IQ2_S_BYTES, _decode_iq2_s, _scale16_iq2_s, 0.125)
 
 
 @njit(**PARALLEL)
 def matmul_iq2_s(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
-    nb = cols // 256
-    rb = nb * 82
+    nb = cols // QK_K
+    rb = nb * IQ2_S_BYTES
     if straight:  # from the row bytes
         xs = grid_activations(qs)
         for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
@@ -504,36 +506,36 @@ def matmul_iq2_s(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
         for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
             row = W[r * rb:(r + 1) * rb]
             for b in range(nb):
-                o = b * 82
-                prefetch_bytes(row, o + PREFETCH_AHEAD, 82)
+                o = b * IQ2_S_BYTES
+                prefetch_bytes(row, o + PREFETCH_AHEAD, IQ2_S_BYTES)
                 dw[b] = f16_to_f32(row[o], row[o + 1])
-                _decode_iq2_s(row, o, ws, b * 256, True)
+                _decode_iq2_s(row, o, ws, b * QK_K, True)
             t0 = (r // group_rows) * n_tok
             for t in range(n_tok):
                 x = qs[t0 + t]
                 dx = d[t0 + t]
                 acc = np.float32(0.0)
                 for b in range(nb):
-                    bsum = dot256(ws, b * 256, x, b * 256)
+                    bsum = dot256(ws, b * QK_K, x, b * QK_K)
                     acc = block_step(order, acc, np.float32(bsum), dw[b], dx[b])
                 out[t, r] = np.float32(0.125) * acc
 
 
 @njit(**SERIAL)
 def dequantize_iq2_s(W, cols, row_ids, out):
-    nb = cols // 256
-    rb = nb * 82
+    nb = cols // QK_K
+    rb = nb * IQ2_S_BYTES
     for i in range(row_ids.size):
         row = W[row_ids[i] * rb:(row_ids[i] + 1) * rb]
-        ws = np.empty(256, np.int16)
+        ws = np.empty(QK_K, np.int16)
         for b in range(nb):
-            o = b * 82
+            o = b * IQ2_S_BYTES
             dw = f16_to_f32(row[o], row[o + 1])
             _decode_iq2_s(row, o, ws, 0, False)
             for s in range(16):
                 db = dw * (np.float32(0.5) + np.float32(_scale16(row, o + 74, s) // 2)) * np.float32(0.25)
                 for j in range(16):
-                    out[i, b * 256 + s * 16 + j] = db * np.float32(ws[s * 16 + j])
+                    out[i, b * QK_K + s * 16 + j] = db * np.float32(ws[s * 16 + j])
 
 
 # ---- IQ3_XXS: d, qs[64] grid indices (4 values each), 8 x u32 signs+scale ---
@@ -561,14 +563,14 @@ def _scale16_iq3_xxs(blk, o, j):
     return _scale_iq3_xxs(blk, o, j // 2)
 
 
-_IQ3_XXS_TILES = _tile_matmul(98, _decode_iq3_xxs, _scale16_iq3_xxs, 0.25)
+_IQ3_XXS_TILES = _tile_matmul(IQ3_XXS_BYTES, _decode_iq3_xxs, _scale16_iq3_xxs, 0.25)
 
 
 @njit(**PARALLEL)
 def matmul_iq3_xxs(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
-    nb = cols // 256
-    rb = nb * 98
+    nb = cols // QK_K
+    rb = nb * IQ3_XXS_BYTES
     if straight:  # from the row bytes
         xs = iq3_activations(qs)
         for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
@@ -590,36 +592,36 @@ def matmul_iq3_xxs(W, rows, group_rows, cols, qs, d, extra, out, order, straight
         for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
             row = W[r * rb:(r + 1) * rb]
             for b in range(nb):
-                o = b * 98
-                prefetch_bytes(row, o + PREFETCH_AHEAD, 98)
+                o = b * IQ3_XXS_BYTES
+                prefetch_bytes(row, o + PREFETCH_AHEAD, IQ3_XXS_BYTES)
                 dw[b] = f16_to_f32(row[o], row[o + 1])
-                _decode_iq3_xxs(row, o, ws, b * 256, True)
+                _decode_iq3_xxs(row, o, ws, b * QK_K, True)
             t0 = (r // group_rows) * n_tok
             for t in range(n_tok):
                 x = qs[t0 + t]
                 dx = d[t0 + t]
                 acc = np.float32(0.0)
                 for b in range(nb):
-                    bsum = dot256(ws, b * 256, x, b * 256)
+                    bsum = dot256(ws, b * QK_K, x, b * QK_K)
                     acc = block_step(order, acc, np.float32(bsum), dw[b], dx[b])
                 out[t, r] = np.float32(0.25) * acc
 
 
 @njit(**SERIAL)
 def dequantize_iq3_xxs(W, cols, row_ids, out):
-    nb = cols // 256
-    rb = nb * 98
+    nb = cols // QK_K
+    rb = nb * IQ3_XXS_BYTES
     for i in range(row_ids.size):
         row = W[row_ids[i] * rb:(row_ids[i] + 1) * rb]
-        ws = np.empty(256, np.int16)
+        ws = np.empty(QK_K, np.int16)
         for b in range(nb):
-            o = b * 98
+            o = b * IQ3_XXS_BYTES
             dw = f16_to_f32(row[o], row[o + 1])
             _decode_iq3_xxs(row, o, ws, 0, False)
             for ib in range(8):
                 db = dw * (np.float32(0.5) + np.float32(_scale_iq3_xxs(row, o, ib) // 2)) * np.float32(0.5)
                 for j in range(32):
-                    out[i, b * 256 + ib * 32 + j] = db * np.float32(ws[ib * 32 + j])
+                    out[i, b * QK_K + ib * 32 + j] = db * np.float32(ws[ib * 32 + j])
 
 
 # ---- IQ3_S: d, qs[64], qh[8] (9th index bits), signs[32], scales[4] ---------
@@ -644,14 +646,14 @@ def _scale16_iq3_s(blk, o, j):
     return _scale16(blk, o + 106, j // 2)
 
 
-_IQ3_S_TILES = _tile_matmul(110, _decode_iq3_s, _scale16_iq3_s, 1.0)
+_IQ3_S_TILES = _tile_matmul(IQ3_S_BYTES, _decode_iq3_s, _scale16_iq3_s, 1.0)
 
 
 @njit(**PARALLEL)
 def matmul_iq3_s(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
-    nb = cols // 256
-    rb = nb * 110
+    nb = cols // QK_K
+    rb = nb * IQ3_S_BYTES
     if straight:  # from the row bytes
         xs = iq3_activations(qs)
         for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
@@ -673,36 +675,36 @@ def matmul_iq3_s(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
         for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
             row = W[r * rb:(r + 1) * rb]
             for b in range(nb):
-                o = b * 110
-                prefetch_bytes(row, o + PREFETCH_AHEAD, 110)
+                o = b * IQ3_S_BYTES
+                prefetch_bytes(row, o + PREFETCH_AHEAD, IQ3_S_BYTES)
                 dw[b] = f16_to_f32(row[o], row[o + 1])
-                _decode_iq3_s(row, o, ws, b * 256, True)
+                _decode_iq3_s(row, o, ws, b * QK_K, True)
             t0 = (r // group_rows) * n_tok
             for t in range(n_tok):
                 x = qs[t0 + t]
                 dx = d[t0 + t]
                 acc = np.float32(0.0)
                 for b in range(nb):
-                    bsum = dot256(ws, b * 256, x, b * 256)
+                    bsum = dot256(ws, b * QK_K, x, b * QK_K)
                     acc = block_step(order, acc, np.float32(bsum), dw[b], dx[b])
                 out[t, r] = acc
 
 
 @njit(**SERIAL)
 def dequantize_iq3_s(W, cols, row_ids, out):
-    nb = cols // 256
-    rb = nb * 110
+    nb = cols // QK_K
+    rb = nb * IQ3_S_BYTES
     for i in range(row_ids.size):
         row = W[row_ids[i] * rb:(row_ids[i] + 1) * rb]
-        ws = np.empty(256, np.int16)
+        ws = np.empty(QK_K, np.int16)
         for b in range(nb):
-            o = b * 110
+            o = b * IQ3_S_BYTES
             dw = f16_to_f32(row[o], row[o + 1])
             _decode_iq3_s(row, o, ws, 0, False)
             for ib in range(8):
                 db = dw * np.float32(_scale16(row, o + 106, ib))
                 for j in range(32):
-                    out[i, b * 256 + ib * 32 + j] = db * np.float32(ws[ib * 32 + j])
+                    out[i, b * QK_K + ib * 32 + j] = db * np.float32(ws[ib * 32 + j])
 
 
 # ---- IQ1_S: d, qs[32] grid low bits, qh u16[8] (3x3 index bits, scale, delta sign)
@@ -736,8 +738,8 @@ def _decode_iq1_s(blk, o, ws, wo, scaled):
 @njit(**PARALLEL)
 def matmul_iq1_s(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
-    nb = cols // 256
-    rb = nb * 50
+    nb = cols // QK_K
+    rb = nb * IQ1_S_BYTES
     if straight:  # from the row bytes
         xs = grid_activations(qs)
         for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
@@ -748,9 +750,9 @@ def matmul_iq1_s(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
                     x, dx, bsums = xs[t0 + t], d[t0 + t], extra[t0 + t]
                     acc = np.float32(0.0)
                     for b in range(nb):
-                        o = b * 50
-                        prefetch_bytes(row, o + PREFETCH_AHEAD, 50)
-                        sums8 = iq1_s_isum(row, o, x, b * 256, _IQ1_DELTA_TABLE, bsums, b * 16)
+                        o = b * IQ1_S_BYTES
+                        prefetch_bytes(row, o + PREFETCH_AHEAD, IQ1_S_BYTES)
+                        sums8 = iq1_s_isum(row, o, x, b * QK_K, _IQ1_DELTA_TABLE, bsums, b * 16)
                         block = np.float32(sums8) * _IQ1_DELTA  # ggml's sumi + 0.125 * sumi1, exactly
                         acc = block_step(order, acc, block, f16_to_f32(row[o], row[o + 1]), dx[b])
                     out[t, r] = acc
@@ -762,13 +764,13 @@ def matmul_iq1_s(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
         for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
             row = W[r * rb:(r + 1) * rb]
             for b in range(nb):
-                o = b * 50
-                prefetch_bytes(row, o + PREFETCH_AHEAD, 50)
+                o = b * IQ1_S_BYTES
+                prefetch_bytes(row, o + PREFETCH_AHEAD, IQ1_S_BYTES)
                 dw[b] = f16_to_f32(row[o], row[o + 1])
-                _decode_iq1_s(row, o, ws, b * 256, True)
+                _decode_iq1_s(row, o, ws, b * QK_K, True)
             for b in range(nb):
                 for ib in range(8):
-                    qh = _qh_iq1_s(row, b * 50, ib)
+                    qh = _qh_iq1_s(row, b * IQ1_S_BYTES, ib)
                     shift[b * 8 + ib] = _scale_iq1_s(qh) * _delta_iq1_s(qh)
             t0 = (r // group_rows) * n_tok
             for t in range(n_tok):
@@ -777,7 +779,7 @@ def matmul_iq1_s(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
                 bsums = extra[t0 + t]
                 acc = np.float32(0.0)
                 for b in range(nb):
-                    bsum = dot256(ws, b * 256, x, b * 256)
+                    bsum = dot256(ws, b * QK_K, x, b * QK_K)
                     sumi1 = 0
                     for ib in range(8):
                         sumi1 += shift[b * 8 + ib] * (bsums[b * 16 + 2 * ib] + bsums[b * 16 + 2 * ib + 1])
@@ -787,13 +789,13 @@ def matmul_iq1_s(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
 
 @njit(**SERIAL)
 def dequantize_iq1_s(W, cols, row_ids, out):
-    nb = cols // 256
-    rb = nb * 50
+    nb = cols // QK_K
+    rb = nb * IQ1_S_BYTES
     for i in range(row_ids.size):
         row = W[row_ids[i] * rb:(row_ids[i] + 1) * rb]
-        ws = np.empty(256, np.int16)
+        ws = np.empty(QK_K, np.int16)
         for b in range(nb):
-            o = b * 50
+            o = b * IQ1_S_BYTES
             dw = f16_to_f32(row[o], row[o + 1])
             _decode_iq1_s(row, o, ws, 0, False)
             for ib in range(8):
@@ -801,7 +803,7 @@ def dequantize_iq1_s(W, cols, row_ids, out):
                 dl = dw * np.float32(_scale_iq1_s(qh))
                 shift = _IQ1_DELTA * np.float32(_delta_iq1_s(qh))
                 for j in range(32):
-                    out[i, b * 256 + ib * 32 + j] = dl * (np.float32(ws[ib * 32 + j]) + shift)
+                    out[i, b * QK_K + ib * 32 + j] = dl * (np.float32(ws[ib * 32 + j]) + shift)
 
 
 # ---- IQ1_M: qs[32], qh[16] (3 index bits + delta sign per 8), scales u16[4]
@@ -838,8 +840,8 @@ def _decode_iq1_m(blk, o, ws, wo, scaled):
 @njit(**PARALLEL)
 def matmul_iq1_m(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
-    nb = cols // 256
-    rb = nb * 56
+    nb = cols // QK_K
+    rb = nb * IQ1_M_BYTES
     if straight:  # from the row bytes
         xs = grid_activations(qs)
         for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
@@ -850,10 +852,10 @@ def matmul_iq1_m(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
                     x, dx, bsums = xs[t0 + t], d[t0 + t], extra[t0 + t]
                     acc = np.float32(0.0)
                     for b in range(nb):
-                        prefetch_bytes(row, b * 56 + PREFETCH_AHEAD, 56)
-                        sums8 = iq1_m_isum(row, b * 56, x, b * 256, _IQ1_DELTA_TABLE, bsums, b * 16)
+                        prefetch_bytes(row, b * IQ1_M_BYTES + PREFETCH_AHEAD, IQ1_M_BYTES)
+                        sums8 = iq1_m_isum(row, b * IQ1_M_BYTES, x, b * QK_K, _IQ1_DELTA_TABLE, bsums, b * 16)
                         block = np.float32(sums8) * _IQ1_DELTA  # ggml's sumi1 + 0.125 * sumi2, exactly
-                        acc = block_step(order, acc, block, _d_iq1_m(row, b * 56), dx[b])
+                        acc = block_step(order, acc, block, _d_iq1_m(row, b * IQ1_M_BYTES), dx[b])
                     out[t, r] = acc
         return
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
@@ -863,41 +865,41 @@ def matmul_iq1_m(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
         for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
             row = W[r * rb:(r + 1) * rb]
             for b in range(nb):
-                o = b * 56
-                prefetch_bytes(row, o + PREFETCH_AHEAD, 56)
+                o = b * IQ1_M_BYTES
+                prefetch_bytes(row, o + PREFETCH_AHEAD, IQ1_M_BYTES)
                 dw[b] = _d_iq1_m(row, o)
-                _decode_iq1_m(row, o, ws, b * 256, True)
+                _decode_iq1_m(row, o, ws, b * QK_K, True)
             # delta * scale of each 8-value group, per value, so its sum is one more dot
             for b in range(nb):
                 for g in range(32):
-                    sd = np.int16(_scale_iq1_m(row, b * 56, g // 2) * _delta_iq1_m(row, b * 56, g))
+                    sd = np.int16(_scale_iq1_m(row, b * IQ1_M_BYTES, g // 2) * _delta_iq1_m(row, b * IQ1_M_BYTES, g))
                     for j in range(8):
-                        shifts[b * 256 + g * 8 + j] = sd
+                        shifts[b * QK_K + g * 8 + j] = sd
             t0 = (r // group_rows) * n_tok
             for t in range(n_tok):
                 x = qs[t0 + t]
                 dx = d[t0 + t]
                 acc = np.float32(0.0)
                 for b in range(nb):
-                    bsum = dot256(ws, b * 256, x, b * 256)
-                    sumi2 = dot256(shifts, b * 256, x, b * 256)
+                    bsum = dot256(ws, b * QK_K, x, b * QK_K)
+                    sumi2 = dot256(shifts, b * QK_K, x, b * QK_K)
                     acc = block_step(order, acc, np.float32(bsum) + _IQ1_DELTA * np.float32(sumi2), dw[b], dx[b])
                 out[t, r] = acc
 
 
 @njit(**SERIAL)
 def dequantize_iq1_m(W, cols, row_ids, out):
-    nb = cols // 256
-    rb = nb * 56
+    nb = cols // QK_K
+    rb = nb * IQ1_M_BYTES
     for i in range(row_ids.size):
         row = W[row_ids[i] * rb:(row_ids[i] + 1) * rb]
-        ws = np.empty(256, np.int16)
+        ws = np.empty(QK_K, np.int16)
         for b in range(nb):
-            o = b * 56
+            o = b * IQ1_M_BYTES
             dw = _d_iq1_m(row, o)
             _decode_iq1_m(row, o, ws, 0, False)
             for g in range(32):
                 dl = dw * np.float32(_scale_iq1_m(row, o, g // 2))
                 shift = _IQ1_DELTA * np.float32(_delta_iq1_m(row, o, g))
                 for j in range(8):
-                    out[i, b * 256 + g * 8 + j] = dl * (np.float32(ws[g * 8 + j]) + shift)
+                    out[i, b * QK_K + g * 8 + j] = dl * (np.float32(ws[g * 8 + j]) + shift)

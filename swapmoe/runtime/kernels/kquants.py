@@ -15,7 +15,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ._constants import ORDER_GEMM, ORDER_GEMV, ORDER_TILED
+from ._constants import (ORDER_GEMM, ORDER_GEMV, ORDER_TILED, Q2_K_BYTES, Q3_K_BYTES, Q4_K_BYTES, Q5_K_BYTES,
+                         Q6_K_BYTES, QK_K)
 from ._jit import (INLINE, PARALLEL, ROWS_PER_TASK, SERIAL, block_step, block_sum, f16_to_f32, fma32, tile_count,
                    tile_rows, u32)
 from .simd import (PREFETCH_AHEAD, TILE_ROWS, TILES, dot64, dot128, dot256, pair_sums_dot_bytes, prefetch_bytes,
@@ -190,8 +191,8 @@ def _sum_mins_k4(bsums, bo, mins):
 @njit(**PARALLEL)
 def matmul_q2_k(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
-    nb = cols // 256
-    rb = nb * 84
+    nb = cols // QK_K
+    rb = nb * Q2_K_BYTES
     gemm_tokens = n_tok - n_tok % 4 if order == ORDER_GEMM and n_tok > 3 else 0
     straight = straight and gemm_tokens == 0  # from the row bytes
     if straight:
@@ -209,11 +210,11 @@ def matmul_q2_k(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
         for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
             row = W[r * rb:(r + 1) * rb]
             for b in range(nb):
-                o = b * 84
-                prefetch_bytes(row, o + PREFETCH_AHEAD, 84)
+                o = b * Q2_K_BYTES
+                prefetch_bytes(row, o + PREFETCH_AHEAD, Q2_K_BYTES)
                 dw[b] = f16_to_f32(row[o + 80], row[o + 81])
                 dmin[b] = f16_to_f32(row[o + 82], row[o + 83])
-                _scaled_q2_k(row, o, ws, b * 256)
+                _scaled_q2_k(row, o, ws, b * QK_K)
             t0 = (r // group_rows) * n_tok
             for t in range(n_tok):
                 x = qs[t0 + t]
@@ -224,8 +225,8 @@ def matmul_q2_k(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
                     continue
                 acc = np.float32(0.0)
                 for b in range(nb):
-                    isum = dot256(ws, b * 256, x, b * 256)
-                    summ = _sum_mins_q2_k(bsums, b * 16, row, b * 84)
+                    isum = dot256(ws, b * QK_K, x, b * QK_K)
+                    summ = _sum_mins_q2_k(bsums, b * 16, row, b * Q2_K_BYTES)
                     acc = block_sum(order, acc, np.float32(isum), np.float32(summ), dw[b], dmin[b], dx[b])
                 out[t, r] = acc
 
@@ -237,9 +238,9 @@ def _q2_k_straight_dot(row, x, dx, bsums, nb, order):
     acc = np.float32(0.0)
     acc_min = np.float32(0.0)
     for b in range(nb):
-        o = b * 84
-        prefetch_bytes(row, o + PREFETCH_AHEAD, 84)
-        isum_i, summ_i = q2_k_isum(row, o, x, b * 256, bsums, b * 16)
+        o = b * Q2_K_BYTES
+        prefetch_bytes(row, o + PREFETCH_AHEAD, Q2_K_BYTES)
+        isum_i, summ_i = q2_k_isum(row, o, x, b * QK_K, bsums, b * 16)
         isum, summ = np.float32(isum_i), np.float32(summ_i)
         dw, dmin = f16_to_f32(row[o + 80], row[o + 81]), f16_to_f32(row[o + 82], row[o + 83])
         if order == ORDER_GEMM or order == ORDER_GEMV:
@@ -260,27 +261,27 @@ def _repacked_q2_k_dot(ws, x, dx, bsums, dw, dmin, row, nb, gemm):
         scale, scale_min = dw[b] * dx[b], dmin[b] * dx[b]
         if gemm:
             for h in range(2):
-                isum = dot128(ws, b * 256 + h * 128, x, b * 256 + h * 128)
+                isum = dot128(ws, b * QK_K + h * 128, x, b * QK_K + h * 128)
                 summ = np.int32(0)
                 for j in range(8 * h, 8 * h + 8):
-                    summ = np.int32(summ + bsums[b * 16 + j] * np.int32(row[b * 84 + j] >> 4))
+                    summ = np.int32(summ + bsums[b * 16 + j] * np.int32(row[b * Q2_K_BYTES + j] >> 4))
                 acc = fma32(np.float32(isum), scale, acc)
                 acc_min = fma32(np.float32(summ), scale_min, acc_min)
         else:
-            acc = fma32(np.float32(dot256(ws, b * 256, x, b * 256)), scale, acc)
-            acc_min = fma32(np.float32(_sum_mins_q2_k(bsums, b * 16, row, b * 84)), scale_min, acc_min)
+            acc = fma32(np.float32(dot256(ws, b * QK_K, x, b * QK_K)), scale, acc)
+            acc_min = fma32(np.float32(_sum_mins_q2_k(bsums, b * 16, row, b * Q2_K_BYTES)), scale_min, acc_min)
     return acc - acc_min
 
 
 @njit(**SERIAL)
 def dequantize_q2_k(W, cols, row_ids, out):
-    nb = cols // 256
-    rb = nb * 84
+    nb = cols // QK_K
+    rb = nb * Q2_K_BYTES
     for i in range(row_ids.size):
         row = W[row_ids[i] * rb:(row_ids[i] + 1) * rb]
-        wq = np.empty(256, np.int8)
+        wq = np.empty(QK_K, np.int8)
         for b in range(nb):
-            o = b * 84
+            o = b * Q2_K_BYTES
             dw = f16_to_f32(row[o + 80], row[o + 81])
             dmin = f16_to_f32(row[o + 82], row[o + 83])
             _decode_crumbs_k(row, o + 16, wq)
@@ -288,7 +289,7 @@ def dequantize_q2_k(W, cols, row_ids, out):
                 dl = dw * np.float32(row[o + s] & 15)
                 ml = dmin * np.float32(row[o + s] >> 4)
                 for j in range(16):
-                    out[i, b * 256 + s * 16 + j] = dl * np.float32(wq[s * 16 + j]) - ml
+                    out[i, b * QK_K + s * 16 + j] = dl * np.float32(wq[s * 16 + j]) - ml
 
 
 # ---- Q3_K: hmask[32], qs[64], scales[12] (6-bit, -32), d -------------------
@@ -321,8 +322,8 @@ def _decode_q3_k(blk, o, wq):
 @njit(**PARALLEL)
 def matmul_q3_k(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
-    nb = cols // 256
-    rb = nb * 110
+    nb = cols // QK_K
+    rb = nb * Q3_K_BYTES
     if straight:  # from the row bytes
         for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
             for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
@@ -332,9 +333,9 @@ def matmul_q3_k(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
                     x, dx, bsums = qs[t0 + t], d[t0 + t], extra[t0 + t]
                     acc = np.float32(0.0)
                     for b in range(nb):
-                        o = b * 110
-                        prefetch_bytes(row, o + PREFETCH_AHEAD, 110)
-                        isum = q3_k_isum(row, o, x, b * 256, bsums, b * 16)
+                        o = b * Q3_K_BYTES
+                        prefetch_bytes(row, o + PREFETCH_AHEAD, Q3_K_BYTES)
+                        isum = q3_k_isum(row, o, x, b * QK_K, bsums, b * 16)
                         acc = block_step(order, acc, np.float32(isum), f16_to_f32(row[o + 108], row[o + 109]), dx[b])
                     out[t, r] = acc
         return
@@ -345,39 +346,39 @@ def matmul_q3_k(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
         for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
             row = W[r * rb:(r + 1) * rb]
             for b in range(nb):
-                o = b * 110
-                prefetch_bytes(row, o + PREFETCH_AHEAD, 110)
+                o = b * Q3_K_BYTES
+                prefetch_bytes(row, o + PREFETCH_AHEAD, Q3_K_BYTES)
                 dw[b] = f16_to_f32(row[o + 108], row[o + 109])
                 _scales_q3_k(row, o, sc)
-                _scaled_q3_k(row, o, sc, ws, b * 256)
+                _scaled_q3_k(row, o, sc, ws, b * QK_K)
             t0 = (r // group_rows) * n_tok
             for t in range(n_tok):
                 x = qs[t0 + t]
                 dx = d[t0 + t]
                 acc = np.float32(0.0)
                 for b in range(nb):
-                    isum = dot256(ws, b * 256, x, b * 256)
+                    isum = dot256(ws, b * QK_K, x, b * QK_K)
                     acc = block_step(order, acc, np.float32(isum), dw[b], dx[b])
                 out[t, r] = acc
 
 
 @njit(**SERIAL)
 def dequantize_q3_k(W, cols, row_ids, out):
-    nb = cols // 256
-    rb = nb * 110
+    nb = cols // QK_K
+    rb = nb * Q3_K_BYTES
     for i in range(row_ids.size):
         row = W[row_ids[i] * rb:(row_ids[i] + 1) * rb]
-        wq = np.empty(256, np.int8)
+        wq = np.empty(QK_K, np.int8)
         sc = np.empty(16, np.int32)
         for b in range(nb):
-            o = b * 110
+            o = b * Q3_K_BYTES
             dw = f16_to_f32(row[o + 108], row[o + 109])
             _scales_q3_k(row, o, sc)
             _decode_q3_k(row, o, wq)
             for s in range(16):
                 dl = dw * np.float32(sc[s])
                 for j in range(16):
-                    out[i, b * 256 + s * 16 + j] = dl * np.float32(wq[s * 16 + j])
+                    out[i, b * QK_K + s * 16 + j] = dl * np.float32(wq[s * 16 + j])
 
 
 # ---- Q4_K: d, dmin, scales[12], qs[128] ------------------------------------
@@ -385,8 +386,8 @@ def dequantize_q3_k(W, cols, row_ids, out):
 @njit(**PARALLEL)
 def matmul_q4_k(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
-    nb = cols // 256
-    rb = nb * 144
+    nb = cols // QK_K
+    rb = nb * Q4_K_BYTES
     # ggml's repacked gemm takes the tokens four at a time, gemv the rest
     gemm_tokens = n_tok - n_tok % 4 if order == ORDER_GEMM and n_tok > 3 else 0
     # gemv alone, few tokens: straight from the quant bytes (simd.q4_k_isum); more tokens share
@@ -418,12 +419,12 @@ def matmul_q4_k(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
         for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
             row = W[r * rb:(r + 1) * rb]
             for b in range(nb):
-                o = b * 144
-                prefetch_bytes(row, o + PREFETCH_AHEAD, 144)
+                o = b * Q4_K_BYTES
+                prefetch_bytes(row, o + PREFETCH_AHEAD, Q4_K_BYTES)
                 dw[b] = f16_to_f32(row[o], row[o + 1])
                 dmin[b] = f16_to_f32(row[o + 2], row[o + 3])
                 scales, mins[b] = _scales_mins_k4(row, o + 4)
-                _scaled_nibbles(row, o + 16, scales, ws, b * 256)
+                _scaled_nibbles(row, o + 16, scales, ws, b * QK_K)
             t0 = (r // group_rows) * n_tok
             for t in range(n_tok):
                 x = qs[t0 + t]
@@ -434,7 +435,7 @@ def matmul_q4_k(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
                     continue
                 acc = np.float32(0.0)
                 for b in range(nb):
-                    isum = dot256(ws, b * 256, x, b * 256)
+                    isum = dot256(ws, b * QK_K, x, b * QK_K)
                     summ = _sum_mins_k4(bsums, b * 16, mins[b])
                     acc = block_sum(order, acc, np.float32(isum), np.float32(summ), dw[b], dmin[b], dx[b])
                 out[t, r] = acc
@@ -467,7 +468,7 @@ def _k4_tile_matmul(block_bytes, layout):
                     mins[(j // 2) * 2 * TILE_ROWS + 2 * i + j % 2] = _byte(mn, j)
             layout(W, o, rb, n_rows, tile, 0)
             for t in range(n_tok):
-                q4_k_tile16_dot(tile, qs[t0 + t], b * 256, scales, mins, extra[t0 + t], b * 16, dw, dmin, d[t0 + t, b],
+                q4_k_tile16_dot(tile, qs[t0 + t], b * QK_K, scales, mins, extra[t0 + t], b * 16, dw, dmin, d[t0 + t, b],
                                 acc, t * 2 * TILE_ROWS, ORDER_GEMM if t < gemm_tokens else rest)
         for t in range(n_tok):
             for i in range(n_rows):
@@ -475,8 +476,8 @@ def _k4_tile_matmul(block_bytes, layout):
     return tile_matmul
 
 
-_Q4_K_TILES = _k4_tile_matmul(144, q4_k_tile16)
-_Q5_K_TILES = _k4_tile_matmul(176, q5_k_tile16)
+_Q4_K_TILES = _k4_tile_matmul(Q4_K_BYTES, q4_k_tile16)
+_Q5_K_TILES = _k4_tile_matmul(Q5_K_BYTES, q5_k_tile16)
 
 
 @njit(**INLINE)
@@ -489,14 +490,14 @@ def _repacked_q4_k_dot(ws, x, dx, bsums, dw, dmin, mins, nb, gemm):
         scale, scale_min = dw[b] * dx[b], dmin[b] * dx[b]
         if gemm:
             for h in range(4):
-                isum = dot64(ws, b * 256 + h * 64, x, b * 256 + h * 64)
+                isum = dot64(ws, b * QK_K + h * 64, x, b * QK_K + h * 64)
                 o = b * 16 + 4 * h
                 summ = ((bsums[o] + bsums[o + 1]) * _byte(mins[b], 2 * h)
                         + (bsums[o + 2] + bsums[o + 3]) * _byte(mins[b], 2 * h + 1))
                 acc = fma32(np.float32(isum), scale, acc)
                 acc_min = fma32(np.float32(summ), scale_min, acc_min)
         else:
-            acc = fma32(np.float32(dot256(ws, b * 256, x, b * 256)), scale, acc)
+            acc = fma32(np.float32(dot256(ws, b * QK_K, x, b * QK_K)), scale, acc)
             acc_min = fma32(np.float32(_sum_mins_k4(bsums, b * 16, mins[b])), scale_min, acc_min)
     return acc - acc_min
 
@@ -508,11 +509,11 @@ def _q4_k_gemv_dot2(row, x1, x2, dx1, dx2, bsums1, bsums2, nb):
     and nibble masks; 8.9 -> 6.7 ns per block and token, one core, in cache)."""
     acc1 = acc_min1 = acc2 = acc_min2 = np.float32(0.0)
     for b in range(nb):
-        o = b * 144
-        prefetch_bytes(row, o + PREFETCH_AHEAD, 144)
+        o = b * Q4_K_BYTES
+        prefetch_bytes(row, o + PREFETCH_AHEAD, Q4_K_BYTES)
         scales, mins = _scales_mins_k4(row, o + 4)
         dw, dmin = f16_to_f32(row[o], row[o + 1]), f16_to_f32(row[o + 2], row[o + 3])
-        isum1, isum2 = q4_k_isum(row, o + 16, x1, b * 256, scales), q4_k_isum(row, o + 16, x2, b * 256, scales)
+        isum1, isum2 = q4_k_isum(row, o + 16, x1, b * QK_K, scales), q4_k_isum(row, o + 16, x2, b * QK_K, scales)
         summ1, summ2 = pair_sums_dot_bytes(bsums1, b * 16, mins), pair_sums_dot_bytes(bsums2, b * 16, mins)
         acc1 = fma32(np.float32(isum1), dw * dx1[b], acc1)
         acc_min1 = fma32(np.float32(summ1), dmin * dx1[b], acc_min1)
@@ -528,10 +529,10 @@ def _q4_k_gemv_dot(row, x, dx, bsums, nb):
     acc = np.float32(0.0)
     acc_min = np.float32(0.0)
     for b in range(nb):
-        o = b * 144
-        prefetch_bytes(row, o + PREFETCH_AHEAD, 144)
+        o = b * Q4_K_BYTES
+        prefetch_bytes(row, o + PREFETCH_AHEAD, Q4_K_BYTES)
         scales, mins = _scales_mins_k4(row, o + 4)
-        isum = q4_k_isum(row, o + 16, x, b * 256, scales)
+        isum = q4_k_isum(row, o + 16, x, b * QK_K, scales)
         summ = pair_sums_dot_bytes(bsums, b * 16, mins)
         acc = fma32(np.float32(isum), f16_to_f32(row[o], row[o + 1]) * dx[b], acc)
         acc_min = fma32(np.float32(summ), f16_to_f32(row[o + 2], row[o + 3]) * dx[b], acc_min)
@@ -540,13 +541,13 @@ def _q4_k_gemv_dot(row, x, dx, bsums, nb):
 
 @njit(**SERIAL)
 def dequantize_q4_k(W, cols, row_ids, out):
-    nb = cols // 256
-    rb = nb * 144
+    nb = cols // QK_K
+    rb = nb * Q4_K_BYTES
     for i in range(row_ids.size):
         row = W[row_ids[i] * rb:(row_ids[i] + 1) * rb]
-        wq = np.empty(256, np.int8)
+        wq = np.empty(QK_K, np.int8)
         for b in range(nb):
-            o = b * 144
+            o = b * Q4_K_BYTES
             dw = f16_to_f32(row[o], row[o + 1])
             dmin = f16_to_f32(row[o + 2], row[o + 3])
             scales, mins = _scales_mins_k4(row, o + 4)
@@ -555,7 +556,7 @@ def dequantize_q4_k(W, cols, row_ids, out):
                 dl = dw * np.float32(_byte(scales, s))
                 ml = dmin * np.float32(_byte(mins, s))
                 for j in range(32):
-                    out[i, b * 256 + s * 32 + j] = dl * np.float32(wq[s * 32 + j]) - ml
+                    out[i, b * QK_K + s * 32 + j] = dl * np.float32(wq[s * 32 + j]) - ml
 
 
 # ---- Q5_K: d, dmin, scales[12], qh[32], qs[128] ----------------------------
@@ -578,8 +579,8 @@ def _decode_q5_k(blk, o, wq):
 @njit(**PARALLEL)
 def matmul_q5_k(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
-    nb = cols // 256
-    rb = nb * 176
+    nb = cols // QK_K
+    rb = nb * Q5_K_BYTES
     if straight:  # from the row bytes
         for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
             for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
@@ -589,10 +590,10 @@ def matmul_q5_k(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
                     x, dx, bsums = qs[t0 + t], d[t0 + t], extra[t0 + t]
                     acc = np.float32(0.0)
                     for b in range(nb):
-                        o = b * 176
-                        prefetch_bytes(row, o + PREFETCH_AHEAD, 176)
+                        o = b * Q5_K_BYTES
+                        prefetch_bytes(row, o + PREFETCH_AHEAD, Q5_K_BYTES)
                         scales, mins = _scales_mins_k4(row, o + 4)
-                        isum = np.float32(q5_k_isum(row, o + 48, x, b * 256, scales, o + 16))
+                        isum = np.float32(q5_k_isum(row, o + 48, x, b * QK_K, scales, o + 16))
                         summ = np.float32(pair_sums_dot_bytes(bsums, b * 16, mins))
                         dw, dmin = f16_to_f32(row[o], row[o + 1]), f16_to_f32(row[o + 2], row[o + 3])
                         acc = block_sum(order, acc, isum, summ, dw, dmin, dx[b])
@@ -612,12 +613,12 @@ def matmul_q5_k(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
         for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
             row = W[r * rb:(r + 1) * rb]
             for b in range(nb):
-                o = b * 176
-                prefetch_bytes(row, o + PREFETCH_AHEAD, 176)
+                o = b * Q5_K_BYTES
+                prefetch_bytes(row, o + PREFETCH_AHEAD, Q5_K_BYTES)
                 dw[b] = f16_to_f32(row[o], row[o + 1])
                 dmin[b] = f16_to_f32(row[o + 2], row[o + 3])
                 scales, mins[b] = _scales_mins_k4(row, o + 4)
-                _scaled_q5_k(row, o, scales, ws, b * 256)
+                _scaled_q5_k(row, o, scales, ws, b * QK_K)
             t0 = (r // group_rows) * n_tok
             for t in range(n_tok):
                 x = qs[t0 + t]
@@ -625,7 +626,7 @@ def matmul_q5_k(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
                 bsums = extra[t0 + t]
                 acc = np.float32(0.0)
                 for b in range(nb):
-                    isum = dot256(ws, b * 256, x, b * 256)
+                    isum = dot256(ws, b * QK_K, x, b * QK_K)
                     summ = _sum_mins_k4(bsums, b * 16, mins[b])
                     acc = block_sum(order, acc, np.float32(isum), np.float32(summ), dw[b], dmin[b], dx[b])
                 out[t, r] = acc
@@ -633,13 +634,13 @@ def matmul_q5_k(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
 
 @njit(**SERIAL)
 def dequantize_q5_k(W, cols, row_ids, out):
-    nb = cols // 256
-    rb = nb * 176
+    nb = cols // QK_K
+    rb = nb * Q5_K_BYTES
     for i in range(row_ids.size):
         row = W[row_ids[i] * rb:(row_ids[i] + 1) * rb]
-        wq = np.empty(256, np.int8)
+        wq = np.empty(QK_K, np.int8)
         for b in range(nb):
-            o = b * 176
+            o = b * Q5_K_BYTES
             dw = f16_to_f32(row[o], row[o + 1])
             dmin = f16_to_f32(row[o + 2], row[o + 3])
             scales, mins = _scales_mins_k4(row, o + 4)
@@ -648,7 +649,7 @@ def dequantize_q5_k(W, cols, row_ids, out):
                 dl = dw * np.float32(_byte(scales, s))
                 ml = dmin * np.float32(_byte(mins, s))
                 for j in range(32):
-                    out[i, b * 256 + s * 32 + j] = dl * np.float32(wq[s * 32 + j]) - ml
+                    out[i, b * QK_K + s * 32 + j] = dl * np.float32(wq[s * 32 + j]) - ml
 
 
 # ---- Q6_K: ql[128], qh[64], scales[16] int8, d; value = q6 - 32 -------------
@@ -669,8 +670,8 @@ def _decode_q6_k(blk, o, wq):
 @njit(**PARALLEL)
 def matmul_q6_k(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
-    nb = cols // 256
-    rb = nb * 210
+    nb = cols // QK_K
+    rb = nb * Q6_K_BYTES
     if straight:  # from the row bytes
         for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
             for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
@@ -680,9 +681,9 @@ def matmul_q6_k(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
                     x, dx, bsums = qs[t0 + t], d[t0 + t], extra[t0 + t]
                     acc = np.float32(0.0)
                     for b in range(nb):
-                        o = b * 210
-                        prefetch_bytes(row, o + PREFETCH_AHEAD, 210)
-                        isum = q6_k_isum(row, o, x, b * 256, bsums, b * 16)
+                        o = b * Q6_K_BYTES
+                        prefetch_bytes(row, o + PREFETCH_AHEAD, Q6_K_BYTES)
+                        isum = q6_k_isum(row, o, x, b * QK_K, bsums, b * 16)
                         acc = block_step(order, acc, np.float32(isum), f16_to_f32(row[o + 208], row[o + 209]), dx[b])
                     out[t, r] = acc
         return
@@ -698,17 +699,17 @@ def matmul_q6_k(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
         for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
             row = W[r * rb:(r + 1) * rb]
             for b in range(nb):
-                o = b * 210
-                prefetch_bytes(row, o + PREFETCH_AHEAD, 210)
+                o = b * Q6_K_BYTES
+                prefetch_bytes(row, o + PREFETCH_AHEAD, Q6_K_BYTES)
                 dw[b] = f16_to_f32(row[o + 208], row[o + 209])
-                _scaled_q6_k(row, o, ws, b * 256)
+                _scaled_q6_k(row, o, ws, b * QK_K)
             t0 = (r // group_rows) * n_tok
             for t in range(n_tok):
                 x = qs[t0 + t]
                 dx = d[t0 + t]
                 acc = np.float32(0.0)
                 for b in range(nb):
-                    isum = dot256(ws, b * 256, x, b * 256)
+                    isum = dot256(ws, b * QK_K, x, b * QK_K)
                     acc = block_step(order, acc, np.float32(isum), dw[b], dx[b])
                 out[t, r] = acc
 
@@ -723,16 +724,16 @@ def _q6_k_tile_matmul(W, r0, n_rows, rb, nb, qs, d, extra, out, t0, n_tok, tiled
     dw = np.empty(TILE_ROWS, np.float32)
     acc = np.zeros(n_tok * TILE_ROWS, np.float32)
     for b in range(nb):
-        o = r0 * rb + b * 210
+        o = r0 * rb + b * Q6_K_BYTES
         for i in range(n_rows):
             at = o + i * rb
-            prefetch_bytes(W, at + PREFETCH_AHEAD, 210)
+            prefetch_bytes(W, at + PREFETCH_AHEAD, Q6_K_BYTES)
             dw[i] = f16_to_f32(W[at + 208], W[at + 209])
             for j in range(16):
                 scales[j * TILE_ROWS + i] = np.int8(W[at + 192 + j])
         q6_k_tile16(W, o, rb, n_rows, tile, 0)
         for t in range(n_tok):
-            q6_k_tile16_dot(tile, qs[t0 + t], b * 256, scales, extra[t0 + t], b * 16, dw, d[t0 + t, b], acc,
+            q6_k_tile16_dot(tile, qs[t0 + t], b * QK_K, scales, extra[t0 + t], b * 16, dw, d[t0 + t, b], acc,
                             t * TILE_ROWS, tiled)
     for t in range(n_tok):
         for i in range(n_rows):
@@ -741,16 +742,16 @@ def _q6_k_tile_matmul(W, r0, n_rows, rb, nb, qs, d, extra, out, t0, n_tok, tiled
 
 @njit(**SERIAL)
 def dequantize_q6_k(W, cols, row_ids, out):
-    nb = cols // 256
-    rb = nb * 210
+    nb = cols // QK_K
+    rb = nb * Q6_K_BYTES
     for i in range(row_ids.size):
         row = W[row_ids[i] * rb:(row_ids[i] + 1) * rb]
-        wq = np.empty(256, np.int8)
+        wq = np.empty(QK_K, np.int8)
         for b in range(nb):
-            o = b * 210
+            o = b * Q6_K_BYTES
             dw = f16_to_f32(row[o + 208], row[o + 209])
             _decode_q6_k(row, o, wq)
             for s in range(16):
                 dl = dw * np.float32(np.int8(row[o + 192 + s]))
                 for j in range(16):
-                    out[i, b * 256 + s * 16 + j] = dl * np.float32(wq[s * 16 + j])
+                    out[i, b * QK_K + s * 16 + j] = dl * np.float32(wq[s * 16 + j])

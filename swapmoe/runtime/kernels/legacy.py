@@ -23,7 +23,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ._constants import ORDER_LANES
+from ._constants import (ORDER_LANES, Q4_0_BYTES, Q4_1_BYTES, Q5_0_BYTES, Q5_1_BYTES, Q8_0_BYTES, QK4_0, QK4_1, QK5_0,
+                         QK5_1, QK8_0)
 from ._jit import INLINE, PARALLEL, SERIAL, f16_to_f32, u64
 from .simd import lanes_dot, rows_dot8
 
@@ -80,8 +81,8 @@ def matmul_q4_0(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     kernels.ggml_order): eight rows per call, so that eight FMA chains are in flight (2x in
     cache; eight rows at once for the lane-rounded types measured 1.1-1.8x slower from DRAM)."""
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
-    nb = cols // 32
-    rb = nb * 18
+    nb = cols // QK4_0
+    rb = nb * Q4_0_BYTES
     if order != ORDER_LANES:
         for task in prange(rows // 8):
             for t in range(n_tok):
@@ -96,18 +97,18 @@ def matmul_q4_0(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
 
 @njit(**SERIAL)
 def dequantize_q4_0(W, cols, row_ids, out):
-    nb = cols // 32
-    rb = nb * 18
+    nb = cols // QK4_0
+    rb = nb * Q4_0_BYTES
     for i in range(row_ids.size):
         row = W[row_ids[i] * rb:(row_ids[i] + 1) * rb]
-        wq = np.empty(32, np.int8)
+        wq = np.empty(QK4_0, np.int8)
         w64 = wq.view(np.uint64)
         for b in range(nb):
-            o = b * 18
+            o = b * Q4_0_BYTES
             dw = f16_to_f32(row[o], row[o + 1])
             _decode_q4(row, o + 2, 8, w64, 0)
-            for j in range(32):
-                out[i, b * 32 + j] = dw * np.float32(wq[j])
+            for j in range(QK4_0):
+                out[i, b * QK4_0 + j] = dw * np.float32(wq[j])
 
 
 # ---- Q4_1: d f16, m f16, nibbles; value = d * nibble + m --------------------
@@ -115,8 +116,8 @@ def dequantize_q4_0(W, cols, row_ids, out):
 @njit(**PARALLEL)
 def matmul_q4_1(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
-    nb = cols // 32
-    rb = nb * 20
+    nb = cols // QK4_1
+    rb = nb * Q4_1_BYTES
     for r in prange(rows):
         row = W[r * rb:(r + 1) * rb]
         t0 = (r // group_rows) * n_tok
@@ -126,19 +127,19 @@ def matmul_q4_1(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
 
 @njit(**SERIAL)
 def dequantize_q4_1(W, cols, row_ids, out):
-    nb = cols // 32
-    rb = nb * 20
+    nb = cols // QK4_1
+    rb = nb * Q4_1_BYTES
     for i in range(row_ids.size):
         row = W[row_ids[i] * rb:(row_ids[i] + 1) * rb]
-        wq = np.empty(32, np.int8)
+        wq = np.empty(QK4_1, np.int8)
         w64 = wq.view(np.uint64)
         for b in range(nb):
-            o = b * 20
+            o = b * Q4_1_BYTES
             dw = f16_to_f32(row[o], row[o + 1])
             mw = f16_to_f32(row[o + 2], row[o + 3])
             _decode_q4(row, o + 4, 0, w64, 0)
-            for j in range(32):
-                out[i, b * 32 + j] = dw * np.float32(wq[j]) + mw
+            for j in range(QK4_1):
+                out[i, b * QK4_1 + j] = dw * np.float32(wq[j]) + mw
 
 
 # ---- Q5_0: d f16, qh u32 (5th bits), nibbles; value = q5 - 16 ---------------
@@ -146,8 +147,8 @@ def dequantize_q4_1(W, cols, row_ids, out):
 @njit(**PARALLEL)
 def matmul_q5_0(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
-    nb = cols // 32
-    rb = nb * 22
+    nb = cols // QK5_0
+    rb = nb * Q5_0_BYTES
     for r in prange(rows):
         row = W[r * rb:(r + 1) * rb]
         t0 = (r // group_rows) * n_tok
@@ -157,18 +158,18 @@ def matmul_q5_0(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
 
 @njit(**SERIAL)
 def dequantize_q5_0(W, cols, row_ids, out):
-    nb = cols // 32
-    rb = nb * 22
+    nb = cols // QK5_0
+    rb = nb * Q5_0_BYTES
     for i in range(row_ids.size):
         row = W[row_ids[i] * rb:(row_ids[i] + 1) * rb]
-        wq = np.empty(32, np.int8)
+        wq = np.empty(QK5_0, np.int8)
         w64 = wq.view(np.uint64)
         for b in range(nb):
-            o = b * 22
+            o = b * Q5_0_BYTES
             dw = f16_to_f32(row[o], row[o + 1])
             _decode_q5(row, o + 2, 16, w64, 0)
-            for j in range(32):
-                out[i, b * 32 + j] = dw * np.float32(wq[j])
+            for j in range(QK5_0):
+                out[i, b * QK5_0 + j] = dw * np.float32(wq[j])
 
 
 # ---- Q5_1: d f16, m f16, qh u32, nibbles; value = d * q5 + m ----------------
@@ -176,8 +177,8 @@ def dequantize_q5_0(W, cols, row_ids, out):
 @njit(**PARALLEL)
 def matmul_q5_1(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
-    nb = cols // 32
-    rb = nb * 24
+    nb = cols // QK5_1
+    rb = nb * Q5_1_BYTES
     for r in prange(rows):
         row = W[r * rb:(r + 1) * rb]
         t0 = (r // group_rows) * n_tok
@@ -187,19 +188,19 @@ def matmul_q5_1(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
 
 @njit(**SERIAL)
 def dequantize_q5_1(W, cols, row_ids, out):
-    nb = cols // 32
-    rb = nb * 24
+    nb = cols // QK5_1
+    rb = nb * Q5_1_BYTES
     for i in range(row_ids.size):
         row = W[row_ids[i] * rb:(row_ids[i] + 1) * rb]
-        wq = np.empty(32, np.int8)
+        wq = np.empty(QK5_1, np.int8)
         w64 = wq.view(np.uint64)
         for b in range(nb):
-            o = b * 24
+            o = b * Q5_1_BYTES
             dw = f16_to_f32(row[o], row[o + 1])
             mw = f16_to_f32(row[o + 2], row[o + 3])
             _decode_q5(row, o + 4, 0, w64, 0)
-            for j in range(32):
-                out[i, b * 32 + j] = dw * np.float32(wq[j]) + mw
+            for j in range(QK5_1):
+                out[i, b * QK5_1 + j] = dw * np.float32(wq[j]) + mw
 
 
 # ---- Q8_0: d f16, 32 int8 ---------------------------------------------------
@@ -207,8 +208,8 @@ def dequantize_q5_1(W, cols, row_ids, out):
 @njit(**PARALLEL)
 def matmul_q8_0(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
-    nb = cols // 32
-    rb = nb * 34
+    nb = cols // QK8_0
+    rb = nb * Q8_0_BYTES
     for r in prange(rows):
         row = W[r * rb:(r + 1) * rb]
         t0 = (r // group_rows) * n_tok
@@ -218,12 +219,12 @@ def matmul_q8_0(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
 
 @njit(**SERIAL)
 def dequantize_q8_0(W, cols, row_ids, out):
-    nb = cols // 32
-    rb = nb * 34
+    nb = cols // QK8_0
+    rb = nb * Q8_0_BYTES
     for i in range(row_ids.size):
         row = W[row_ids[i] * rb:(row_ids[i] + 1) * rb]
         for b in range(nb):
-            o = b * 34
+            o = b * Q8_0_BYTES
             dw = f16_to_f32(row[o], row[o + 1])
-            for j in range(32):
-                out[i, b * 32 + j] = dw * np.float32(np.int8(row[o + 2 + j]))
+            for j in range(QK8_0):
+                out[i, b * QK8_0 + j] = dw * np.float32(np.int8(row[o + 2 + j]))

@@ -9,12 +9,12 @@ import numpy as np
 from gguf.quants import MXFP4
 from numba import njit, prange
 
-from ._constants import ORDER_GEMV
+from ._constants import MXFP4_BYTES, ORDER_GEMV, QK_MXFP4
 from ._jit import E8M0_HALF, PARALLEL, SERIAL, nibble_row_dot
 from .simd import rows_dot8
 
 _KVALUES = np.array(MXFP4.kvalues, dtype=np.int8)
-_ROW = nibble_row_dot(17, _KVALUES, fp16_scale=False)
+_ROW = nibble_row_dot(MXFP4_BYTES, _KVALUES, fp16_scale=False)
 _ROWS8 = rows_dot8["mxfp4"]
 
 
@@ -24,8 +24,8 @@ def matmul_mxfp4(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     bytes: 2.5-4x faster than decoding the row once for a batch, even for 64 tokens.  Repacked by
     llama.cpp (ORDER_GEMV; then rows % 8 == 0 and one group): eight rows per call (simd.rows_dot8)."""
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
-    nb = cols // 32
-    rb = nb * 17
+    nb = cols // QK_MXFP4
+    rb = nb * MXFP4_BYTES
     if order == ORDER_GEMV:
         for task in prange(rows // 8):
             for t in range(n_tok):
@@ -40,13 +40,13 @@ def matmul_mxfp4(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
 
 @njit(**SERIAL)
 def dequantize_mxfp4(W, cols, row_ids, out):
-    nb = cols // 32
-    rb = nb * 17
+    nb = cols // QK_MXFP4
+    rb = nb * MXFP4_BYTES
     for i in range(row_ids.size):
         row = W[row_ids[i] * rb:(row_ids[i] + 1) * rb]
         for b in range(nb):
-            o = b * 17
+            o = b * MXFP4_BYTES
             scale = E8M0_HALF[row[o]]
             for j in range(16):
-                out[i, b * 32 + j] = scale * np.float32(_KVALUES[row[o + 1 + j] & 15])
-                out[i, b * 32 + 16 + j] = scale * np.float32(_KVALUES[row[o + 1 + j] >> 4])
+                out[i, b * QK_MXFP4 + j] = scale * np.float32(_KVALUES[row[o + 1 + j] & 15])
+                out[i, b * QK_MXFP4 + 16 + j] = scale * np.float32(_KVALUES[row[o + 1 + j] >> 4])

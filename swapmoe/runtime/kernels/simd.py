@@ -34,7 +34,8 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ._constants import ORDER_GEMM, ORDER_GEMV, ORDER_TILED
+from ._constants import (IQ2_XXS_BYTES, IQ4_NL_BYTES, MXFP4_BYTES, ORDER_GEMM, ORDER_GEMV, ORDER_TILED, Q4_0_BYTES,
+                         Q4_1_BYTES, Q5_0_BYTES, Q5_1_BYTES, Q8_0_BYTES)
 
 I8, I16, I32, I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 
@@ -1011,7 +1012,8 @@ def _iq2_xxs_pair_isum(typingctx, w, wo, x, xo):
 
     def codegen(context, builder, signature, args):
         wt, xt, w, wo, x, xo = signature.args[0], signature.args[2], *args
-        blocks = [_load_bytes(context, builder, wt, w, _add_offset(builder, wo, 2 + 66 * i), 64) for i in range(2)]
+        blocks = [_load_bytes(context, builder, wt, w, _add_offset(builder, wo, 2 + IQ2_XXS_BYTES * i), 64)
+                  for i in range(2)]
         first, second = (builder.bitcast(q, _vec(I64, 8)) for q in blocks)
         low_half, shift = _splat(I64, 8, 0xFFFFFFFF), _splat(I64, 8, 32)
         # qword k, bytes 0..3: the grid indices of the first block's sub-block k, bytes 4..7: the second's
@@ -1045,7 +1047,7 @@ def _iq2_xxs_pair_isum(typingctx, w, wo, x, xo):
     return sig, codegen
 
 
-_iq2_xxs_pair_isum.__doc__ = """The exact sums of the two IQ2_XXS super-blocks at w[wo] and w[wo + 66] (as
+_iq2_xxs_pair_isum.__doc__ = """The exact sums of the two IQ2_XXS super-blocks at w[wo] and w[wo + IQ2_XXS_BYTES] (as
     IQ2_XXS_ISUM) against the int8 activation x[xo:xo+512] in IQ2_XXS_PAIR_ORDER, each rounded to
     float32 (VBMI only)."""
 IQ2_XXS_PAIR_ISUM = {VBMI: _iq2_xxs_pair_isum}
@@ -1725,11 +1727,11 @@ int8_tile16, int8_tile16_dot = _for_this_cpu(INT8_TILE16), _for_this_cpu(INT8_TI
 # block layout per type: bytes per block, offset of the f16 min (None: no min), offset of the
 # u32 of 5th bits (None: 4-bit), offset of the quants, value offset subtracted (signed types)
 LEGACY_BLOCKS = {
-    "q8_0": (34, None, None, 2, 0),
-    "q4_0": (18, None, None, 2, 8),
-    "q5_0": (22, None, 2, 6, 16),
-    "q4_1": (20, 2, None, 4, 0),
-    "q5_1": (24, 2, 4, 8, 0),
+    "q8_0": (Q8_0_BYTES, None, None, 2, 0),
+    "q4_0": (Q4_0_BYTES, None, None, 2, 8),
+    "q5_0": (Q5_0_BYTES, None, 2, 6, 16),
+    "q4_1": (Q4_1_BYTES, 2, None, 4, 0),
+    "q5_1": (Q5_1_BYTES, 2, 4, 8, 0),
 }
 
 
@@ -1829,9 +1831,9 @@ def _sums8(builder, vectors):
 # the 32-value block types whose repacked route (one FMA per block) goes eight rows per call:
 # bytes per block, offset of the quants, nibble -> value table (Q4_0: nibble - 8), e8m0 scale
 ROWS8_BLOCKS = {
-    "q4_0": (18, 2, None, False),
-    "iq4_nl": (18, 2, np.array(gq.IQ4_NL.kvalues, np.int8), False),
-    "mxfp4": (17, 1, np.array(gq.MXFP4.kvalues, np.int8), True),
+    "q4_0": (Q4_0_BYTES, 2, None, False),
+    "iq4_nl": (IQ4_NL_BYTES, 2, np.array(gq.IQ4_NL.kvalues, np.int8), False),
+    "mxfp4": (MXFP4_BYTES, 1, np.array(gq.MXFP4.kvalues, np.int8), True),
 }
 
 
