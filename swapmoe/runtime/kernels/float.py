@@ -69,6 +69,7 @@ def _widen_bf16(halves, bits):
         bits[j] = np.uint32(halves[j]) << 16
 
 
+# Top-level on purpose: numba caches factory-made parallel kernels per process only (docs/kernels.md).
 @njit(**PARALLEL)
 def matmul_f32(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
@@ -90,6 +91,7 @@ def dequantize_f32(W, cols, row_ids, out):
             out[i, j] = w[row_ids[i] * cols + j]
 
 
+# Top-level on purpose: numba caches factory-made parallel kernels per process only (docs/kernels.md).
 @njit(**PARALLEL)
 def matmul_f16(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
@@ -117,6 +119,7 @@ def dequantize_f16(W, cols, row_ids, out):
             out[i, j] = w[j]
 
 
+# Top-level on purpose: numba caches factory-made parallel kernels per process only (docs/kernels.md).
 @njit(**PARALLEL)
 def matmul_bf16(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows

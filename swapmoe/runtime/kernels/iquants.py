@@ -155,6 +155,7 @@ def _tile_matmul(block_bytes, decode, scale16, factor):
 
 # ---- IQ4_NL: d f16, 16 bytes of indices into a 16-value table (Q8_0 acts) ---
 
+# Top-level on purpose: numba caches factory-made parallel kernels per process only (docs/kernels.md).
 @njit(**PARALLEL)
 def matmul_iq4_nl(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     """Values looked up in registers (simd.nibble_table_dot), every token straight from the row
@@ -218,6 +219,7 @@ def _scale16_iq4_xs(blk, o, j):
 _IQ4_XS_TILES = _tile_matmul(IQ4_XS_BYTES, _decode_iq4_xs, _scale16_iq4_xs, 1.0)
 
 
+# Top-level on purpose: numba caches factory-made parallel kernels per process only (docs/kernels.md).
 @njit(**PARALLEL)
 def matmul_iq4_xs(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     """Weights in pair order times their sub-block scale, against pair-ordered activations."""
@@ -316,6 +318,7 @@ def _scale16_iq2_xxs(blk, o, j):
 _IQ2_XXS_TILES = _tile_matmul(IQ2_XXS_BYTES, _decode_iq2_xxs, _scale16_iq2_xxs, 0.125)
 
 
+# Top-level on purpose: numba caches factory-made parallel kernels per process only (docs/kernels.md).
 @njit(**PARALLEL)
 def matmul_iq2_xxs(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
@@ -399,6 +402,7 @@ def _scale16_iq2_xs(blk, o, j):
 _IQ2_XS_TILES = _tile_matmul(IQ2_XS_BYTES, _decode_iq2_xs, _scale16_iq2_xs, 0.125)
 
 
+# Top-level on purpose: numba caches factory-made parallel kernels per process only (docs/kernels.md).
 @njit(**PARALLEL)
 def matmul_iq2_xs(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
@@ -480,6 +484,7 @@ def _scale16_iq2_s(blk, o, j):
 _IQ2_S_TILES = _tile_matmul(IQ2_S_BYTES, _decode_iq2_s, _scale16_iq2_s, 0.125)
 
 
+# Top-level on purpose: numba caches factory-made parallel kernels per process only (docs/kernels.md).
 @njit(**PARALLEL)
 def matmul_iq2_s(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
@@ -566,6 +571,7 @@ def _scale16_iq3_xxs(blk, o, j):
 _IQ3_XXS_TILES = _tile_matmul(IQ3_XXS_BYTES, _decode_iq3_xxs, _scale16_iq3_xxs, 0.25)
 
 
+# Top-level on purpose: numba caches factory-made parallel kernels per process only (docs/kernels.md).
 @njit(**PARALLEL)
 def matmul_iq3_xxs(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
@@ -649,6 +655,7 @@ def _scale16_iq3_s(blk, o, j):
 _IQ3_S_TILES = _tile_matmul(IQ3_S_BYTES, _decode_iq3_s, _scale16_iq3_s, 1.0)
 
 
+# Top-level on purpose: numba caches factory-made parallel kernels per process only (docs/kernels.md).
 @njit(**PARALLEL)
 def matmul_iq3_s(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
@@ -735,6 +742,7 @@ def _decode_iq1_s(blk, o, ws, wo, scaled):
             widen8(_GRID8_IQ1_S[gi], s, ws, wo + ib * 32 + l * 8)
 
 
+# Top-level on purpose: numba caches factory-made parallel kernels per process only (docs/kernels.md).
 @njit(**PARALLEL)
 def matmul_iq1_s(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
@@ -837,6 +845,7 @@ def _decode_iq1_m(blk, o, ws, wo, scaled):
         widen8(_GRID8_IQ1_S[gi], s, ws, wo + g * 8)
 
 
+# Top-level on purpose: numba caches factory-made parallel kernels per process only (docs/kernels.md).
 @njit(**PARALLEL)
 def matmul_iq1_m(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows

@@ -188,6 +188,7 @@ def _sum_mins_k4(bsums, bo, mins):
 
 # ---- Q2_K: scales[16] (lo nibble scale, hi nibble min), qs[64], d, dmin -----
 
+# Top-level on purpose: numba caches factory-made parallel kernels per process only (docs/kernels.md).
 @njit(**PARALLEL)
 def matmul_q2_k(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
@@ -319,6 +320,7 @@ def _decode_q3_k(blk, o, wq):
         wq[224 + i] -= ((h >> 7) & 1) << 2
 
 
+# Top-level on purpose: numba caches factory-made parallel kernels per process only (docs/kernels.md).
 @njit(**PARALLEL)
 def matmul_q3_k(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
@@ -383,6 +385,7 @@ def dequantize_q3_k(W, cols, row_ids, out):
 
 # ---- Q4_K: d, dmin, scales[12], qs[128] ------------------------------------
 
+# Top-level on purpose: numba caches factory-made parallel kernels per process only (docs/kernels.md).
 @njit(**PARALLEL)
 def matmul_q4_k(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
@@ -576,6 +579,7 @@ def _decode_q5_k(blk, o, wq):
         wq[224 + i] |= ((h >> 7) & 1) << 4
 
 
+# Top-level on purpose: numba caches factory-made parallel kernels per process only (docs/kernels.md).
 @njit(**PARALLEL)
 def matmul_q5_k(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
@@ -667,6 +671,7 @@ def _decode_q6_k(blk, o, wq):
             wq[h * 128 + 96 + i] = ((lo1 >> 4) | ((hi >> 6) << 4)) - 32
 
 
+# Top-level on purpose: numba caches factory-made parallel kernels per process only (docs/kernels.md).
 @njit(**PARALLEL)
 def matmul_q6_k(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows

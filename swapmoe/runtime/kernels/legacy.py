@@ -75,6 +75,7 @@ def _decode_q5(blk, o, offset, w64, wo):
 
 # ---- Q4_0: d f16, 16 bytes of nibbles; value = nibble - 8 ------------------
 
+# Top-level on purpose: numba caches factory-made parallel kernels per process only (docs/kernels.md).
 @njit(**PARALLEL)
 def matmul_q4_0(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     """Repacked by llama.cpp (order != ORDER_LANES; then rows % 8 == 0 and one group,
@@ -113,6 +114,7 @@ def dequantize_q4_0(W, cols, row_ids, out):
 
 # ---- Q4_1: d f16, m f16, nibbles; value = d * nibble + m --------------------
 
+# Top-level on purpose: numba caches factory-made parallel kernels per process only (docs/kernels.md).
 @njit(**PARALLEL)
 def matmul_q4_1(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
@@ -144,6 +146,7 @@ def dequantize_q4_1(W, cols, row_ids, out):
 
 # ---- Q5_0: d f16, qh u32 (5th bits), nibbles; value = q5 - 16 ---------------
 
+# Top-level on purpose: numba caches factory-made parallel kernels per process only (docs/kernels.md).
 @njit(**PARALLEL)
 def matmul_q5_0(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
@@ -174,6 +177,7 @@ def dequantize_q5_0(W, cols, row_ids, out):
 
 # ---- Q5_1: d f16, m f16, qh u32, nibbles; value = d * q5 + m ----------------
 
+# Top-level on purpose: numba caches factory-made parallel kernels per process only (docs/kernels.md).
 @njit(**PARALLEL)
 def matmul_q5_1(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
@@ -205,6 +209,7 @@ def dequantize_q5_1(W, cols, row_ids, out):
 
 # ---- Q8_0: d f16, 32 int8 ---------------------------------------------------
 
+# Top-level on purpose: numba caches factory-made parallel kernels per process only (docs/kernels.md).
 @njit(**PARALLEL)
 def matmul_q8_0(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows

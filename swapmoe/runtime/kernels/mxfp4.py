@@ -18,6 +18,7 @@ _ROW = nibble_row_dot(MXFP4_BYTES, _KVALUES, fp16_scale=False)
 _ROWS8 = rows_dot8["mxfp4"]
 
 
+# Top-level on purpose: numba caches factory-made parallel kernels per process only (docs/kernels.md).
 @njit(**PARALLEL)
 def matmul_mxfp4(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     """Values looked up in registers (simd.nibble_table_dot), every token straight from the row
