@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T, GGUFValueType, GGUFWriter
+from gguf import GGML_QUANT_SIZES, GGML_QUANT_VERSION, GGMLQuantizationType as T, GGUFValueType, GGUFWriter, Keys
 from tqdm import tqdm
 
 from swapmoe.atomic import atomic_output, check_free_space, check_output_path
@@ -43,7 +43,7 @@ def _fits(ggml_type: T, ne0: int) -> T:
     """The type itself if rows are whole blocks, else llama-quantize's fallback."""
     if ne0 % GGML_QUANT_SIZES[ggml_type][0] == 0:
         return ggml_type
-    return T.Q8_0 if ne0 % 32 == 0 else T.F16
+    return T.Q8_0 if ne0 % GGML_QUANT_SIZES[T.Q8_0][0] == 0 else T.F16
 
 
 def _matrix_types(tensors: list[Tensor], config: SynthConfig, type_name: str) -> dict[str, T]:
@@ -80,14 +80,16 @@ def _tensor_nbytes(ne: tuple[int, ...], ggml_type: T) -> int:
 
 
 def plan(config: SynthConfig, type_name: str = "Q8_0") -> tuple[list[tuple[str, tuple[int, ...], str, T]], dict[str, Any]]:
-    """The tensors (name, ne, role, type) and arch keys a synthetic file of `config` will hold."""
+    """The tensors (name, ne, role, type) and arch keys a synthetic file of `config` will hold, the keys
+    without their "{arch}." (`block_count`: the file's `qwen3moe.block_count`)."""
     if type_name not in TYPES:
         raise SwapmoeError(f"unknown tensor type {type_name}; choose one of {', '.join(TYPES)}")
     vocab = build_vocab()
     tensors, keys = ARCHS[config.arch](config, len(vocab.tokens))
     matrix_types = _matrix_types(tensors, config, type_name)
     typed = [(name, ne, role, matrix_types.get(name, T.I32 if role == "table" else T.F32)) for name, ne, role in tensors]
-    return typed, keys
+    # archs.py names the keys by gguf's templates ("{arch}.block_count"); _metadata puts the arch there
+    return typed, {key.removeprefix("{arch}."): value for key, value in keys.items()}
 
 
 def _size_of(config: SynthConfig, type_name: str) -> int:
@@ -140,7 +142,7 @@ def _small_tensor(role: str, ne: tuple[int, ...], n_expert: int, rng: np.random.
 def _metadata(w: GGUFWriter, arch: str, name: str, arch_keys: dict[str, Any]) -> None:
     vocab = build_vocab()
     w.add_name(name)
-    w.add_quantization_version(2)
+    w.add_quantization_version(GGML_QUANT_VERSION)
     w.add_custom_alignment(ALIGNMENT)
     for key, value in arch_keys.items():
         _add_key(w, f"{arch}.{key}", value)
@@ -236,8 +238,8 @@ def synth(path: str | os.PathLike, arch: str | None = None, preset: str | None =
             if i == 0:
                 _metadata(w, arch, f"swapmoe synthetic {preset or 'tiny-' + arch} {type}", arch_keys)
             if shards > 1:
-                w.add_uint16("split.no", i)
-                w.add_uint16("split.count", shards)
-                w.add_int32("split.tensors.count", len(tensors))
+                w.add_uint16(Keys.Split.LLM_KV_SPLIT_NO, i)
+                w.add_uint16(Keys.Split.LLM_KV_SPLIT_COUNT, shards)
+                w.add_int32(Keys.Split.LLM_KV_SPLIT_TENSORS_COUNT, len(tensors))
             _write_file(shard_path, w, tensors[i * per_shard:(i + 1) * per_shard], fill, bar)
     return paths[0]

@@ -8,11 +8,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
+from gguf import ExpertGatingFuncType, Keys, RopeScalingType
+
 from swapmoe.errors import SwapmoeError
 
 Tensor = tuple[str, tuple[int, ...], str]  # (name, ne, role)
 # roles: matrix (quantizable), norm (F32 around 1), vector (F32 small), router (F32 matrix),
 #        table (I32 token->expert ids), sinks (F32 per-head logits), decay (F32, negative)
+
+# Metadata keys are gguf's key templates ("{arch}.block_count"; synthetic.plan drops the "{arch}.").
+# Keys gguf-py does not name yet (DeepSeek-V4's) are written out the same way.
+LLM, ATTN, ROPE, SSM = Keys.LLM, Keys.Attention, Keys.Rope, Keys.SSM
+YARN = RopeScalingType.YARN.value
+SQRT_SOFTPLUS = 4  # llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SQRT_SOFTPLUS (DeepSeek-V4; no gguf-py name)
 
 
 @dataclass(frozen=True)
@@ -43,11 +51,11 @@ class SynthConfig:
 
 def _common_keys(c: SynthConfig, n_ff: int) -> dict[str, Any]:
     return {
-        "context_length": c.ctx, "embedding_length": c.d_model, "block_count": c.n_layer,
-        "feed_forward_length": n_ff, "expert_count": c.n_expert, "expert_used_count": c.n_expert_used,
-        "attention.head_count": c.n_head, "attention.head_count_kv": c.n_head_kv,
-        "attention.key_length": c.head_dim, "attention.value_length": c.head_dim,
-        "attention.layer_norm_rms_epsilon": c.rms_eps, "rope.freq_base": c.rope_base,
+        LLM.CONTEXT_LENGTH: c.ctx, LLM.EMBEDDING_LENGTH: c.d_model, LLM.BLOCK_COUNT: c.n_layer,
+        LLM.FEED_FORWARD_LENGTH: n_ff, LLM.EXPERT_COUNT: c.n_expert, LLM.EXPERT_USED_COUNT: c.n_expert_used,
+        ATTN.HEAD_COUNT: c.n_head, ATTN.HEAD_COUNT_KV: c.n_head_kv,
+        ATTN.KEY_LENGTH: c.head_dim, ATTN.VALUE_LENGTH: c.head_dim,
+        ATTN.LAYERNORM_RMS_EPS: c.rms_eps, ROPE.FREQ_BASE: c.rope_base,
     }
 
 
@@ -109,7 +117,7 @@ def qwen3moe(c: SynthConfig, n_vocab: int) -> tuple[list[Tensor], dict[str, Any]
     for i in range(c.n_layer):
         t += [_norm(i, "attn_norm", c.d_model), *_gqa(c, i), _norm(i, "attn_q_norm", c.head_dim),
               _norm(i, "attn_k_norm", c.head_dim), _norm(i, "ffn_norm", c.d_model), *_router(c, i), *_experts(c, i, c.d_model)]
-    keys = _common_keys(c, c.expert_ff * c.n_expert_used) | {"expert_feed_forward_length": c.expert_ff}
+    keys = _common_keys(c, c.expert_ff * c.n_expert_used) | {LLM.EXPERT_FEED_FORWARD_LENGTH: c.expert_ff}
     return t, keys
 
 
@@ -121,7 +129,7 @@ def qwen2moe(c: SynthConfig, n_vocab: int) -> tuple[list[Tensor], dict[str, Any]
         t += [_norm(i, "attn_norm", c.d_model), *_gqa(c, i, qkv_bias=True), _norm(i, "ffn_norm", c.d_model),
               *_router(c, i), *_experts(c, i, c.d_model), *_shared(c, i, gated=True)]
     keys = _common_keys(c, c.expert_ff * c.n_expert_used) | {
-        "expert_feed_forward_length": c.expert_ff, "expert_shared_feed_forward_length": c.shared_ff}
+        LLM.EXPERT_FEED_FORWARD_LENGTH: c.expert_ff, LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH: c.shared_ff}
     return t, keys
 
 
@@ -140,7 +148,7 @@ def llama(c: SynthConfig, n_vocab: int) -> tuple[list[Tensor], dict[str, Any]]:
     for i in range(c.n_layer):
         t += [_norm(i, "attn_norm", c.d_model), *_gqa(c, i), _norm(i, "ffn_norm", c.d_model),
               *_router(c, i), *_experts(c, i, c.d_model)]
-    return t, _common_keys(c, c.expert_ff) | {"rope.dimension_count": c.head_dim}
+    return t, _common_keys(c, c.expert_ff) | {ROPE.DIMENSION_COUNT: c.head_dim}
 
 
 def minimax_m2(c: SynthConfig, n_vocab: int) -> tuple[list[Tensor], dict[str, Any]]:
@@ -150,8 +158,8 @@ def minimax_m2(c: SynthConfig, n_vocab: int) -> tuple[list[Tensor], dict[str, An
               _norm(i, "attn_k_norm", c.n_head_kv * c.head_dim), _norm(i, "ffn_norm", c.d_model),
               *_router(c, i, probs_bias=True), *_experts(c, i, c.d_model)]
     keys = _common_keys(c, c.expert_ff) | {
-        "expert_feed_forward_length": c.expert_ff, "expert_gating_func": 2,
-        "rope.dimension_count": c.extra.get("rope_dim", c.head_dim // 2)}
+        LLM.EXPERT_FEED_FORWARD_LENGTH: c.expert_ff, LLM.EXPERT_GATING_FUNC: int(ExpertGatingFuncType.SIGMOID),
+        ROPE.DIMENSION_COUNT: c.extra.get("rope_dim", c.head_dim // 2)}
     return t, keys
 
 
@@ -162,10 +170,10 @@ def gpt_oss(c: SynthConfig, n_vocab: int) -> tuple[list[Tensor], dict[str, Any]]
               (f"blk.{i}.attn_sinks.weight", (c.n_head,), "sinks"), _norm(i, "post_attention_norm", c.d_model),
               *_router(c, i, bias=True), *_experts(c, i, c.d_model, bias=True)]
     keys = _common_keys(c, c.expert_ff) | {
-        "expert_feed_forward_length": c.expert_ff, "attention.sliding_window": c.extra.get("sliding_window", 128),
-        "rope.scaling.type": "yarn", "rope.scaling.factor": 32.0, "rope.scaling.original_context_length": 4096}
+        LLM.EXPERT_FEED_FORWARD_LENGTH: c.expert_ff, ATTN.SLIDING_WINDOW: c.extra.get("sliding_window", 128),
+        ROPE.SCALING_TYPE: YARN, ROPE.SCALING_FACTOR: 32.0, ROPE.SCALING_ORIG_CTX_LEN: 4096}
     if "rope_base_swa" in c.extra:
-        keys["rope.freq_base_swa"] = float(c.extra["rope_base_swa"])
+        keys[ROPE.FREQ_BASE_SWA] = float(c.extra["rope_base_swa"])
     return t, keys
 
 
@@ -175,7 +183,7 @@ def deepseek2(c: SynthConfig, n_vocab: int) -> tuple[list[Tensor], dict[str, Any
     exp_probs_b), weights_scale / weights_norm, yarn {factor, original_context_length, log_mul}."""
     x = c.extra
     ql, kvl, rope, nope, dv = x["q_lora_rank"], x["kv_lora_rank"], x["rope_dim"], x["nope_dim"], x["v_dim"]
-    mla, gating = x.get("mla", True), x.get("gating", 2)
+    mla, gating = x.get("mla", True), int(x.get("gating", ExpertGatingFuncType.SIGMOID))
     D, H = c.d_model, c.n_head
     t = _globals(c, n_vocab)
     for i in range(c.n_layer):
@@ -196,23 +204,25 @@ def deepseek2(c: SynthConfig, n_vocab: int) -> tuple[list[Tensor], dict[str, Any
             t += [(p + "ffn_gate.weight", (D, c.dense_ff), "matrix"), (p + "ffn_up.weight", (D, c.dense_ff), "matrix"),
                   (p + "ffn_down.weight", (c.dense_ff, D), "matrix")]
         else:
-            t += [*_router(c, i, probs_bias=gating == 2), *_experts(c, i, D), *_shared(c, i, gated=False)]
+            t += [*_router(c, i, probs_bias=gating == ExpertGatingFuncType.SIGMOID), *_experts(c, i, D),
+                  *_shared(c, i, gated=False)]
     if mla:  # the converter's MQA view of the absorbed form
-        heads = {"attention.head_count_kv": 1, "attention.key_length": kvl + rope, "attention.value_length": kvl,
-                 "attention.key_length_mla": nope + rope, "attention.value_length_mla": dv}
+        heads = {ATTN.HEAD_COUNT_KV: 1, ATTN.KEY_LENGTH: kvl + rope, ATTN.VALUE_LENGTH: kvl,
+                 ATTN.KEY_LENGTH_MLA: nope + rope, ATTN.VALUE_LENGTH_MLA: dv}
     else:
-        heads = {"attention.head_count_kv": H, "attention.key_length": nope + rope, "attention.value_length": dv}
+        heads = {ATTN.HEAD_COUNT_KV: H, ATTN.KEY_LENGTH: nope + rope, ATTN.VALUE_LENGTH: dv}
     keys = _common_keys(c, c.dense_ff) | heads | {
-        "attention.q_lora_rank": ql, "attention.kv_lora_rank": kvl, "rope.dimension_count": rope,
-        "leading_dense_block_count": c.n_dense_lead, "expert_feed_forward_length": c.expert_ff,
-        "expert_shared_count": max(1, c.shared_ff // c.expert_ff), "expert_weights_scale": x.get("weights_scale", 2.5),
-        "expert_weights_norm": x.get("weights_norm", True), "expert_gating_func": gating,
-        "expert_group_count": x.get("groups", 1), "expert_group_used_count": x.get("groups_used", 1)}
+        ATTN.Q_LORA_RANK: ql, ATTN.KV_LORA_RANK: kvl, ROPE.DIMENSION_COUNT: rope,
+        LLM.LEADING_DENSE_BLOCK_COUNT: c.n_dense_lead, LLM.EXPERT_FEED_FORWARD_LENGTH: c.expert_ff,
+        LLM.EXPERT_SHARED_COUNT: max(1, c.shared_ff // c.expert_ff),
+        LLM.EXPERT_WEIGHTS_SCALE: x.get("weights_scale", 2.5), LLM.EXPERT_WEIGHTS_NORM: x.get("weights_norm", True),
+        LLM.EXPERT_GATING_FUNC: gating,
+        LLM.EXPERT_GROUP_COUNT: x.get("groups", 1), LLM.EXPERT_GROUP_USED_COUNT: x.get("groups_used", 1)}
     if "yarn" in x:
         y = x["yarn"]
-        keys |= {"rope.scaling.type": "yarn", "rope.scaling.factor": float(y["factor"]),
-                 "rope.scaling.original_context_length": y["original_context_length"],
-                 "rope.scaling.yarn_log_multiplier": 0.1 * y["log_mul"]}
+        keys |= {ROPE.SCALING_TYPE: YARN, ROPE.SCALING_FACTOR: float(y["factor"]),
+                 ROPE.SCALING_ORIG_CTX_LEN: y["original_context_length"],
+                 ROPE.SCALING_YARN_LOG_MUL: 0.1 * y["log_mul"]}
     return t, keys
 
 
@@ -238,14 +248,15 @@ def deepseek4(c: SynthConfig, n_vocab: int) -> tuple[list[Tensor], dict[str, Any
             t.append((p + "ffn_gate_tid2eid.weight", (c.n_expert_used, n_vocab), "table"))
         t += [*_experts(c, i, D), *_shared(c, i, gated=False)]
     keys = _common_keys(c, c.expert_ff) | {
-        "rope.dimension_count": x.get("rope_dim", hd // 2), "attention.compress_rope_freq_base": 160000.0,
-        "attention.q_lora_rank": ql, "attention.sliding_window": 128, "attention.compress_ratios": [0] * c.n_layer,
-        "attention.indexer.head_count": 4, "attention.indexer.key_length": 64, "attention.indexer.top_k": 64,
-        "attention.output_group_count": groups, "attention.output_lora_rank": out_rank,
-        "hyper_connection.count": hc, "hyper_connection.sinkhorn_iterations": 20, "hyper_connection.epsilon": 1e-6,
-        "hash_layer_count": n_hash, "expert_feed_forward_length": c.expert_ff,
-        "expert_shared_count": max(1, c.shared_ff // c.expert_ff), "expert_weights_scale": 1.5,
-        "expert_weights_norm": True, "expert_gating_func": 4, "swiglu_clamp_exp": [10.0] * c.n_layer}
+        ROPE.DIMENSION_COUNT: x.get("rope_dim", hd // 2), "{arch}.attention.compress_rope_freq_base": 160000.0,
+        ATTN.Q_LORA_RANK: ql, ATTN.SLIDING_WINDOW: 128, "{arch}.attention.compress_ratios": [0] * c.n_layer,
+        ATTN.Indexer.HEAD_COUNT: 4, ATTN.Indexer.KEY_LENGTH: 64, ATTN.Indexer.TOP_K: 64,
+        "{arch}.attention.output_group_count": groups, "{arch}.attention.output_lora_rank": out_rank,
+        "{arch}.hyper_connection.count": hc, "{arch}.hyper_connection.sinkhorn_iterations": 20,
+        "{arch}.hyper_connection.epsilon": 1e-6, "{arch}.hash_layer_count": n_hash,
+        LLM.EXPERT_FEED_FORWARD_LENGTH: c.expert_ff, LLM.EXPERT_SHARED_COUNT: max(1, c.shared_ff // c.expert_ff),
+        LLM.EXPERT_WEIGHTS_SCALE: 1.5, LLM.EXPERT_WEIGHTS_NORM: True, LLM.EXPERT_GATING_FUNC: SQRT_SOFTPLUS,
+        LLM.SWIGLU_CLAMP_EXP: [10.0] * c.n_layer}
     return t, keys
 
 
@@ -271,10 +282,10 @@ def qwen35moe(c: SynthConfig, n_vocab: int) -> tuple[list[Tensor], dict[str, Any
                   (p + "ssm_out.weight", (val_dim, D), "matrix")]
         t += [*_router(c, i), *_experts(c, i, D), *_shared(c, i, gated=True)]
     keys = _common_keys(c, c.expert_ff) | {
-        "expert_feed_forward_length": c.expert_ff, "expert_shared_feed_forward_length": c.shared_ff,
-        "rope.dimension_count": hd // 4, "rope.dimension_sections": [11, 11, 10, 0],
-        "ssm.conv_kernel": d_conv, "ssm.inner_size": val_dim, "ssm.state_size": hk, "ssm.time_step_rank": n_v,
-        "ssm.group_count": n_k, "full_attention_interval": interval}
+        LLM.EXPERT_FEED_FORWARD_LENGTH: c.expert_ff, LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH: c.shared_ff,
+        ROPE.DIMENSION_COUNT: hd // 4, ROPE.DIMENSION_SECTIONS: [11, 11, 10, 0],
+        SSM.CONV_KERNEL: d_conv, SSM.INNER_SIZE: val_dim, SSM.STATE_SIZE: hk, SSM.TIME_STEP_RANK: n_v,
+        SSM.GROUP_COUNT: n_k, LLM.FULL_ATTENTION_INTERVAL: interval}
     return t, keys
 
 

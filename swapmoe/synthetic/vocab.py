@@ -10,8 +10,10 @@ from collections import Counter
 from dataclasses import dataclass
 from functools import lru_cache
 
+from gguf import TokenType
+
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
-TOKEN_NORMAL, TOKEN_CONTROL = 1, 3
+TOKEN_NORMAL, TOKEN_CONTROL = int(TokenType.NORMAL), int(TokenType.CONTROL)
 
 _CORPUS = """
 The quick brown fox jumps over the lazy dog. A mixture of experts routes every token to a
