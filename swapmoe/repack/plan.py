@@ -24,7 +24,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from gguf import GGMLQuantizationType, GGUFValueType
+from gguf import GGUF_DEFAULT_ALIGNMENT, GGMLQuantizationType, GGUFValueType, Keys
 
 from swapmoe.errors import SwapmoeError
 from swapmoe.gguf_file import GGUFFile
@@ -35,7 +35,7 @@ from swapmoe.repack.tensors import (KEY_LAYOUT, KEY_LAYOUT_VERSION, KEY_PAGE_SIZ
 
 DEFAULT_PAGE_SIZE = 16384  # a multiple of both 4 KiB (x86, most Linux) and 16 KiB (Apple silicon) pages
 PART_ALIGNMENT = 64  # cache line; SIMD loads of a part never straddle one
-SPLIT_KEYS = ("split.no", "split.count", "split.tensors.count")
+SPLIT_KEYS = (Keys.Split.LLM_KV_SPLIT_NO, Keys.Split.LLM_KV_SPLIT_COUNT, Keys.Split.LLM_KV_SPLIT_TENSORS_COUNT)
 DIGEST_PLACEHOLDER = "0" * 64
 
 
@@ -104,7 +104,7 @@ class Plan:
               kv_u32(KEY_PAGE_SIZE, self.page_size), kv_strings(KEY_SOURCE_DIGEST, source_digests),
               kv_bytes(KEY_UNPACK, self.unpack_blob)]
         if self.layout == "compat":
-            kv.append(kv_u32("general.alignment", self.alignment))
+            kv.append(kv_u32(Keys.General.ALIGNMENT, self.alignment))
         infos = [tensor_info(t.name, t.ne, t.ggml_type, t.offset - self.data_offset) for t in self.outputs]
         head = b"GGUF" + struct.pack("<IQQ", self.version, len(self.outputs), self.n_kv + len(kv))
         header = head + self.kv + b"".join(kv) + b"".join(infos)
@@ -150,7 +150,7 @@ def plan_repack(g: GGUFFile, layout: str = "bundled", page_size: int = DEFAULT_P
     if layout_of(g) != "original":
         raise SwapmoeError(f"{g.path}: already repacked ({layout_of(g)} layout); use it as it is, or "
                            "`swapmoe unpack` it first")
-    alignment = int(g.get("general.alignment", 32))
+    alignment = int(g.get(Keys.General.ALIGNMENT, GGUF_DEFAULT_ALIGNMENT))
     _check_page_size(page_size, alignment)
     version = g.shards[0].version
     if version < 2:
@@ -164,7 +164,7 @@ def plan_repack(g: GGUFFile, layout: str = "bundled", page_size: int = DEFAULT_P
 
     dropped = set(SPLIT_KEYS) if len(g.shards) > 1 else set()
     if layout == "compat":
-        dropped.add("general.alignment")
+        dropped.add(Keys.General.ALIGNMENT)
     spans = [(start, end) for key, start, end in g.kv_spans(0) if key not in dropped]
     with open(g.shards[0].path, "rb") as f:
         kv = b"".join(os.pread(f.fileno(), end - start, start) for start, end in spans)

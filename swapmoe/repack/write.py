@@ -60,7 +60,7 @@ def repack(in_path: str | os.PathLike, out_path: str | os.PathLike, layout: str 
     return out_path
 
 
-def index_gguf(path: str | os.PathLike, page_size: int = 16384, digests: bool = True,
+def index_gguf(path: str | os.PathLike, page_size: int = DEFAULT_PAGE_SIZE, digests: bool = True,
                progress: bool = False) -> tuple[Path, ExpertIndex]:
     """Write the sidecar index of a GGUF as it is (no copy); return its path and the index.
 
