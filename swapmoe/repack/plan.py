@@ -29,9 +29,22 @@ from gguf import GGUF_DEFAULT_ALIGNMENT, GGMLQuantizationType, GGUFValueType, Ke
 from swapmoe.errors import SwapmoeError
 from swapmoe.gguf_file import GGUFFile
 from swapmoe.repack.stream import Piece
-from swapmoe.repack.tensors import (KEY_LAYOUT, KEY_LAYOUT_VERSION, KEY_PAGE_SIZE, KEY_SOURCE_DIGEST, KEY_UNPACK,
-                                    LAYOUT_VERSION, LAYOUTS, LogicalTensor, Manifest, expert_tensor_name,
-                                    first_slots, hash_tables, layout_of, logical_tensors)
+from swapmoe.repack.tensors import (
+    KEY_LAYOUT,
+    KEY_LAYOUT_VERSION,
+    KEY_PAGE_SIZE,
+    KEY_SOURCE_DIGEST,
+    KEY_UNPACK,
+    LAYOUT_VERSION,
+    LAYOUTS,
+    LogicalTensor,
+    Manifest,
+    expert_tensor_name,
+    first_slots,
+    hash_tables,
+    layout_of,
+    logical_tensors,
+)
 
 DEFAULT_PAGE_SIZE = 16384  # a multiple of both 4 KiB (x86, most Linux) and 16 KiB (Apple silicon) pages
 PART_ALIGNMENT = 64  # cache line; SIMD loads of a part never straddle one

@@ -44,7 +44,8 @@ class Piece:
 
 
 def _truncated(path: Path, offset: int) -> SwapmoeError:
-    return SwapmoeError(f"{path}: ends at byte {offset:,}, before the data it should hold (file truncated while in use?)")
+    return SwapmoeError(f"{path}: ends at byte {offset:,}, before the data it should hold "
+                        "(file truncated while in use?)")
 
 
 def _read_exact(fd: int, view: memoryview, offset: int, path: Path) -> None:

@@ -188,7 +188,8 @@ def hash_tables(g: GGUFFile, tensors: list[LogicalTensor], n_expert: int) -> dic
         bad = np.argwhere((table < 0) | (table >= n_expert))
         if len(bad):
             token, slot = (int(x) for x in bad[0])
-            raise SwapmoeError(f"{g.path}: hash table {t.name}: token {token} maps to expert {int(table[token, slot])}, "
+            expert = int(table[token, slot])
+            raise SwapmoeError(f"{g.path}: hash table {t.name}: token {token} maps to expert {expert}, "
                                f"but the layer has {n_expert} experts (ids must be 0..{n_expert - 1}); "
                                f"{len(bad)} bad entries")
         tables[t.cls.layer] = table.copy()
@@ -209,7 +210,8 @@ def tensor_digests(tensors: list[LogicalTensor], piece_digests: np.ndarray) -> n
     out = np.zeros((len(tensors), 32), np.uint8)
     for i, (t, slot) in enumerate(zip(tensors, first_slots(tensors))):
         if t.routed:
-            out[i] = np.frombuffer(hashlib.sha256(piece_digests[slot:slot + len(t.ranges)].tobytes()).digest(), np.uint8)
+            pieces = piece_digests[slot:slot + len(t.ranges)].tobytes()
+            out[i] = np.frombuffer(hashlib.sha256(pieces).digest(), np.uint8)
         else:
             out[i] = piece_digests[slot]
     return out

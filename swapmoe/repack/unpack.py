@@ -16,8 +16,16 @@ from swapmoe.errors import SwapmoeError
 from swapmoe.gguf_file import open_gguf
 from swapmoe.repack import stream
 from swapmoe.repack.stream import Piece
-from swapmoe.repack.tensors import (KEY_SOURCE_DIGEST, Manifest, content_digest, first_slots, layout_of,
-                                    logical_tensors, read_manifest, tensor_digests)
+from swapmoe.repack.tensors import (
+    KEY_SOURCE_DIGEST,
+    Manifest,
+    content_digest,
+    first_slots,
+    layout_of,
+    logical_tensors,
+    read_manifest,
+    tensor_digests,
+)
 from swapmoe.repack.write import create
 
 _FIRST_SHARD = re.compile(r"^(?P<stem>.*)-00001-of-(?P<count>\d{5})\.gguf$")
@@ -38,7 +46,8 @@ def target_paths(orig: Path, manifest: Manifest) -> list[Path]:
     return [orig.with_name(f"{m['stem']}-{i:05d}-of-{len(names):05d}.gguf") for i in range(1, len(names) + 1)]
 
 
-def unpack(packed: str | os.PathLike, orig: str | os.PathLike, force: bool = False, progress: bool = False) -> list[Path]:
+def unpack(packed: str | os.PathLike, orig: str | os.PathLike, force: bool = False,
+           progress: bool = False) -> list[Path]:
     """Write the original GGUF (or its shards) that `packed` was repacked from; return the paths written."""
     g = open_gguf(packed)
     if layout_of(g) == "original":

@@ -18,12 +18,27 @@ import numpy as np
 
 from swapmoe.gguf_file import open_gguf
 from swapmoe.repack import stream
-from swapmoe.repack.index import (FLAG_CONTIGUOUS, FLAG_PAGE_ALIGNED, FLAG_SHARES_PAGE, ExpertIndex, build, load,
-                                  owned_ranges)
+from swapmoe.repack.index import (
+    FLAG_CONTIGUOUS,
+    FLAG_PAGE_ALIGNED,
+    FLAG_SHARES_PAGE,
+    ExpertIndex,
+    build,
+    load,
+    owned_ranges,
+)
 from swapmoe.repack.plan import PART_ALIGNMENT
 from swapmoe.repack.stream import Piece
-from swapmoe.repack.tensors import (KEY_SOURCE_DIGEST, LogicalTensor, content_digest, first_slots, layout_of,
-                                    logical_tensors, read_manifest, tensor_digests)
+from swapmoe.repack.tensors import (
+    KEY_SOURCE_DIGEST,
+    LogicalTensor,
+    content_digest,
+    first_slots,
+    layout_of,
+    logical_tensors,
+    read_manifest,
+    tensor_digests,
+)
 
 _STRUCTURE = ("arch", "layout", "page_size", "n_layer", "n_expert", "parts", "part_type", "part_ne", "part_file",
               "part_offset", "part_length", "slice_offset", "slice_length", "slice_flags", "nonexpert",

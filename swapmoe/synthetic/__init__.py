@@ -20,7 +20,7 @@ from tqdm import tqdm
 from swapmoe.atomic import atomic_output, check_free_space, check_output_path
 from swapmoe.errors import SwapmoeError
 from swapmoe.synthetic.archs import ARCHS, SynthConfig, Tensor
-from swapmoe.synthetic.blocks import BlockPool, FLOAT_TYPES, QUANT_TYPES, random_floats
+from swapmoe.synthetic.blocks import FLOAT_TYPES, QUANT_TYPES, BlockPool, random_floats
 from swapmoe.synthetic.presets import PRESETS, preset_for
 from swapmoe.synthetic.vocab import build_vocab
 
@@ -79,7 +79,8 @@ def _tensor_nbytes(ne: tuple[int, ...], ggml_type: T) -> int:
     return int(np.prod(ne, dtype=np.int64)) // block * size
 
 
-def plan(config: SynthConfig, type_name: str = "Q8_0") -> tuple[list[tuple[str, tuple[int, ...], str, T]], dict[str, Any]]:
+def plan(config: SynthConfig,
+         type_name: str = "Q8_0") -> tuple[list[tuple[str, tuple[int, ...], str, T]], dict[str, Any]]:
     """The tensors (name, ne, role, type) and arch keys a synthetic file of `config` will hold, the keys
     without their "{arch}." (`block_count`: the file's `qwen3moe.block_count`)."""
     if type_name not in TYPES:
@@ -87,7 +88,8 @@ def plan(config: SynthConfig, type_name: str = "Q8_0") -> tuple[list[tuple[str, 
     vocab = build_vocab()
     tensors, keys = ARCHS[config.arch](config, len(vocab.tokens))
     matrix_types = _matrix_types(tensors, config, type_name)
-    typed = [(name, ne, role, matrix_types.get(name, T.I32 if role == "table" else T.F32)) for name, ne, role in tensors]
+    typed = [(name, ne, role, matrix_types.get(name, T.I32 if role == "table" else T.F32))
+             for name, ne, role in tensors]
     # archs.py names the keys by gguf's templates ("{arch}.block_count"); _metadata puts the arch there
     return typed, {key.removeprefix("{arch}."): value for key, value in keys.items()}
 

@@ -116,7 +116,8 @@ def qwen3moe(c: SynthConfig, n_vocab: int) -> tuple[list[Tensor], dict[str, Any]
     t = _globals(c, n_vocab)
     for i in range(c.n_layer):
         t += [_norm(i, "attn_norm", c.d_model), *_gqa(c, i), _norm(i, "attn_q_norm", c.head_dim),
-              _norm(i, "attn_k_norm", c.head_dim), _norm(i, "ffn_norm", c.d_model), *_router(c, i), *_experts(c, i, c.d_model)]
+              _norm(i, "attn_k_norm", c.head_dim), _norm(i, "ffn_norm", c.d_model), *_router(c, i),
+              *_experts(c, i, c.d_model)]
     keys = _common_keys(c, c.expert_ff * c.n_expert_used) | {LLM.EXPERT_FEED_FORWARD_LENGTH: c.expert_ff}
     return t, keys
 
@@ -139,7 +140,8 @@ def olmoe(c: SynthConfig, n_vocab: int) -> tuple[list[Tensor], dict[str, Any]]:
     t = _globals(c, n_vocab)
     for i in range(c.n_layer):
         t += [_norm(i, "attn_norm", c.d_model), *_gqa(c, i), _norm(i, "attn_q_norm", c.d_model),
-              _norm(i, "attn_k_norm", c.d_model), _norm(i, "ffn_norm", c.d_model), *_router(c, i), *_experts(c, i, c.d_model)]
+              _norm(i, "attn_k_norm", c.d_model), _norm(i, "ffn_norm", c.d_model), *_router(c, i),
+              *_experts(c, i, c.d_model)]
     return t, _common_keys(c, c.expert_ff)
 
 
@@ -238,10 +240,12 @@ def deepseek4(c: SynthConfig, n_vocab: int) -> tuple[list[Tensor], dict[str, Any
         t += [_norm(i, "attn_norm", D), (p + "attn_sinks.weight", (H,), "sinks"),
               (p + "attn_q_a.weight", (D, ql), "matrix"), _norm(i, "attn_q_a_norm", ql),
               (p + "attn_q_b.weight", (ql, H * hd), "matrix"), (p + "attn_kv.weight", (D, hd), "matrix"),
-              _norm(i, "attn_kv_a_norm", hd), (p + "attn_output_a.weight", (H * hd // groups, out_rank * groups), "matrix"),
+              _norm(i, "attn_kv_a_norm", hd),
+              (p + "attn_output_a.weight", (H * hd // groups, out_rank * groups), "matrix"),
               (p + "attn_output_b.weight", (groups * out_rank, D), "matrix")]
         for half in ("attn", "ffn"):
-            t += [(p + f"hc_{half}_fn.weight", (hc_dim, mix), "router"), (p + f"hc_{half}_base.weight", (mix,), "vector"),
+            t += [(p + f"hc_{half}_fn.weight", (hc_dim, mix), "router"),
+                  (p + f"hc_{half}_base.weight", (mix,), "vector"),
                   (p + f"hc_{half}_scale.weight", (3,), "vector")]
         t += [_norm(i, "ffn_norm", D), *_router(c, i, probs_bias=i >= n_hash)]
         if i < n_hash:

@@ -10,7 +10,8 @@ from dataclasses import replace
 
 from swapmoe.synthetic.archs import SynthConfig
 
-_DS2_TINY = {"q_lora_rank": 128, "kv_lora_rank": 64, "rope_dim": 32, "nope_dim": 32, "v_dim": 32, "groups": 4, "groups_used": 2}
+_DS2_TINY = {"q_lora_rank": 128, "kv_lora_rank": 64, "rope_dim": 32, "nope_dim": 32, "v_dim": 32, "groups": 4,
+             "groups_used": 2}
 _DS4_TINY = {"q_lora_rank": 128, "out_groups": 2, "out_rank": 64, "hash_layers": 1, "rope_dim": 32}
 _Q35_TINY = {"ssm_state": 64, "ssm_groups": 2, "ssm_heads": 4}
 

@@ -26,8 +26,7 @@ from typing import Callable, NamedTuple
 
 import numba
 import numpy as np
-from gguf import GGML_QUANT_SIZES
-from gguf import GGMLQuantizationType as T
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
 
 
 def _configure_numba() -> None:
@@ -56,12 +55,17 @@ def _configure_numba() -> None:
 
 _configure_numba()
 
-from . import float as _float  # noqa: E402  (kernel modules: after the cache directory is set)
-from . import iquants, kquants, legacy, mxfp4  # noqa: E402
+from . import (  # noqa: E402
+    float as _float,  # noqa: E402  (kernel modules: after the cache directory is set)
+    iquants,
+    kquants,
+    legacy,
+    mxfp4,
+)
 from ._constants import ORDER_DOT, ORDER_GEMM, ORDER_GEMV, ORDER_LANES, ORDER_TILED  # noqa: E402
+from .activation import QUANTIZERS, QuantizedActivation  # noqa: E402
 from .ggml_math import LANES  # noqa: E402
 from .simd import TILES  # noqa: E402
-from .activation import QUANTIZERS, QuantizedActivation  # noqa: E402
 
 
 class Kernel(NamedTuple):
@@ -137,7 +141,8 @@ def _check_weights(ggml_type: int, W: np.ndarray, rows: int, cols: int) -> None:
     if cols % block_size:
         raise ValueError(f"cols={cols} is not a multiple of the {T(int(ggml_type)).name} block size {block_size}")
     if W.size < rows * (cols // block_size) * type_size:
-        raise ValueError(f"W holds {W.size} bytes, {rows} rows of {cols} need {rows * (cols // block_size) * type_size}")
+        need = rows * (cols // block_size) * type_size
+        raise ValueError(f"W holds {W.size} bytes, {rows} rows of {cols} need {need}")
 
 
 def quantize_activation(ggml_type: int, X: np.ndarray) -> QuantizedActivation:

@@ -31,8 +31,19 @@ from numba import njit, types
 from numba.extending import intrinsic, overload
 
 from ._constants import ORDER_GEMV, ORDER_TILED, QK8_0, QK_K
-from .simd import (PREFETCH_AHEAD, REORDERED, TILE_ROWS, f16_to_f32, nibble_table_dot, prefetch_bytes,
-                   reorder_group_major, reorder_iq2_xxs, reorder_iq2_xxs_pair, reorder_iq3, store_bytes)
+from .simd import (
+    PREFETCH_AHEAD,
+    REORDERED,
+    TILE_ROWS,
+    f16_to_f32,
+    nibble_table_dot,
+    prefetch_bytes,
+    reorder_group_major,
+    reorder_iq2_xxs,
+    reorder_iq2_xxs_pair,
+    reorder_iq3,
+    store_bytes,
+)
 
 # Idle OpenMP workers spin briefly (about 10k polls) before they sleep.  Decode makes hundreds of
 # short kernel calls per token: waking sleeping workers (OMP_WAIT_POLICY=passive) cost ~30 us per
@@ -74,7 +85,8 @@ E8M0_HALF = np.array([2.0 ** (e - 128) for e in range(256)], np.float32)
 @njit(**INLINE)
 def u32(blk, o):
     """Four little-endian bytes blk[o:o+4] as one uint32."""
-    return np.uint32(blk[o]) | (np.uint32(blk[o + 1]) << 8) | (np.uint32(blk[o + 2]) << 16) | (np.uint32(blk[o + 3]) << 24)
+    return (np.uint32(blk[o]) | (np.uint32(blk[o + 1]) << 8) | (np.uint32(blk[o + 2]) << 16)
+            | (np.uint32(blk[o + 3]) << 24))
 
 
 @njit(**INLINE)

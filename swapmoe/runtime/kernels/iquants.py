@@ -20,14 +20,63 @@ import numpy as np
 from gguf import quants as gq
 from numba import njit, prange
 
-from ._constants import (IQ1_M_BYTES, IQ1_S_BYTES, IQ2_S_BYTES, IQ2_XS_BYTES, IQ2_XXS_BYTES, IQ3_S_BYTES,
-                         IQ3_XXS_BYTES, IQ4_NL_BYTES, IQ4_XS_BYTES, ORDER_GEMV, ORDER_TILED, QK4_NL, QK_K)
-from ._jit import (INLINE, PARALLEL, ROWS_PER_TASK, SERIAL, block_step, decode_pairs, f16_to_f32, grid_activations,
-                   iq2_xxs_activations, iq3_activations, nibble_pair_words, nibble_row_dot, pair_order, tile_count,
-                   tile_rows, u32, widen4, widen8)
-from .simd import (PREFETCH_AHEAD, TILE_ROWS, TILES, dot256, f16_bits_to_f32, int8_tile16, int8_tile16_dot,
-                   iq1_delta_table, iq1_m_isum, iq1_m_scale_bits, iq1_s_isum, iq2_s_isum, iq2_xs_isum, iq2_xxs_isum,
-                   iq2_xxs_pair_isum, iq3_s_isum, iq3_xxs_isum, iq4_xs_isum, prefetch_bytes, rows_dot8)
+from ._constants import (
+    IQ1_M_BYTES,
+    IQ1_S_BYTES,
+    IQ2_S_BYTES,
+    IQ2_XS_BYTES,
+    IQ2_XXS_BYTES,
+    IQ3_S_BYTES,
+    IQ3_XXS_BYTES,
+    IQ4_NL_BYTES,
+    IQ4_XS_BYTES,
+    ORDER_GEMV,
+    ORDER_TILED,
+    QK4_NL,
+    QK_K,
+)
+from ._jit import (
+    INLINE,
+    PARALLEL,
+    ROWS_PER_TASK,
+    SERIAL,
+    block_step,
+    decode_pairs,
+    f16_to_f32,
+    grid_activations,
+    iq2_xxs_activations,
+    iq3_activations,
+    nibble_pair_words,
+    nibble_row_dot,
+    pair_order,
+    tile_count,
+    tile_rows,
+    u32,
+    widen4,
+    widen8,
+)
+from .simd import (
+    PREFETCH_AHEAD,
+    TILE_ROWS,
+    TILES,
+    dot256,
+    f16_bits_to_f32,
+    int8_tile16,
+    int8_tile16_dot,
+    iq1_delta_table,
+    iq1_m_isum,
+    iq1_m_scale_bits,
+    iq1_s_isum,
+    iq2_s_isum,
+    iq2_xs_isum,
+    iq2_xxs_isum,
+    iq2_xxs_pair_isum,
+    iq3_s_isum,
+    iq3_xxs_isum,
+    iq4_xs_isum,
+    prefetch_bytes,
+    rows_dot8,
+)
 
 
 def _grid(cls) -> np.ndarray:

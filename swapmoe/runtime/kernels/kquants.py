@@ -15,13 +15,50 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ._constants import (ORDER_GEMM, ORDER_GEMV, ORDER_TILED, Q2_K_BYTES, Q3_K_BYTES, Q4_K_BYTES, Q5_K_BYTES,
-                         Q6_K_BYTES, QK_K)
-from ._jit import (INLINE, PARALLEL, ROWS_PER_TASK, SERIAL, block_step, block_sum, f16_to_f32, fma32, tile_count,
-                   tile_rows, u32)
-from .simd import (PREFETCH_AHEAD, TILE_ROWS, TILES, dot64, dot128, dot256, pair_sums_dot_bytes, prefetch_bytes,
-                   q2_k_isum, q3_k_isum, q4_k_isum, q4_k_tile16, q4_k_tile16_dot, q5_k_isum, q5_k_tile16, q6_k_isum,
-                   q6_k_tile16, q6_k_tile16_dot)
+from ._constants import (
+    ORDER_GEMM,
+    ORDER_GEMV,
+    ORDER_TILED,
+    Q2_K_BYTES,
+    Q3_K_BYTES,
+    Q4_K_BYTES,
+    Q5_K_BYTES,
+    Q6_K_BYTES,
+    QK_K,
+)
+from ._jit import (
+    INLINE,
+    PARALLEL,
+    ROWS_PER_TASK,
+    SERIAL,
+    block_step,
+    block_sum,
+    f16_to_f32,
+    fma32,
+    tile_count,
+    tile_rows,
+    u32,
+)
+from .simd import (
+    PREFETCH_AHEAD,
+    TILE_ROWS,
+    TILES,
+    dot64,
+    dot128,
+    dot256,
+    pair_sums_dot_bytes,
+    prefetch_bytes,
+    q2_k_isum,
+    q3_k_isum,
+    q4_k_isum,
+    q4_k_tile16,
+    q4_k_tile16_dot,
+    q5_k_isum,
+    q5_k_tile16,
+    q6_k_isum,
+    q6_k_tile16,
+    q6_k_tile16_dot,
+)
 
 
 @njit(**INLINE)

@@ -23,8 +23,19 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ._constants import (ORDER_LANES, Q4_0_BYTES, Q4_1_BYTES, Q5_0_BYTES, Q5_1_BYTES, Q8_0_BYTES, QK4_0, QK4_1, QK5_0,
-                         QK5_1, QK8_0)
+from ._constants import (
+    ORDER_LANES,
+    Q4_0_BYTES,
+    Q4_1_BYTES,
+    Q5_0_BYTES,
+    Q5_1_BYTES,
+    Q8_0_BYTES,
+    QK4_0,
+    QK4_1,
+    QK5_0,
+    QK5_1,
+    QK8_0,
+)
 from ._jit import INLINE, PARALLEL, SERIAL, f16_to_f32, u64
 from .simd import lanes_dot, rows_dot8
 

@@ -28,14 +28,24 @@ import platform
 import numba
 import numpy as np
 from gguf import quants as gq
-from llvmlite import binding as llvm_binding
-from llvmlite import ir
+from llvmlite import binding as llvm_binding, ir
 from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ._constants import (IQ2_XXS_BYTES, IQ4_NL_BYTES, MXFP4_BYTES, ORDER_GEMM, ORDER_GEMV, ORDER_TILED, Q4_0_BYTES,
-                         Q4_1_BYTES, Q5_0_BYTES, Q5_1_BYTES, Q8_0_BYTES)
+from ._constants import (
+    IQ2_XXS_BYTES,
+    IQ4_NL_BYTES,
+    MXFP4_BYTES,
+    ORDER_GEMM,
+    ORDER_GEMV,
+    ORDER_TILED,
+    Q4_0_BYTES,
+    Q4_1_BYTES,
+    Q5_0_BYTES,
+    Q5_1_BYTES,
+    Q8_0_BYTES,
+)
 
 I8, I16, I32, I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 
@@ -1656,9 +1666,10 @@ def _q4_k_tile16_dot_intrinsic(target: str):
         sub-block scale * activation, and summ, its sub-blocks' mins times the token's Q8_K block
         sums; ORDER_GEMM (repacked): acc[ao + i] = fma(isum, dw[i] * dx, ...) and acc[ao + 16 +
         i] = fma(summ, dmin[i] * dx, ...) over each 64 values, ORDER_GEMV the same per block;
-        ORDER_TILED and ORDER_DOT as _jit.block_sum, into acc[ao + i] alone.  tile: q4_k_tile16's layout; x[xo:xo+256]: the token's int8
-        values, bsums[bo:bo+16] their block sums; scales: int32 [8 sub-blocks][16 rows]; mins:
-        int16 [4 steps][16 rows][2 sub-blocks]; dw, dmin: float32 [16]; dx: float32."""
+        ORDER_TILED and ORDER_DOT as _jit.block_sum, into acc[ao + i] alone.  tile: q4_k_tile16's
+        layout; x[xo:xo+256]: the token's int8 values, bsums[bo:bo+16] their block sums; scales:
+        int32 [8 sub-blocks][16 rows]; mins: int16 [4 steps][16 rows][2 sub-blocks]; dw, dmin:
+        float32 [16]; dx: float32."""
         if tile.dtype != types.uint8 or x.dtype != types.int8 or scales.dtype != types.int32 \
                 or mins.dtype != types.int16 or bsums.dtype != types.int32 or acc.dtype != types.float32 \
                 or not isinstance(order, types.Integer):
@@ -1869,8 +1880,8 @@ def _rows_dot(context, builder, signature, args, kind, target):
     v8f, v8i = _vec(ir.FloatType(), 8), _vec(I32, 8)
     acc = cgutils.alloca_once_value(builder, ir.Constant(v8f, [0.0] * 8))
     fma8 = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v8f, [v8f] * 3), "llvm.fma.v8f32")
-    prefetch = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [I8.as_pointer(), I32, I32, I32]),
-                                              "llvm.prefetch.p0")
+    prefetch_type = ir.FunctionType(ir.VoidType(), [I8.as_pointer(), I32, I32, I32])
+    prefetch = cgutils.get_or_insert_function(builder.module, prefetch_type, "llvm.prefetch.p0")
     starts = [builder.add(wo, builder.mul(rb, ir.Constant(rb.type, r))) for r in range(8)]
     with cgutils.for_range(builder, nb) as loop:
         b = loop.index
@@ -1895,7 +1906,8 @@ def _rows_dot(context, builder, signature, args, kind, target):
         if e8m0:  # 0.5 * 2^(e - 127) = 2^(e - 128): exponent field e - 1, subnormal below e = 2
             e = ir.Constant(v8i, None)
             for r, o in enumerate(offsets):
-                e = builder.insert_element(e, builder.zext(builder.load(builder.gep(w_ptr, [o])), I32), ir.Constant(I32, r))
+                byte = builder.zext(builder.load(builder.gep(w_ptr, [o])), I32)
+                e = builder.insert_element(e, byte, ir.Constant(I32, r))
             normal = builder.shl(builder.sub(e, _splat(I32, 8, 1)), _splat(I32, 8, 23))
             tiny = builder.select(builder.icmp_unsigned("==", e, _splat(I32, 8, 1)), _splat(I32, 8, 0x00400000),
                                   _splat(I32, 8, 0x00200000))
