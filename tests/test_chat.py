@@ -15,6 +15,7 @@ from swapmoe.runtime.tokenizer import Tokenizer
 from conftest import DATA, read_zst
 
 PROMPTS = json.loads(read_zst(DATA / "tokenizer" / "templates.json.zst"))
+CASES = PROMPTS["cases"]  # Qwen3.5's template: conversations and the text transformers renders
 MESSAGES = [{"role": "system", "content": "You are helpful."}, {"role": "user", "content": "Hi!"},
             {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "2+2?"}]
 
@@ -135,3 +136,90 @@ def test_hugging_face_helpers():
 def test_templates_are_sandboxed():
     with pytest.raises(ChatTemplateError):
         render_template("{{ messages.append(1) }}", [])
+
+
+def render_case(tok: Tokenizer, case: dict, messages: list | None = None, **variables) -> str:
+    """A recorded case through swapmoe's ChatTemplate: its tools and variables (or `variables`)."""
+    template = ChatTemplate(tok, PROMPTS["case_sources"][case["template"]])
+    tools = {"tools": case["tools"]} if case["tools"] else {}
+    return template.render(case["messages"] if messages is None else messages, case["add_generation_prompt"],
+                           **tools, **(variables or case["variables"]))
+
+
+def openai_arguments(messages: list[dict]) -> list[dict]:
+    """The messages with tool-call arguments as JSON strings, as OpenAI's API has them."""
+    def call(c: dict) -> dict:
+        return {**c, "function": {**c["function"], "arguments": json.dumps(c["function"]["arguments"])}}
+
+    return [{**m, "tool_calls": [call(c) for c in m["tool_calls"]]} if m.get("tool_calls") else m for m in messages]
+
+
+def test_cases_cover_qwen35():
+    assert {"Qwen3.5-4B:thinking", "Qwen3.5-4B:no-thinking", "Qwen3.5-4B:tool-call"} <= set(CASES)
+    assert "enable_thinking" in PROMPTS["case_sources"]["Qwen3.5-4B.jinja"]
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_case_renders_as_hugging_face(vocab, name):
+    """swapmoe's prompt is the text transformers renders the template to, and llama.cpp's chat layer's."""
+    case = CASES[name]
+    text = render_case(vocab("qwen35"), case)
+    assert text == case["text"]
+    if case["llama_cpp"] is not None:
+        assert text == case["llama_cpp"]
+
+
+def test_qwen35_thinking_on_and_off(vocab):
+    tok = vocab("qwen35")
+    on, off = CASES["Qwen3.5-4B:thinking"], CASES["Qwen3.5-4B:no-thinking"]
+    assert on["messages"] == off["messages"] and on["variables"] == {"enable_thinking": True}
+    assert off["variables"] == {"enable_thinking": False}
+    assert on["text"].endswith("<|im_start|>assistant\n<think>\n")
+    assert off["text"] == on["text"] + "\n</think>\n\n"  # an empty thought: the model answers at once
+    assert render_case(tok, off) == off["text"] != render_case(tok, on)
+    # llama.cpp's default (and the template's when the variable is missing) is thinking on
+    assert ChatTemplate(tok, PROMPTS["case_sources"]["Qwen3.5-4B.jinja"]).render(on["messages"]) == on["text"]
+
+
+def test_qwen35_tool_call_turn(vocab):
+    tok = vocab("qwen35")
+    case = CASES["Qwen3.5-4B:tool-call"]
+    text = case["text"]
+    assert [m["role"] for m in case["messages"]] == ["system", "user", "assistant", "user", "assistant", "tool", "tool"]
+    assert text.startswith("<|im_start|>system\n# Tools\n\nYou have access to the following functions:\n\n<tools>\n"
+                           '{"type": "function", "function": {"name": "get_weather", ')
+    assert "Paris or 東京" in text and text.count("<tool_call>\n<function=get_weather>\n") == 2
+    assert "<think>\nTwo cities: two calls.\n</think>\n\nLet me check both cities.\n\n<tool_call>" in text
+    assert "<parameter=days>\n2\n</parameter>\n<parameter=fields>\n[\"temp\", \"wind\"]\n</parameter>" in text
+    assert text.endswith("<tool_response>\n晴れ, 25°C\n</tool_response><|im_end|>\n<|im_start|>assistant\n<think>\n")
+    assert render_case(tok, case) == text
+
+    # OpenAI-style JSON-string arguments: parsed for a template that reads them as an object, as llama.cpp does
+    openai = openai_arguments(case["messages"])
+    assert isinstance(openai[4]["tool_calls"][0]["function"]["arguments"], str)
+    kept = json.dumps(openai)
+    assert render_case(tok, case, openai) == text
+    assert json.dumps(openai) == kept  # the caller's messages are left as they are
+    with pytest.raises(ChatTemplateError, match="mapping"):  # transformers passes them through: |items fails
+        render_template(PROMPTS["case_sources"]["Qwen3.5-4B.jinja"], openai, tools=case["tools"])
+    openai[4]["tool_calls"][1]["function"]["arguments"] = "{city: Paris"
+    with pytest.raises(ChatTemplateError, match="tool call arguments are not JSON"):
+        render_case(tok, case, openai)
+
+
+def test_string_arguments_parsed_only_for_templates_that_read_objects(synthetic):
+    """As llama.cpp: a template that prints the arguments gets the JSON string as given."""
+    messages = [{"role": "assistant", "tool_calls": [{"type": "function",
+                                                      "function": {"name": "f", "arguments": '{"a": 1}'}}]}]
+    loop = "{% for m in messages %}{% for c in m.tool_calls %}{{ c.function.arguments %s }}{% endfor %}{% endfor %}"
+
+    def render(expression: str) -> str:
+        return apply_chat_template(synthetic, messages, template=loop.replace("%s", expression))
+
+    assert render("") == '{"a": 1}'
+    assert render("| tojson(indent=1)") == '{\n "a": 1\n}' and render(".a") == "1"
+    # a call without the "function" wrapper, for a template that takes both shapes (as Qwen's do)
+    bare = [{"role": "assistant", "tool_calls": [{"name": "f", "arguments": '{"a": 1}'}]}]
+    either = loop.replace("{{ c.function.arguments %s }}",
+                          "{% set f = c.function if c.function is defined else c %}{{ f.arguments.a }}")
+    assert apply_chat_template(synthetic, bare, template=either) == "1"

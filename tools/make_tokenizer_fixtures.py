@@ -4,6 +4,7 @@
     python tools/make_tokenizer_fixtures.py            # write tests/data/tokenizer/*
     python tools/make_tokenizer_fixtures.py --check    # compare swapmoe with llama.cpp live, write nothing
     python tools/make_tokenizer_fixtures.py --check --random 2000   # ... on 2000 more random strings
+    python tools/make_tokenizer_fixtures.py --chat-cases   # only (re)write the "cases" of templates.json.zst
 
 Run with swapmoe's venv. llama.cpp is reached through llama-cpp-python in another Python
 (--llama-python, default ~/.cache/swapmoe-ref/venv/bin/python, whose libllama is the reference
@@ -20,7 +21,13 @@ It writes, under tests/data/tokenizer/:
   vocab/*.gguf.zst     the vocab-only GGUFs the configurations use, zstd-compressed
   templates.json.zst   the chat templates of llama.cpp's models/templates/ and, for each, the
                        prompt ids llama.cpp's chat layer (llama-completion --jinja) makes of a
-                       system + user message with a synthetic model's vocabulary
+                       system + user message with a synthetic model's vocabulary; and "cases":
+                       conversations (thinking on/off, tool calls with `tools`) through the
+                       templates of CASE_TEMPLATES, each with the text the template renders to
+                       as Hugging Face transformers' apply_chat_template renders it (plain
+                       jinja2, set up here independently of swapmoe) and the text llama.cpp's
+                       chat layer (common_chat_templates_apply, through a small C++ driver
+                       built against the reference build) makes of the same conversation
 A configuration is a vocabulary from llama.cpp's models/ folder, possibly with its
 tokenizer.ggml.pre replaced, which runs another pre-tokenizer's rules over a real vocabulary
 (for the pre-tokenizers that have no vocab-only GGUF there).
@@ -420,6 +427,205 @@ def llama_cpp_chat_prompts(binary: Path, templates: Path, model: Path) -> dict[s
     return out
 
 
+# --- chat template cases: Hugging Face's rendering as the reference -----------------------------
+CASE_TEMPLATES = ["Qwen3.5-4B.jinja"]  # the Qwen3.5 family's template (the MoE models' too)
+CASE_TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Get the weather forecast for a city.",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "description": "City name, e.g. Paris or 東京"},
+        "days": {"type": "integer", "description": "Number of days"},
+        "fields": {"type": "array", "items": {"type": "string"}}}, "required": ["city"]}}}]
+_SYSTEM_USER = [{"role": "system", "content": TEMPLATE_SYSTEM}, {"role": "user", "content": TEMPLATE_USER}]
+_TOOL_TURNS = [
+    {"role": "system", "content": TEMPLATE_SYSTEM},
+    {"role": "user", "content": "Hi!"},
+    {"role": "assistant", "content": "Hello! How can I help?"},
+    {"role": "user", "content": "What's the weather in Paris and in 東京 for the next 2 days?"},
+    {"role": "assistant", "content": "Let me check both cities.", "reasoning_content": "Two cities: two calls.",
+     "tool_calls": [
+         {"id": "call_1", "type": "function",
+          "function": {"name": "get_weather", "arguments": {"city": "Paris", "days": 2, "fields": ["temp", "wind"]}}},
+         {"id": "call_2", "type": "function",
+          "function": {"name": "get_weather", "arguments": {"city": "東京", "days": 2}}}]},
+    {"role": "tool", "tool_call_id": "call_1", "content": '{"temp": [18, 20], "wind": "light"}'},
+    {"role": "tool", "tool_call_id": "call_2", "content": "晴れ, 25°C"},
+]
+# name -> (messages, tools, add_generation_prompt, template variables). Tool-call arguments are
+# dicts, as transformers expects them (it passes an OpenAI-style JSON string through unchanged).
+CHAT_CASES: dict[str, tuple[list[dict], list[dict] | None, bool, dict]] = {
+    "thinking": (_SYSTEM_USER, None, True, {"enable_thinking": True}),
+    "no-thinking": (_SYSTEM_USER, None, True, {"enable_thinking": False}),
+    "tool-call": (_TOOL_TURNS, CASE_TOOLS, True, {"enable_thinking": True}),
+}
+
+
+def hf_render(source: str, messages: list[dict], tools: list[dict] | None = None, documents=None,
+              add_generation_prompt: bool = False, **kwargs) -> str:
+    """`source` rendered as transformers' apply_chat_template(tokenize=False) renders it
+    (utils/chat_template_utils.py): an ImmutableSandboxedEnvironment with trim_blocks and
+    lstrip_blocks, the loop-controls extension and `{% generation %}` blocks; a tojson filter
+    with ensure_ascii=False, raise_exception and strftime_now; messages, tools and documents
+    (None when not given), add_generation_prompt and the other keyword arguments."""
+    from datetime import datetime
+
+    import jinja2
+    from jinja2.ext import Extension, loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class AssistantTracker(Extension):
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(["name:endgeneration"], drop_needle=True)
+            return jinja2.nodes.CallBlock(self.call_method("_generation"), [], [], body).set_lineno(lineno)
+
+        def _generation(self, caller):
+            return caller()
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    def strftime_now(format):
+        return datetime.now().strftime(format)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[AssistantTracker, loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = strftime_now
+    return env.from_string(source).render(messages=messages, tools=tools, documents=documents,
+                                          add_generation_prompt=add_generation_prompt, **kwargs)
+
+
+# Reads one JSON job a line: {"template", "messages" (OpenAI format), "tools", "add_generation_prompt",
+# "enable_thinking", "kwargs"}; answers {"prompt"} or {"error"}: llama.cpp's chat layer as its
+# server uses it (common_chat_msgs_parse_oaicompat, common_chat_templates_apply).
+CHAT_DRIVER = r"""
+#include "chat.h"
+#include <iostream>
+#include <string>
+
+int main() {
+    std::string line;
+    while (std::getline(std::cin, line)) {
+        common_json out = common_json::object();
+        try {
+            auto job = common_json::parse(line);
+            auto tmpls = common_chat_templates_init(nullptr, job.at("template").get<std::string>(), "", "");
+            common_chat_templates_inputs inputs;
+            inputs.messages = common_chat_msgs_parse_oaicompat(job.at("messages"));
+            if (job.contains("tools")) {
+                inputs.tools = common_chat_tools_parse_oaicompat(job.at("tools"));
+            }
+            inputs.add_generation_prompt = job.at("add_generation_prompt").get<bool>();
+            inputs.enable_thinking = job.at("enable_thinking").get<bool>();
+            for (const auto & [key, value] : job.at("kwargs").items()) {
+                inputs.chat_template_kwargs[key] = value.dump();
+            }
+            out["prompt"] = common_chat_templates_apply(tmpls.get(), inputs).prompt;
+        } catch (const std::exception & e) {
+            out["error"] = std::string(e.what());
+        }
+        std::cout << out.dump() << std::endl;
+    }
+}
+"""
+
+
+def openai_messages(messages: list[dict]) -> list[dict]:
+    """`messages` with tool-call arguments as JSON strings, as OpenAI's API sends them."""
+    out = []
+    for m in messages:
+        if m.get("tool_calls"):
+            calls = [{**c, "function": {**c["function"], "arguments": json.dumps(c["function"]["arguments"],
+                                                                                ensure_ascii=False)}}
+                     for c in m["tool_calls"]]
+            m = {**m, "tool_calls": calls}
+        out.append(m)
+    return out
+
+
+def llama_cpp_chat_renders(src: Path, bin_dir: Path, jobs: list[dict], tmp: Path) -> list[str | None]:
+    """llama.cpp's prompt for each job (None where it raises), from CHAT_DRIVER compiled against
+    the llama.cpp source `src` and the shared libraries of its build in `bin_dir`."""
+    (tmp / "chat_driver.cpp").write_text(CHAT_DRIVER)
+    exe = tmp / "chat_driver"
+    build = subprocess.run(["g++", "-std=c++17", "-O1", f"-I{src / 'common'}", f"-I{src / 'include'}",
+                            f"-I{src / 'ggml' / 'include'}", f"-I{src / 'vendor'}", str(tmp / "chat_driver.cpp"),
+                            "-o", str(exe), f"-L{bin_dir}", "-lllama-common", "-lllama", "-lggml", "-lggml-base",
+                            f"-Wl,-rpath,{bin_dir}"], capture_output=True, text=True)
+    if build.returncode:
+        print(f"  cannot build the llama.cpp chat driver; llama.cpp's renders left out:\n{build.stderr[-2000:]}")
+        return [None] * len(jobs)
+    lines = "".join(json.dumps(job, ensure_ascii=False) + "\n" for job in jobs)
+    run = subprocess.run([str(exe)], input=lines, capture_output=True, text=True, encoding="utf-8")
+    out = []
+    for job, line in zip(jobs, run.stdout.splitlines()):
+        answer = json.loads(line)
+        if "error" in answer:
+            print(f"  llama.cpp raises for {job['name']}: {answer['error']}")
+        out.append(answer.get("prompt"))
+    return out + [None] * (len(jobs) - len(out))
+
+
+def chat_cases(models: Path, bin_dir: Path) -> tuple[dict[str, str], dict[str, dict]]:
+    """({template name: source}, {case name: case}) for every CASE_TEMPLATES x CHAT_CASES: the
+    conversation, the text transformers renders ("text") and llama.cpp's ("llama_cpp", from the
+    same conversation with OpenAI-style JSON-string arguments; None if it cannot be had)."""
+    sources = {name: (models / "templates" / name).read_text(encoding="utf-8") for name in CASE_TEMPLATES}
+    cases, jobs = {}, []
+    for template, source in sources.items():
+        for case, (messages, tools, add_generation_prompt, variables) in CHAT_CASES.items():
+            name = f"{Path(template).stem}:{case}"
+            text = hf_render(source, messages, tools=tools, add_generation_prompt=add_generation_prompt, **variables)
+            cases[name] = {"template": template, "messages": messages, "tools": tools,
+                           "add_generation_prompt": add_generation_prompt, "variables": variables, "text": text}
+            job = {"name": name, "template": source, "messages": openai_messages(messages),
+                   "add_generation_prompt": add_generation_prompt,
+                   "enable_thinking": variables.get("enable_thinking", True), "kwargs": variables}
+            if tools:
+                job["tools"] = tools
+            jobs.append(job)
+    with tempfile.TemporaryDirectory() as tmp:
+        renders = llama_cpp_chat_renders(models.parent, bin_dir, jobs, Path(tmp))
+    for case, render in zip(cases.values(), renders):
+        case["llama_cpp"] = render
+    differ = [name for name, case in cases.items() if case["llama_cpp"] not in (None, case["text"])]
+    print(f"chat cases: {len(cases)} rendered as transformers does; llama.cpp's text differs for {differ or 'none'}"
+          f"{'' if all(renders) else ' (some not rendered by llama.cpp)'}")
+    return sources, cases
+
+
+def compare_chat_cases(sources: dict[str, str], cases: dict[str, dict]) -> list[str]:
+    """The cases whose text swapmoe's ChatTemplate renders differently (dict or JSON-string arguments)."""
+    import swapmoe
+    from swapmoe.runtime.chat import ChatTemplate
+    from swapmoe.runtime.tokenizer import Tokenizer
+
+    differ = []
+    with tempfile.TemporaryDirectory() as tmp:
+        model = Path(tmp) / "m.gguf"
+        swapmoe.synth(model, progress=False)
+        tok = Tokenizer.from_gguf(model)
+        for name, case in cases.items():
+            template = ChatTemplate(tok, sources[case["template"]])
+            extra = {"tools": case["tools"]} if case["tools"] else {}
+            for messages in (case["messages"], openai_messages(case["messages"])):
+                try:
+                    ours = template.render(messages, case["add_generation_prompt"], **extra, **case["variables"])
+                except swapmoe.SwapmoeError as e:
+                    ours = str(e)
+                if ours != case["text"]:
+                    differ.append(name)
+                    break
+    print(f"chat cases: swapmoe's text differs for {differ or 'none'}")
+    return differ
+
+
 # --- comparison ------------------------------------------------------------------------------
 def pieces_sha256(tok) -> str:
     """Hash of every token's piece, with and without special, as the worker hashes llama.cpp's."""
@@ -457,13 +663,29 @@ def main() -> None:
     ap.add_argument("--check", action="store_true", help="compare with llama.cpp live; write nothing")
     ap.add_argument("--random", type=int, default=0, help="with --check: this many more random strings")
     ap.add_argument("--only", nargs="*", help="configurations to run (default all)")
+    ap.add_argument("--chat-cases", action="store_true",
+                    help="only the chat template cases: (re)write the \"cases\" of templates.json.zst, keep the rest")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker:
         return worker()
 
+    import zstandard
+
     from swapmoe.gguf_file import open_gguf
     from swapmoe.runtime.tokenizer import Tokenizer
+
+    case_sources, cases = chat_cases(a.models, a.llama_completion.parent)
+    compare_chat_cases(case_sources, cases)
+    if a.chat_cases:
+        if not a.check:
+            target = OUT / "templates.json.zst"
+            blob = json.loads(zstandard.ZstdDecompressor().decompress(target.read_bytes()))
+            blob.update(case_sources=case_sources, cases=cases)
+            blob = json.dumps(blob, ensure_ascii=False).encode()
+            target.write_bytes(zstandard.ZstdCompressor(level=19).compress(blob))
+            print(f"wrote {target}")
+        return
 
     texts = corpus(a.models)
     if a.check and a.random:
@@ -512,15 +734,13 @@ def main() -> None:
     if a.check:
         return
 
-    import zstandard
-
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "vocab").mkdir(exist_ok=True)
     (OUT / "corpus.json").write_text(json.dumps(texts, ensure_ascii=False, indent=0) + "\n", encoding="utf-8")
     blob = json.dumps(expected_all, separators=(",", ":")).encode()
     (OUT / "expected.json.zst").write_bytes(zstandard.ZstdCompressor(level=19).compress(blob))
     blob = json.dumps({"date": today, "system": TEMPLATE_SYSTEM, "user": TEMPLATE_USER, "templates": prompts,
-                       "differ": differ}, ensure_ascii=False).encode()
+                       "differ": differ, "case_sources": case_sources, "cases": cases}, ensure_ascii=False).encode()
     (OUT / "templates.json.zst").write_bytes(zstandard.ZstdCompressor(level=19).compress(blob))
     for stem in sorted({stem for name, (stem, _) in CONFIGS.items() if name in expected_all}):
         target = OUT / "vocab" / f"ggml-vocab-{stem}.gguf.zst"

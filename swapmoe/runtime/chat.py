@@ -16,7 +16,9 @@ text the template writes at the start (end) is dropped when the tokenizer adds t
 itself (render() then puts it back once), so the prompt has it exactly once; `enable_thinking` (true),
 `date_string` and `datetime` have llama.cpp's defaults; a "developer" message becomes "system"
 (except for gpt-oss templates); a system message is merged into the next message for
-templates that do not use it (e.g. Mixtral's, Gemma's); and the checks llama.cpp patches out
+templates that do not use it (e.g. Mixtral's, Gemma's); tool-call arguments given as JSON
+strings (OpenAI's format; Hugging Face expects dicts) are parsed for templates that read them
+as an object (e.g. Qwen3.5's), found by llama.cpp's probe; and the checks llama.cpp patches out
 of the gpt-oss and Mistral templates are patched out here too.
 """
 from __future__ import annotations
@@ -81,8 +83,12 @@ def render_template(source: str, messages: Iterable[dict[str, Any]], add_generat
     try:
         return template.render(messages=list(messages), add_generation_prompt=add_generation_prompt,
                                bos_token=bos_token, eos_token=eos_token, **variables)
+    except ChatTemplateError:
+        raise
     except TemplateError as e:
         raise ChatTemplateError(f"cannot render the chat template: {e}") from None
+    except (TypeError, ValueError, LookupError, ArithmeticError) as e:  # e.g. `|items` of a string
+        raise ChatTemplateError(f"cannot render the chat template: {type(e).__name__}: {e}") from None
 
 
 class ChatTemplate:
@@ -157,7 +163,12 @@ def _special_text(tokenizer, token_id: int | None) -> str:
 
 
 def _adapt_messages(source: str, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """llama.cpp's message workarounds: developer -> system, system merged where unsupported."""
+    """llama.cpp's message workarounds: developer -> system, system merged where unsupported,
+    JSON-string tool-call arguments parsed for templates that read them as objects."""
+    if any(isinstance(_call_function(call).get("arguments"), str) for m in messages
+           for call in (m.get("tool_calls") or ())) and _uses_object_arguments(source):
+        messages = [{**m, "tool_calls": [_parse_arguments(call) for call in m["tool_calls"]]} if m.get("tool_calls")
+                    else m for m in messages]
     if "<|channel|>" not in source:
         messages = [{**m, "role": "system"} if m.get("role") == "developer" else m for m in messages]
     if messages and messages[0].get("role") == "system" and not _supports_system_role(source):
@@ -177,3 +188,71 @@ def _supports_system_role(source: str) -> bool:
         return "System message" in render_template(source, probe)
     except SwapmoeError:
         return False
+
+
+def _call_function(call: Any) -> dict[str, Any]:
+    """The {"name", "arguments"} part of a tool call, OpenAI style ({"type", "function": {...}}) or bare."""
+    if not isinstance(call, dict):
+        return {}
+    function = call.get("function")
+    return function if isinstance(function, dict) else call
+
+
+def _parse_arguments(call: Any) -> Any:
+    function = _call_function(call)
+    arguments = function.get("arguments")
+    if not isinstance(arguments, str):
+        return call
+    try:
+        parsed = json.loads(arguments)
+    except ValueError as e:
+        raise ChatTemplateError(f"tool call arguments are not JSON ({e}): {arguments!r}") from None
+    if function is call:
+        return {**call, "arguments": parsed}
+    return {**call, "function": {**function, "arguments": parsed}}
+
+
+class _ArgumentsProbe(dict):
+    """Tool-call arguments that note whether the template reads their values."""
+
+    read = False
+
+    def __getitem__(self, key):
+        self.read = True
+        return super().__getitem__(key)
+
+    def get(self, key, default=None):
+        self.read = True
+        return super().get(key, default)
+
+    def items(self):
+        self.read = True
+        return super().items()
+
+    def values(self):
+        self.read = True
+        return super().values()
+
+
+@lru_cache(maxsize=16)
+def _uses_object_arguments(source: str) -> bool:
+    """Whether the template reads tool-call arguments as an object (a mapping), as llama.cpp
+    probes it (supports_object_arguments): then it parses OpenAI-style JSON-string arguments."""
+    arguments = _ArgumentsProbe(arg="value")
+    probe = [
+        {"role": "user", "content": "User message"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "call00001", "type": "function", "function": {"name": "tool1", "arguments": arguments}}]},
+        {"role": "tool", "content": "Tool response", "tool_call_id": "call00001"},
+        {"role": "assistant", "content": "The tool response was 'tool response'"},
+        {"role": "user", "content": "User message"},
+    ]
+    tools = [{"name": "tool", "type": "function", "function": {
+        "name": "tool1", "description": "Tool description",
+        "parameters": {"type": "object", "properties": {"arg": {"type": "string", "description": "Arg description"}},
+                       "required": ["arg"]}}}]
+    try:
+        render_template(source, probe, tools=tools)
+    except SwapmoeError:
+        return False
+    return arguments.read
