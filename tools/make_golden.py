@@ -35,13 +35,14 @@ import zstandard
 
 import swapmoe
 
-ARCHS = ("qwen3moe", "qwen2moe", "olmoe", "llama", "deepseek2", "minimax-m2", "gpt-oss", "qwen35moe")
+ARCHS = ("qwen3moe", "qwen2moe", "olmoe", "llama", "deepseek2", "minimax-m2", "gpt-oss", "qwen35moe", "qwen3next")
 QUANTS = ("Q8_0", "Q4_K_M", "Q2_K", "IQ2_XXS")
-EXTRA_QUANTS = {"gpt-oss": ("MXFP4_MOE",), "qwen35moe": ("IQ1_M", "MXFP4_MOE")}
+EXTRA_QUANTS = {"gpt-oss": ("MXFP4_MOE",), "qwen35moe": ("IQ1_M", "MXFP4_MOE"), "qwen3next": ("IQ1_M", "MXFP4_MOE")}
 SYNTH = {"type": "F32", "seed": 7, "n_layer": 2}
-ARCH_SYNTH = {"qwen35moe": {"n_layer": 4}}  # three DeltaNet layers and one full-attention layer
+ARCH_SYNTH = {"qwen35moe": {"n_layer": 4}, "qwen3next": {"n_layer": 4}}  # three DeltaNet layers, one attention
 _DS2 = {"q_lora_rank": 128, "kv_lora_rank": 64, "rope_dim": 32, "nope_dim": 32, "v_dim": 32, "groups": 4,
         "groups_used": 2}  # the tiny-deepseek2 preset's extra
+_Q35 = {"ssm_state": 64, "ssm_groups": 2, "ssm_heads": 4}  # the tiny-qwen35moe and tiny-qwen3next presets' extra
 VARIANTS = {  # name: (arch, swapmoe.synth overrides on top of SYNTH)
     "deepseek2-legacy-kv-b": ("deepseek2", {"n_layer": 3, "extra": {**_DS2, "mla": False}}),
     "deepseek2-lite": ("deepseek2", {"n_layer": 3, "extra": {**_DS2, "q_lora_rank": 0}}),
@@ -52,6 +53,9 @@ VARIANTS = {  # name: (arch, swapmoe.synth overrides on top of SYNTH)
         "groups": 1, "groups_used": 1, "yarn": {"factor": 40, "original_context_length": 256, "log_mul": 0.707}}}),
     "deepseek2-fused-gate-up": ("deepseek2", {"n_layer": 3, "fused_gate_up": True}),
     "gpt-oss-swa": ("gpt-oss", {"n_layer": 3, "extra": {"sliding_window": 16, "rope_base_swa": 10000.0}}),
+    "qwen35moe-split-gate-up": ("qwen35moe", {"n_layer": 4, "fused_gate_up": False}),
+    "qwen3next-fused-gate-up": ("qwen3next", {"n_layer": 4, "fused_gate_up": True}),
+    "qwen3next-ssm-in": ("qwen3next", {"n_layer": 4, "extra": {**_Q35, "legacy_qkvz": True}}),
 }
 GREEDY = 32
 PROMPT = '''import os

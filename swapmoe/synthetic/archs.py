@@ -264,7 +264,10 @@ def deepseek4(c: SynthConfig, n_vocab: int) -> tuple[list[Tensor], dict[str, Any
     return t, keys
 
 
-def qwen35moe(c: SynthConfig, n_vocab: int) -> tuple[list[Tensor], dict[str, Any]]:
+def _gated_hybrid(c: SynthConfig, n_vocab: int, next_layout: bool) -> tuple[list[Tensor], dict[str, Any]]:
+    """Qwen3.5-MoE, or with next_layout Qwen3-Next: gated DeltaNet layers with gated attention
+    every fourth layer. Qwen3-Next's beta and alpha are one projection, and with extra
+    legacy_qkvz its q, k, v and z are one projection too (ssm_in, as older converters wrote)."""
     x = c.extra
     D, H, hd = c.d_model, c.n_head, c.head_dim
     hk, n_k, n_v, d_conv, interval = x["ssm_state"], x["ssm_groups"], x["ssm_heads"], 4, 4
@@ -278,22 +281,40 @@ def qwen35moe(c: SynthConfig, n_vocab: int) -> tuple[list[Tensor], dict[str, Any
             t += [(p + "attn_q.weight", (D, 2 * H * hd), "matrix"), (p + "attn_k.weight", (D, kv), "matrix"),
                   (p + "attn_v.weight", (D, kv), "matrix"), _norm(i, "attn_q_norm", hd), _norm(i, "attn_k_norm", hd),
                   (p + "attn_output.weight", (H * hd, D), "matrix")]
+            t += [*_router(c, i), *_experts(c, i, D), *_shared(c, i, gated=True)]
+            continue
+        if next_layout and x.get("legacy_qkvz"):
+            t += [(p + "ssm_in.weight", (D, conv_dim + val_dim), "matrix")]
         else:
-            t += [(p + "attn_qkv.weight", (D, conv_dim), "matrix"), (p + "attn_gate.weight", (D, val_dim), "matrix"),
-                  (p + "ssm_conv1d.weight", (d_conv, conv_dim), "router"), (p + "ssm_dt.bias", (n_v,), "vector"),
-                  (p + "ssm_a", (n_v,), "decay"), (p + "ssm_beta.weight", (D, n_v), "matrix"),
-                  (p + "ssm_alpha.weight", (D, n_v), "matrix"), _norm(i, "ssm_norm", hk),
-                  (p + "ssm_out.weight", (val_dim, D), "matrix")]
+            t += [(p + "attn_qkv.weight", (D, conv_dim), "matrix"), (p + "attn_gate.weight", (D, val_dim), "matrix")]
+        t += [(p + "ssm_conv1d.weight", (d_conv, conv_dim), "router"), (p + "ssm_dt.bias", (n_v,), "vector"),
+              (p + "ssm_a", (n_v,), "decay")]
+        if next_layout:
+            t += [(p + "ssm_ba.weight", (D, 2 * n_v), "matrix")]
+        else:
+            t += [(p + "ssm_beta.weight", (D, n_v), "matrix"), (p + "ssm_alpha.weight", (D, n_v), "matrix")]
+        t += [_norm(i, "ssm_norm", hk), (p + "ssm_out.weight", (val_dim, D), "matrix")]
         t += [*_router(c, i), *_experts(c, i, D), *_shared(c, i, gated=True)]
     keys = _common_keys(c, c.expert_ff) | {
         LLM.EXPERT_FEED_FORWARD_LENGTH: c.expert_ff, LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH: c.shared_ff,
-        ROPE.DIMENSION_COUNT: hd // 4, ROPE.DIMENSION_SECTIONS: [11, 11, 10, 0],
-        SSM.CONV_KERNEL: d_conv, SSM.INNER_SIZE: val_dim, SSM.STATE_SIZE: hk, SSM.TIME_STEP_RANK: n_v,
-        SSM.GROUP_COUNT: n_k, LLM.FULL_ATTENTION_INTERVAL: interval}
+        ROPE.DIMENSION_COUNT: hd // 4}
+    if not next_layout:
+        keys[ROPE.DIMENSION_SECTIONS] = [11, 11, 10, 0]
+    keys |= {SSM.CONV_KERNEL: d_conv, SSM.INNER_SIZE: val_dim, SSM.STATE_SIZE: hk, SSM.TIME_STEP_RANK: n_v,
+             SSM.GROUP_COUNT: n_k, LLM.FULL_ATTENTION_INTERVAL: interval}
     return t, keys
+
+
+def qwen35moe(c: SynthConfig, n_vocab: int) -> tuple[list[Tensor], dict[str, Any]]:
+    return _gated_hybrid(c, n_vocab, next_layout=False)
+
+
+def qwen3next(c: SynthConfig, n_vocab: int) -> tuple[list[Tensor], dict[str, Any]]:
+    return _gated_hybrid(c, n_vocab, next_layout=True)
 
 
 ARCHS: dict[str, Callable[[SynthConfig, int], tuple[list[Tensor], dict[str, Any]]]] = {
     "qwen3moe": qwen3moe, "qwen2moe": qwen2moe, "olmoe": olmoe, "llama": llama, "deepseek2": deepseek2,
     "deepseek4": deepseek4, "minimax-m2": minimax_m2, "gpt-oss": gpt_oss, "qwen35moe": qwen35moe,
+    "qwen3next": qwen3next,
 }

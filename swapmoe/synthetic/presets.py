@@ -30,6 +30,7 @@ PRESETS: dict[str, SynthConfig] = {
                                 extra={"sliding_window": 128}),
     "tiny-qwen35moe": SynthConfig("qwen35moe", 4, 256, 4, 2, 64, 8, 2, 256, shared_ff=256, fused_gate_up=True,
                                   extra=_Q35_TINY),
+    "tiny-qwen3next": SynthConfig("qwen3next", 4, 256, 4, 2, 64, 8, 2, 256, shared_ff=256, extra=_Q35_TINY),
     # --- real shapes -------------------------------------------------------------------
     "qwen3-30b-a3b": SynthConfig("qwen3moe", 48, 2048, 32, 4, 128, 128, 8, 768),
     "qwen3-235b-a22b": SynthConfig("qwen3moe", 94, 4096, 64, 4, 128, 128, 8, 1536),

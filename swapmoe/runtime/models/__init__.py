@@ -8,6 +8,7 @@ from swapmoe.runtime.models.minimax_m2 import MiniMaxM2
 from swapmoe.runtime.models.olmoe import OLMoE
 from swapmoe.runtime.models.qwen2moe import Qwen2MoE
 from swapmoe.runtime.models.qwen3moe import Qwen3MoE
+from swapmoe.runtime.models.qwen3next import Qwen3Next
 from swapmoe.runtime.models.qwen35moe import Qwen35MoE
 
 ARCHITECTURES = {
@@ -19,4 +20,5 @@ ARCHITECTURES = {
     "minimax-m2": MiniMaxM2,
     "gpt-oss": GptOss,
     "qwen35moe": Qwen35MoE,
+    "qwen3next": Qwen3Next,
 }

@@ -67,17 +67,17 @@ class Qwen35MoE(Transformer):
         self.recurrent = [bool(f) for f in flags[:hp.n_layer]]
 
     def load_block(self, i):
+        mixer = self.load_delta_net(i) if self.recurrent[i] else self.w.attention(i, qk_norm=True)
+        return self.w.block(i, mixer, self.w.moe(i, shared=True, shared_gate=True), ffn_norm="post_attention_norm")
+
+    def load_delta_net(self, i) -> DeltaNet:
         w, p = self.w, f"blk.{i}."
-        if self.recurrent[i]:
-            mixer = DeltaNet(
-                qkv=w.matrix(p + "attn_qkv.weight"), z=w.matrix(p + "attn_gate.weight"),
-                beta=w.matrix(p + "ssm_beta.weight"), alpha=w.matrix(p + "ssm_alpha.weight"),
-                dt_bias=w.vector(p + "ssm_dt.bias"), a=w.vector(p + "ssm_a"),
-                conv=w.vector(p + "ssm_conv1d.weight").reshape(-1, self.d_conv),
-                norm=w.vector(p + "ssm_norm.weight"), out=w.matrix(p + "ssm_out.weight"))
-        else:
-            mixer = w.attention(i, qk_norm=True)
-        return w.block(i, mixer, w.moe(i, shared=True, shared_gate=True), ffn_norm="post_attention_norm")
+        return DeltaNet(
+            qkv=w.matrix(p + "attn_qkv.weight"), z=w.matrix(p + "attn_gate.weight"),
+            beta=w.matrix(p + "ssm_beta.weight"), alpha=w.matrix(p + "ssm_alpha.weight"),
+            dt_bias=w.vector(p + "ssm_dt.bias"), a=w.vector(p + "ssm_a"),
+            conv=w.vector(p + "ssm_conv1d.weight").reshape(-1, self.d_conv),
+            norm=w.vector(p + "ssm_norm.weight"), out=w.matrix(p + "ssm_out.weight"))
 
     def new_cache(self, n_ctx):
         hp, conv_dim = self.hp, 2 * self.head_k * self.n_k + self.head_v * self.n_v
@@ -92,19 +92,30 @@ class Qwen35MoE(Transformer):
         out = self.attend(a, q, k, v, positions, cache, qk_norm_per_head=True)
         return linear(a.wo, out * layers.sigmoid(gate))
 
-    def delta_net(self, d: DeltaNet, x, state: layers.RecurrentState):
-        T_, eps = len(x), self.hp.rms_eps
-        key_dim = self.head_k * self.n_k
+    def delta_inputs(self, d: DeltaNet, x):
+        """The DeltaNet's input projections: the convolution's input [q | k | v], the output gate z,
+        and the beta and alpha logits per V-head."""
         qx = quantize(d.qkv, x)
         same = lambda w: qx if w.vec_dot_type == d.qkv.vec_dot_type else None  # noqa: E731
-        qkv, z = linear(d.qkv, x, qx), linear(d.z, x, same(d.z))
-        beta = layers.sigmoid(linear(d.beta, x, same(d.beta)))
-        decay = layers.softplus(linear(d.alpha, x, same(d.alpha)) + d.dt_bias) * d.a
+        return linear(d.qkv, x, qx), linear(d.z, x, same(d.z)), linear(d.beta, x, same(d.beta)), \
+            linear(d.alpha, x, same(d.alpha))
+
+    def k_heads(self, x):
+        """q or k [T, n_k, hk] as the delta rule reads them: here as they are, V-head h taking
+        K-head h % n_k (the converter put the V heads in that tiled order)."""
+        return x
+
+    def delta_net(self, d, x, state: layers.RecurrentState):
+        T_, eps = len(x), self.hp.rms_eps
+        key_dim = self.head_k * self.n_k
+        qkv, z, beta, alpha = self.delta_inputs(d, x)
+        beta = layers.sigmoid(beta)
+        decay = layers.softplus(alpha + d.dt_bias) * d.a
         mixed = np.empty_like(qkv)
         causal_conv(state.conv, qkv, d.conv, mixed)
         mixed = layers.silu(mixed)
-        q = _l2_norm(mixed[:, :key_dim].reshape(T_, self.n_k, self.head_k), eps)
-        k = _l2_norm(mixed[:, key_dim:2 * key_dim].reshape(T_, self.n_k, self.head_k), eps)
+        q = self.k_heads(_l2_norm(mixed[:, :key_dim].reshape(T_, self.n_k, self.head_k), eps))
+        k = self.k_heads(_l2_norm(mixed[:, key_dim:2 * key_dim].reshape(T_, self.n_k, self.head_k), eps))
         v = np.ascontiguousarray(mixed[:, 2 * key_dim:].reshape(T_, self.n_v, self.head_v))
         out = np.empty_like(v)
         gated_delta_rule(state.ssm, q, k, v, np.ascontiguousarray(decay), np.ascontiguousarray(beta), out)
