@@ -36,15 +36,19 @@ def summarize(g: GGUFFile, page_size: int = 16384) -> dict[str, Any]:
 
     index, source = _index(g, page_size)
     tensor_bytes = sum(t.nbytes for t in g.tensors.values())
+    n_mtp = int(g.arch_get(Keys.LLM.NEXTN_PREDICT_LAYERS, 0) or 0)
+    n_layer = (g.arch_get(Keys.LLM.BLOCK_COUNT) or 0) - n_mtp
     summary: dict[str, Any] = {
         "file": str(g.path), "shards": len(g.shards), "file_bytes": g.total_size, "arch": g.arch,
-        "layers": g.arch_get(Keys.LLM.BLOCK_COUNT), "experts": g.arch_get(Keys.LLM.EXPERT_COUNT),
+        "layers": n_layer, "mtp_layers": list(range(n_layer, n_layer + n_mtp)),
+        "experts": g.arch_get(Keys.LLM.EXPERT_COUNT),
         "experts_used": g.arch_get(Keys.LLM.EXPERT_USED_COUNT), "index": source,
         "swapmoe_layout": g.get("swapmoe.layout"),
     }
     if index is None:
         return summary | {
-            "moe_layers": 0, "expert_slice_bytes": {}, "routed_expert_bytes": 0, "routed_expert_share": 0.0,
+            "moe_layers": 0, "expert_slice_bytes": {}, "routed_expert_bytes": 0, "mtp_expert_bytes": 0,
+            "routed_expert_share": 0.0,
             "nonexpert_bytes": tensor_bytes, "nonexpert_ranges": 0,
             "tensor_types": sorted({t.ggml_type.name for t in g.tensors.values()}), "page_size": page_size,
             "expert_slices": 0, "expert_slice_parts_page_aligned": 0, "slices_page_aligned": 0,
@@ -54,12 +58,14 @@ def summarize(g: GGUFFile, page_size: int = 16384) -> dict[str, Any]:
     flags = index.slice_flags[present]
     routed_bytes = int(lengths.sum())
     parts = lengths > 0
+    forward = [layer for layer in index.moe_layers() if layer < n_layer]
     return summary | {
-        "moe_layers": len(index.moe_layers()),
-        "expert_slice_bytes": {str(layer): int(lengths[layer, 0].sum()) for layer in index.moe_layers()},
+        "moe_layers": len(forward),
+        "expert_slice_bytes": {str(layer): int(lengths[layer, 0].sum()) for layer in forward},
         "routed_expert_bytes": routed_bytes,
+        "mtp_expert_bytes": int(lengths[n_layer:].sum()),
         "routed_expert_share": routed_bytes / g.total_size if g.total_size else 0.0,
-        "nonexpert_bytes": int(index.tensor_nbytes.sum()) - routed_bytes,
+        "nonexpert_bytes": sum(t.length for t in index.resident_tensors(n_layer)),
         "nonexpert_ranges": len(index.nonexpert),
         "tensor_types": sorted({GGMLQuantizationType(int(t)).name for t in np.unique(index.tensor_type)}),
         "page_size": index.page_size,
@@ -84,6 +90,9 @@ def format_summary(s: dict[str, Any]) -> str:
     lines = [
         f"file            {s['file']} ({s['shards']} shard{'s' if s['shards'] > 1 else ''}, {_mb(s['file_bytes'])})",
         f"architecture    {s['arch']}, {s['layers']} layers ({s['moe_layers']} with routed experts)",
+        *([f"MTP block       layer {', '.join(map(str, s['mtp_layers']))}: multi-token prediction, not used for "
+           f"decoding; never loaded, its experts ({_mb(s['mtp_expert_bytes'])}) never read"]
+          if s['mtp_layers'] else []),
         f"experts         {s['experts']} per layer, {s['experts_used']} used per token",
         f"expert slice    {slice_text} (one expert of one layer, all projections)",
         f"routed experts  {_mb(s['routed_expert_bytes'])} = {s['routed_expert_share']:.1%} of the file",

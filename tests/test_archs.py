@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import swapmoe
+from swapmoe.inspect import summarize
 from swapmoe.runtime import layers
 from swapmoe.runtime.compare import kl_divergence
 from swapmoe.runtime.models.gpt_oss import sliding_window_layers
@@ -58,7 +59,7 @@ def test_layout_variant_matches_llama_cpp(case, tmp_path):
 @pytest.mark.parametrize("case", GOLDEN_CASES, ids=[f"{c['arch']}-{c['type']}" for c in GOLDEN_CASES])
 def test_golden_case_matches_llama_cpp(case, tmp_path):
     if case["gguf"] is None:
-        path = synth_exactly(tmp_path, case["arch"], case["arch"], MANIFEST["synth"], case["sha256"])
+        path = synth_exactly(tmp_path, case["arch"], case["arch"], case["synth"], case["sha256"])
     else:
         path = unzstd(GOLDEN / case["gguf"], tmp_path / f"{case['arch']}-{case['type']}.gguf")
     limit = 1e-3 if case["type"] == "F32" else 5e-3
@@ -106,3 +107,17 @@ def test_deepseek_v3_yarn_moves_mscale_into_kq_scale(tmp_path):
     mscale = 1 + 0.1 * math.log(40)  # ≈ 1.36889 for V3's factor 40 with mscale_all_dim 1
     assert model.kq_scale == pytest.approx(mscale * mscale / math.sqrt(64), rel=1e-6)
     assert model.rope.attn_factor == pytest.approx(1 / mscale, rel=1e-6)  # cancels the kernel's boost
+
+
+def test_mtp_block_is_outside_the_forward_pass(tmp_path):
+    """A multi-token-prediction block after the layers (llama.cpp's converter adds one by default)
+    changes no logit, and inspect reports it apart from the layers that run."""
+    settings = {"type": "F32", "seed": 7, "n_layer": 4, "progress": False}
+    extra = {"ssm_state": 64, "ssm_groups": 2, "ssm_heads": 4}
+    plain = swapmoe.synth(tmp_path / "plain.gguf", arch="qwen35moe", extra=extra, **settings)
+    with_mtp = swapmoe.synth(tmp_path / "mtp.gguf", arch="qwen35moe", extra={**extra, "mtp": True}, **settings)
+    ids = [1, 2, 3, 4, 5, 6]
+    np.testing.assert_array_equal(swapmoe.load(with_mtp).logits(ids), swapmoe.load(plain).logits(ids))
+    summary = summarize(swapmoe.open_gguf(with_mtp))
+    assert summary["layers"] == 4 and summary["mtp_layers"] == [4] and summary["mtp_expert_bytes"] > 0
+    assert sorted(summary["expert_slice_bytes"]) == ["0", "1", "2", "3"]

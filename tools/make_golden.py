@@ -56,6 +56,7 @@ VARIANTS = {  # name: (arch, swapmoe.synth overrides on top of SYNTH)
     "qwen35moe-split-gate-up": ("qwen35moe", {"n_layer": 4, "fused_gate_up": False}),
     "qwen3next-fused-gate-up": ("qwen3next", {"n_layer": 4, "fused_gate_up": True}),
     "qwen3next-ssm-in": ("qwen3next", {"n_layer": 4, "extra": {**_Q35, "legacy_qkvz": True}}),
+    "qwen35moe-mtp": ("qwen35moe", {"n_layer": 4, "extra": {**_Q35, "mtp": True}}),
 }
 GREEDY = 32
 PROMPT = '''import os

@@ -25,7 +25,7 @@ import zstandard
 from gguf import GGMLQuantizationType, Keys
 
 from swapmoe.errors import SwapmoeError
-from swapmoe.gguf_file import GGUFFile
+from swapmoe.gguf_file import GGUFFile, TensorKind, classify
 from swapmoe.repack.tensors import (
     KEY_PAGE_SIZE,
     PARTS,
@@ -192,6 +192,16 @@ class ExpertIndex:
             raise SwapmoeError(f"the non-expert tensors of this {self.layout} file are in {len(ranges)} runs, not "
                                "one; use nonexpert_ranges() or repack the file")
         return ranges[0]
+
+    def resident_tensors(self, n_layer: int) -> list[Projection]:
+        """Where each non-expert tensor the forward pass of `n_layer` layers reads lives: the global
+        ones and those of layers < n_layer (not a multi-token-prediction block after them)."""
+        kept = []
+        for name in self.tensor_names:  # the original names, also in a repacked file
+            cls = classify(name)
+            if cls.kind is not TensorKind.ROUTED_EXPERT and (cls.layer is None or cls.layer < n_layer):
+                kept.append(self.tensor(name))
+        return kept
 
     def tensor(self, name: str) -> Projection:
         """Where an original tensor lives, if it is stored whole (every tensor but bundled expert tensors)."""

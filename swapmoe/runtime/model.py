@@ -69,6 +69,7 @@ class Model:
         if threads:
             numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
         self.index = _index_for(self.gguf)
+        self.hparams = Hparams.from_gguf(self.gguf)
         self.n_ctx = ctx or min(int(self.gguf.arch_get(Keys.LLM.CONTEXT_LENGTH) or 4096), 4096)
         self.plan = self._plan()
         if self.plan.streaming:
@@ -85,29 +86,31 @@ class Model:
         self.stats = Stats()
 
     def _plan(self) -> streaming_options.StreamingPlan:
-        idx = self.index
-        expert_bytes = int(idx.part_length.sum())
-        tensor_bytes = sum(t.nbytes for t in self.gguf.tensors.values())
-        kv = Hparams.from_gguf(self.gguf).kv_cache_bytes(self.n_ctx)
-        per_expert = idx.part_length.sum(axis=2)  # [layer, expert]
+        """What the forward pass reads, fitted to the memory: the experts of layers past n_layer (a
+        multi-token-prediction block) and that block's other tensors are not counted."""
+        idx, n_layer = self.index, self.hparams.n_layer
+        per_expert = idx.part_length[:n_layer].sum(axis=2)  # [layer, expert]
+        nonexpert_bytes = sum(t.length for t in idx.resident_tensors(n_layer))
+        kv = self.hparams.kv_cache_bytes(self.n_ctx)
         min_cache = int(per_expert.max(initial=0)) * max(idx.n_expert_used, 1) * 2
-        return streaming_options.plan(self.options, expert_bytes, tensor_bytes - expert_bytes, kv, min_cache,
+        return streaming_options.plan(self.options, int(per_expert.sum()), nonexpert_bytes, kv, min_cache,
                                       repacked=idx.layout != "original", available=available_memory())
 
     def _load_nonexpert(self) -> None:
-        """Read the non-expert tensors by exact ranges, once, and turn readahead off for the rest of
-        the map, so that touching them never drags expert bytes into the page cache."""
+        """Read the non-expert tensors the forward pass uses by exact ranges, once, and turn
+        readahead off for the rest of the map, so that touching them never drags expert bytes (or a
+        multi-token-prediction block's tensors) into the page cache."""
         for shard in range(len(self.gguf.shards)):
             self.gguf.advise(mmap.MADV_RANDOM, shard)
-        for r in self.index.nonexpert_ranges():
-            self.gguf.advise(mmap.MADV_WILLNEED, r.file, r.offset, r.length)
+        for t in self.index.resident_tensors(self.hparams.n_layer):
+            self.gguf.advise(mmap.MADV_WILLNEED, t.file, t.offset, t.length)
 
     def _store(self) -> ExpertStore:
         idx, plan = self.index, self.plan
         paths = idx.paths or [shard.path for shard in self.gguf.shards]
         if plan.engine == "pread":
             slices = [[(r.file, r.offset, r.length) for r in idx.slice(layer, e)]
-                      for layer in idx.moe_layers() for e in range(idx.n_expert)]
+                      for layer in idx.moe_layers() if layer < self.hparams.n_layer for e in range(idx.n_expert)]
             slot_bytes = max(slot_need(ranges) for ranges in slices)
             n_slots = len(slices) if plan.budget_bytes is None else max(1, plan.budget_bytes // slot_bytes)
             engine = PreadEngine(paths, slot_bytes, min(n_slots, len(slices)))

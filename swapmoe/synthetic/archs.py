@@ -267,16 +267,23 @@ def deepseek4(c: SynthConfig, n_vocab: int) -> tuple[list[Tensor], dict[str, Any
 def _gated_hybrid(c: SynthConfig, n_vocab: int, next_layout: bool) -> tuple[list[Tensor], dict[str, Any]]:
     """Qwen3.5-MoE, or with next_layout Qwen3-Next: gated DeltaNet layers with gated attention
     every fourth layer. Qwen3-Next's beta and alpha are one projection, and with extra
-    legacy_qkvz its q, k, v and z are one projection too (ssm_in, as older converters wrote)."""
+    legacy_qkvz its q, k, v and z are one projection too (ssm_in, as older converters wrote).
+    Extra mtp: one multi-token-prediction block after the others, as llama.cpp's converter adds
+    by default (a full-attention block with experts and the nextn projections; block_count
+    counts it, nextn_predict_layers says so)."""
     x = c.extra
     D, H, hd = c.d_model, c.n_head, c.head_dim
     hk, n_k, n_v, d_conv, interval = x["ssm_state"], x["ssm_groups"], x["ssm_heads"], 4, 4
     val_dim, conv_dim = hk * n_v, 2 * hk * n_k + hk * n_v
     t = _globals(c, n_vocab)
-    for i in range(c.n_layer):
+    n_mtp = 1 if x.get("mtp") else 0
+    for i in range(c.n_layer + n_mtp):
         p = f"blk.{i}."
         t += [_norm(i, "attn_norm", D), _norm(i, "post_attention_norm", D)]
-        if (i + 1) % interval == 0:
+        if i >= c.n_layer:
+            t += [(p + "nextn.eh_proj.weight", (2 * D, D), "matrix"), _norm(i, "nextn.enorm", D),
+                  _norm(i, "nextn.hnorm", D), _norm(i, "nextn.shared_head_norm", D)]
+        if (i + 1) % interval == 0 or i >= c.n_layer:
             kv = c.n_head_kv * hd
             t += [(p + "attn_q.weight", (D, 2 * H * hd), "matrix"), (p + "attn_k.weight", (D, kv), "matrix"),
                   (p + "attn_v.weight", (D, kv), "matrix"), _norm(i, "attn_q_norm", hd), _norm(i, "attn_k_norm", hd),
@@ -302,6 +309,8 @@ def _gated_hybrid(c: SynthConfig, n_vocab: int, next_layout: bool) -> tuple[list
         keys[ROPE.DIMENSION_SECTIONS] = [11, 11, 10, 0]
     keys |= {SSM.CONV_KERNEL: d_conv, SSM.INNER_SIZE: val_dim, SSM.STATE_SIZE: hk, SSM.TIME_STEP_RANK: n_v,
              SSM.GROUP_COUNT: n_k, LLM.FULL_ATTENTION_INTERVAL: interval}
+    if n_mtp:
+        keys |= {LLM.BLOCK_COUNT: c.n_layer + n_mtp, LLM.NEXTN_PREDICT_LAYERS: n_mtp}
     return t, keys
 
 
