@@ -48,9 +48,14 @@ PRESETS: dict[str, SynthConfig] = {
     "minimax-m2": SynthConfig("minimax-m2", 62, 3072, 48, 8, 128, 256, 8, 1536, rope_base=5e6, extra={"rope_dim": 64}),
     "gpt-oss-20b": SynthConfig("gpt-oss", 24, 2880, 64, 8, 64, 32, 4, 2880, rms_eps=1e-5, rope_base=150000.0),
     "gpt-oss-120b": SynthConfig("gpt-oss", 36, 2880, 64, 8, 64, 128, 4, 2880, rms_eps=1e-5, rope_base=150000.0),
-    # approximate: Qwen3.5-122B-A10B's exact config was not at hand
+    # the hybrids: hidden, layers, heads, experts and widths of the published configs (their expert
+    # parameters add up to the 32 / 116 / 77 billion the model cards' totals leave for experts)
+    "qwen3.5-35b-a3b": SynthConfig("qwen35moe", 40, 2048, 16, 2, 256, 256, 8, 512, shared_ff=512,
+                                   fused_gate_up=True, extra={"ssm_state": 128, "ssm_groups": 16, "ssm_heads": 32}),
     "qwen3.5-122b-a10b": SynthConfig("qwen35moe", 48, 3072, 32, 2, 256, 256, 8, 1024, shared_ff=1024,
-                                     fused_gate_up=True, extra={"ssm_state": 128, "ssm_groups": 16, "ssm_heads": 32}),
+                                     fused_gate_up=True, extra={"ssm_state": 128, "ssm_groups": 16, "ssm_heads": 64}),
+    "qwen3-next-80b-a3b": SynthConfig("qwen3next", 48, 2048, 16, 2, 256, 512, 10, 512, shared_ff=512,
+                                      extra={"ssm_state": 128, "ssm_groups": 16, "ssm_heads": 32}),
 }
 
 
