@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Decode and prompt speed of swapmoe next to llama.cpp, on a model that fits in RAM.
 
-    python tools/bench_decode.py [--size-gb 4] [--type Q4_K_M] [--llama-bin DIR] [--threads 2]
+    python tools/bench_decode.py [--preset qwen3-30b-a3b] [--size-gb 4] [--type Q4_K_M] [--llama-bin DIR]
 
-Writes a synthetic qwen3moe of the Qwen3-30B-A3B shape, scaled to --size-gb (a file made
-once and kept in --dir), reads it once so it is cached, then measures side by side in one
+Writes a synthetic model of a real shape (--preset, default Qwen3-30B-A3B), scaled to --size-gb
+(a file made once and kept in --dir), reads it once so it is cached, then measures side by side in one
 run: rounds alternate between swapmoe (prompt of --prompt tokens, then --decode greedy
 tokens, streaming off) and, when a llama.cpp build is given or found, one `llama-bench`
 round on the same file with the same thread count.  Each llama-bench run allocates and frees
@@ -13,7 +13,9 @@ that costs the next few seconds, so the next swapmoe round waits --settle second
 here: swapmoe decode 24-33 tok/s right after a 4 GB allocation was freed, 40-47 five seconds
 later).  Prints tok/s of every round, each
 round's ratio, and the median ratio (the machine may be shared and noisy: a pair of
-neighbouring rounds sees about the same noise).
+neighbouring rounds sees about the same noise). For a model with gated DeltaNet layers it also
+prints the share of swapmoe's decode time spent in them (the layer's whole mixer: projections,
+convolution and the recurrence).
 """
 import argparse
 import json
@@ -27,17 +29,37 @@ import numpy as np
 
 
 def swapmoe_rounds(path: Path, n_prompt: int, n_decode: int, threads: int):
-    """Load the model once and warm it up; each next() runs one round and gives (prompt, decode) tok/s."""
+    """Load the model once and warm it up; each next() runs one round and gives (prompt, decode) tok/s
+    and the share of the decode time spent in DeltaNet layers (0 for a model without them)."""
     import swapmoe
 
     model = swapmoe.load(path, threads=threads, expert_streaming=False)
     rng = np.random.default_rng(0)
     prompt = rng.integers(0, model.net.n_vocab, n_prompt).tolist()
+    deltanet_seconds = _time_decode_deltanet(model.net)
     list(model.generate_ids(prompt[:8], max_tokens=2, ignore_eos=True))  # compile and warm up
     while True:
+        deltanet_seconds[0] = 0.0
         list(model.generate_ids(prompt, max_tokens=n_decode, ignore_eos=True))
         s = model.stats
-        yield s.prompt_tokens / s.prompt_seconds, s.decode_tokens / s.decode_seconds
+        decode_seconds = s.decode_seconds
+        yield s.prompt_tokens / s.prompt_seconds, s.decode_tokens / decode_seconds, deltanet_seconds[0] / decode_seconds
+
+
+def _time_decode_deltanet(net) -> list[float]:
+    """Wrap the network's DeltaNet mixer (if it has one) to add up its time on single tokens."""
+    total = [0.0]
+    if hasattr(net, "delta_net"):
+        inner = net.delta_net
+
+        def timed(d, x, state):
+            start = time.perf_counter()
+            out = inner(d, x, state)
+            if len(x) == 1:
+                total[0] += time.perf_counter() - start
+            return out
+        net.delta_net = timed
+    return total
 
 
 def llama_speed(llama_bin: Path, path: Path, n_prompt: int, n_decode: int, threads: int,
@@ -54,6 +76,7 @@ def llama_speed(llama_bin: Path, path: Path, n_prompt: int, n_decode: int, threa
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--preset", default="qwen3-30b-a3b", help="a real-shape preset of swapmoe synth")
     ap.add_argument("--size-gb", type=float, default=4.0)
     ap.add_argument("--type", default="Q4_K_M")
     ap.add_argument("--dir", type=Path, default=Path("/tmp/swapmoe-bench"))
@@ -69,9 +92,9 @@ def main():
     import swapmoe
 
     args.dir.mkdir(parents=True, exist_ok=True)
-    path = args.dir / f"qwen3-30b-a3b-{args.size_gb:g}gb-{args.type}.gguf"
+    path = args.dir / f"{args.preset}-{args.size_gb:g}gb-{args.type}.gguf"
     if not path.exists():
-        swapmoe.synth(path, preset="qwen3-30b-a3b", type=args.type, size_gb=args.size_gb)
+        swapmoe.synth(path, preset=args.preset, type=args.type, size_gb=args.size_gb)
     with open(path, "rb") as f:  # cache the file: this benchmark is about compute, not disk
         while f.read(64 << 20):
             pass
@@ -81,8 +104,10 @@ def main():
           f"prompt {args.prompt} tokens, decode {args.decode} tokens; rounds alternate swapmoe and llama.cpp")
     ratios = []
     for r in range(args.rounds):
-        pp, tg = next(rounds)
+        pp, tg, deltanet_share = next(rounds)
         line = f"round {r + 1}  swapmoe prompt {pp:7.1f} decode {tg:6.2f} tok/s"
+        if deltanet_share:
+            line += f" (DeltaNet {deltanet_share:.0%} of decode)"
         if have_llama:
             lpp, ltg = llama_speed(args.llama_bin, path, args.prompt, args.decode, args.threads,
                                    args.llama_args.split())
