@@ -14,8 +14,8 @@ here: swapmoe decode 24-33 tok/s right after a 4 GB allocation was freed, 40-47 
 later).  Prints tok/s of every round, each
 round's ratio, and the median ratio (the machine may be shared and noisy: a pair of
 neighbouring rounds sees about the same noise). For a model with gated DeltaNet layers it also
-prints the share of swapmoe's decode time spent in them (the layer's whole mixer: projections,
-convolution and the recurrence).
+prints the share of swapmoe's decode time spent in them (the whole mixer: projections, gates,
+convolution and recurrence) and in the recurrence alone (convolution, L2 norms, delta rule).
 """
 import argparse
 import json
@@ -30,7 +30,8 @@ import numpy as np
 
 def swapmoe_rounds(path: Path, n_prompt: int, n_decode: int, threads: int):
     """Load the model once and warm it up; each next() runs one round and gives (prompt, decode) tok/s
-    and the share of the decode time spent in DeltaNet layers (0 for a model without them)."""
+    and the shares of the decode time spent in DeltaNet layers and in their recurrence (0 for a
+    model without them)."""
     import swapmoe
 
     model = swapmoe.load(path, threads=threads, expert_streaming=False)
@@ -39,27 +40,41 @@ def swapmoe_rounds(path: Path, n_prompt: int, n_decode: int, threads: int):
     deltanet_seconds = _time_decode_deltanet(model.net)
     list(model.generate_ids(prompt[:8], max_tokens=2, ignore_eos=True))  # compile and warm up
     while True:
-        deltanet_seconds[0] = 0.0
+        deltanet_seconds[:] = [0.0, 0.0]
         list(model.generate_ids(prompt, max_tokens=n_decode, ignore_eos=True))
         s = model.stats
-        decode_seconds = s.decode_seconds
-        yield s.prompt_tokens / s.prompt_seconds, s.decode_tokens / decode_seconds, deltanet_seconds[0] / decode_seconds
+        shares = [seconds / s.decode_seconds for seconds in deltanet_seconds]
+        yield s.prompt_tokens / s.prompt_seconds, s.decode_tokens / s.decode_seconds, shares
 
 
 def _time_decode_deltanet(net) -> list[float]:
-    """Wrap the network's DeltaNet mixer (if it has one) to add up its time on single tokens."""
-    total = [0.0]
-    if hasattr(net, "delta_net"):
-        inner = net.delta_net
+    """Wrap the network's DeltaNet mixer (if it has one) to add up its time on single tokens:
+    [the whole mixer, its recurrence alone (convolution, L2 norms, delta rule)]."""
+    totals = [0.0, 0.0]
+    if not hasattr(net, "delta_net"):
+        return totals
+    from swapmoe.runtime.models import qwen35moe
 
-        def timed(d, x, state):
+    decoding = [False]
+
+    def timed(function, slot):
+        def call(*args):
             start = time.perf_counter()
-            out = inner(d, x, state)
-            if len(x) == 1:
-                total[0] += time.perf_counter() - start
+            out = function(*args)
+            if decoding[0]:
+                totals[slot] += time.perf_counter() - start
             return out
-        net.delta_net = timed
-    return total
+        return call
+
+    for name in ("causal_conv", "gated_delta_rule", "_l2_norm"):
+        setattr(qwen35moe, name, timed(getattr(qwen35moe, name), 1))
+    mixer = timed(net.delta_net, 0)
+
+    def delta_net(d, x, state):
+        decoding[0] = len(x) == 1
+        return mixer(d, x, state)
+    net.delta_net = delta_net
+    return totals
 
 
 def llama_speed(llama_bin: Path, path: Path, n_prompt: int, n_decode: int, threads: int,
@@ -104,10 +119,10 @@ def main():
           f"prompt {args.prompt} tokens, decode {args.decode} tokens; rounds alternate swapmoe and llama.cpp")
     ratios = []
     for r in range(args.rounds):
-        pp, tg, deltanet_share = next(rounds)
+        pp, tg, (mixer_share, recurrence_share) = next(rounds)
         line = f"round {r + 1}  swapmoe prompt {pp:7.1f} decode {tg:6.2f} tok/s"
-        if deltanet_share:
-            line += f" (DeltaNet {deltanet_share:.0%} of decode)"
+        if mixer_share:
+            line += f" (DeltaNet layers {mixer_share:.0%} of decode, their recurrence {recurrence_share:.0%})"
         if have_llama:
             lpp, ltg = llama_speed(args.llama_bin, path, args.prompt, args.decode, args.threads,
                                    args.llama_args.split())
