@@ -27,7 +27,7 @@ class Weight:
 def linear(w: Weight, x: np.ndarray, qx: kernels.QuantizedActivation | None = None) -> np.ndarray:
     """x[T, cols] -> [T, rows], as llama.cpp computes it (activation quantized to the weight's dot type).
 
-    Pass `qx` (from `quantize(w, x)`) to reuse one quantized activation for several weights."""
+    `qx`: x already quantized for w's dot type (linear_each shares one among weights)."""
     if qx is None:
         qx = kernels.quantize_activation(w.ggml_type, x)
     return kernels.matmul_q(w.ggml_type, w.raw, w.rows, w.cols, qx, stacked=w.stacked)
@@ -44,8 +44,16 @@ def linear_per_group(w: Weight, x: np.ndarray) -> np.ndarray:
     return y.reshape(T_, groups, w.rows // groups)
 
 
-def quantize(w: Weight, x: np.ndarray) -> kernels.QuantizedActivation:
-    return kernels.quantize_activation(w.ggml_type, x)
+def linear_each(x: np.ndarray, *weights: Weight) -> list[np.ndarray]:
+    """[linear(w, x) for w in weights], quantizing x once per activation type, as llama.cpp
+    reuses one quantized activation for the matmuls of the same input."""
+    quantized: dict[int, kernels.QuantizedActivation] = {}
+    out = []
+    for w in weights:
+        if w.vec_dot_type not in quantized:
+            quantized[w.vec_dot_type] = kernels.quantize_activation(w.ggml_type, x)
+        out.append(linear(w, x, quantized[w.vec_dot_type]))
+    return out
 
 
 def rows_of(w: Weight, ids: np.ndarray) -> np.ndarray:

@@ -33,7 +33,7 @@ from swapmoe.errors import SwapmoeError
 from swapmoe.gguf_file import GGUFFile
 from swapmoe.runtime import layers
 from swapmoe.runtime.experts.store import Expert
-from swapmoe.runtime.linear import Weight, linear, quantize, rows_of
+from swapmoe.runtime.linear import Weight, linear, linear_each, rows_of
 
 ROPE_SCALE_LINEAR = "{arch}.rope.scale_linear"  # the older key for the linear factor; gguf-py no longer names it
 
@@ -379,9 +379,7 @@ class Transformer:
 
     def project_qkv(self, a: Attention, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """q, k, v (+ their biases), sharing one quantized activation where the types allow."""
-        qx = quantize(a.wq, x)
-        same = lambda w: qx if w.vec_dot_type == a.wq.vec_dot_type else None  # noqa: E731
-        q, k, v = linear(a.wq, x, qx), linear(a.wk, x, same(a.wk)), linear(a.wv, x, same(a.wv))
+        q, k, v = linear_each(x, a.wq, a.wk, a.wv)
         for proj, bias in ((q, a.bq), (k, a.bk), (v, a.bv)):
             if bias is not None:
                 proj += bias
@@ -475,8 +473,7 @@ _GATES = {Gating.SOFTMAX: layers.softmax, Gating.SIGMOID: layers.sigmoid, Gating
 
 def _gate_and_up(gate: Weight, up: Weight, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """gate(x) and up(x), sharing one quantized activation when the types allow."""
-    qx = quantize(gate, x)
-    return linear(gate, x, qx), linear(up, x, qx if up.vec_dot_type == gate.vec_dot_type else None)
+    return tuple(linear_each(x, gate, up))
 
 
 def _plus(x: np.ndarray, bias: np.ndarray | None) -> np.ndarray:

@@ -28,7 +28,7 @@ from gguf import Keys
 
 from swapmoe.errors import SwapmoeError
 from swapmoe.runtime import layers
-from swapmoe.runtime.linear import Weight, linear, linear_per_group, quantize
+from swapmoe.runtime.linear import Weight, linear, linear_each, linear_per_group
 from swapmoe.runtime.models.base import Gating, MoE, Router, Transformer
 
 F32 = np.float32
@@ -124,13 +124,10 @@ class DeepSeek2(Transformer):
 
     def attention(self, a: LatentAttention, x: np.ndarray, positions: np.ndarray, cache: layers.KVCache) -> np.ndarray:
         hp, T_, eps, c = self.hp, len(x), self.hp.rms_eps, self.kv_lora
-        qx = quantize(a.kv_a, x)
-        q_in = a.q_a if a.q_a is not None else a.wq
-        q = linear(q_in, x, qx if q_in.vec_dot_type == a.kv_a.vec_dot_type else None)
+        kv, q = linear_each(x, a.kv_a, a.q_a if a.q_a is not None else a.wq)
         if a.q_a is not None:
             q = linear(a.q_b, layers.rms_norm(q, a.q_a_norm, eps))
         q = q.reshape(T_, hp.n_head, self.k_head)
-        kv = linear(a.kv_a, x, qx)
         latent = layers.rms_norm(kv[:, :c], a.kv_a_norm, eps)
         cos, sin = self.rope.tables(positions)
         k_pe = self.rope.apply(kv[:, None, c:], cos, sin)  # [T, 1, rope], shared by all heads

@@ -28,7 +28,7 @@ from gguf import Keys
 
 from swapmoe.runtime import layers
 from swapmoe.runtime.kernels.deltanet import causal_conv, gated_delta_rule
-from swapmoe.runtime.linear import Weight, linear, quantize
+from swapmoe.runtime.linear import Weight, linear, linear_each
 from swapmoe.runtime.models.base import Attention, Gating, Router, Transformer
 
 F32 = np.float32
@@ -95,10 +95,7 @@ class Qwen35MoE(Transformer):
     def delta_inputs(self, d: DeltaNet, x):
         """The DeltaNet's input projections: the convolution's input [q | k | v], the output gate z,
         and the beta and alpha logits per V-head."""
-        qx = quantize(d.qkv, x)
-        same = lambda w: qx if w.vec_dot_type == d.qkv.vec_dot_type else None  # noqa: E731
-        return linear(d.qkv, x, qx), linear(d.z, x, same(d.z)), linear(d.beta, x, same(d.beta)), \
-            linear(d.alpha, x, same(d.alpha))
+        return linear_each(x, d.qkv, d.z, d.beta, d.alpha)
 
     def k_heads(self, x):
         """q or k [T, n_k, hk] as the delta rule reads them: here as they are, V-head h taking

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from swapmoe.runtime.linear import Weight, linear, quantize
+from swapmoe.runtime.linear import Weight, linear_each
 from swapmoe.runtime.models.qwen35moe import Qwen35MoE
 
 
@@ -45,19 +45,17 @@ class Qwen3Next(Qwen35MoE):
 
     def delta_inputs(self, d: NextDeltaNet, x):
         T_, n_k, per_k = len(x), self.n_k, self.n_v // self.n_k
-        first = d.qkvz if d.qkvz is not None else d.qkv
-        qx = quantize(first, x)
-        same = lambda w: qx if w.vec_dot_type == first.vec_dot_type else None  # noqa: E731
         if d.qkvz is not None:
             hk, group_v = self.head_k, per_k * self.head_v
-            qkvz = linear(d.qkvz, x, qx).reshape(T_, n_k, 2 * hk + 2 * group_v)
+            qkvz, beta_alpha = linear_each(x, d.qkvz, d.beta_alpha)
+            qkvz = qkvz.reshape(T_, n_k, 2 * hk + 2 * group_v)
             q, k = qkvz[..., :hk], qkvz[..., hk:2 * hk]
             v, z = qkvz[..., 2 * hk:2 * hk + group_v], qkvz[..., 2 * hk + group_v:]
             qkv = np.concatenate([q.reshape(T_, -1), k.reshape(T_, -1), v.reshape(T_, -1)], axis=1)
             z = np.ascontiguousarray(z).reshape(T_, -1)
         else:
-            qkv, z = linear(d.qkv, x, qx), linear(d.z, x, same(d.z))
-        beta_alpha = linear(d.beta_alpha, x, same(d.beta_alpha)).reshape(T_, n_k, 2 * per_k)
+            qkv, z, beta_alpha = linear_each(x, d.qkv, d.z, d.beta_alpha)
+        beta_alpha = beta_alpha.reshape(T_, n_k, 2 * per_k)
         beta = np.ascontiguousarray(beta_alpha[..., :per_k]).reshape(T_, -1)
         alpha = np.ascontiguousarray(beta_alpha[..., per_k:]).reshape(T_, -1)
         return qkv, z, beta, alpha
