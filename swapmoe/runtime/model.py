@@ -21,7 +21,6 @@ from swapmoe.runtime.experts import options as streaming_options
 from swapmoe.runtime.experts.io import MmapEngine, PreadEngine, slot_need
 from swapmoe.runtime.experts.store import ExpertStore
 from swapmoe.runtime.models import ARCHITECTURES
-from swapmoe.runtime.models.base import Hparams
 from swapmoe.runtime.sampling import Sampler, Sampling
 from swapmoe.runtime.tokenizer import Tokenizer
 
@@ -69,13 +68,13 @@ class Model:
         if threads:
             numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
         self.index = _index_for(self.gguf)
-        self.hparams = Hparams.from_gguf(self.gguf)
+        self.hparams = ARCHITECTURES[arch].hparams(self.gguf)
         self.n_ctx = ctx or min(int(self.gguf.arch_get(Keys.LLM.CONTEXT_LENGTH) or 4096), 4096)
         self.plan = self._plan()
         if self.plan.streaming:
             self._load_nonexpert()
         self.store = self._store()
-        self.net = ARCHITECTURES[arch](self.gguf, self.store)
+        self.net = ARCHITECTURES[arch](self.gguf, self.store, self.hparams)
         routing = self.net.routing  # the policies this plan asks for, on the network's own router hook
         routing.fixation = self.plan.fixation
         routing.prefetch_previous = self.plan.prefetch in ("previous", "both")
