@@ -7,14 +7,22 @@ logits checked against llama.cpp on them.
 Models: deepseek-v3 (DeepseekV3ForCausalLM: q LoRA, sigmoid routing with the correction bias,
 groups, YaRN with mscale_all_dim 1), deepseek-v2-lite (DeepseekV2ForCausalLM: no q LoRA,
 softmax routing, YaRN with mscale_all_dim 0.707; 26 layers, since llama.cpp recognises a lite
-model by its layer count), minimax-m2 (MiniMaxM2ForCausalLM) and gpt-oss (GptOssForCausalLM,
-sliding window 16 so the prompt crosses it).
+model by its layer count), minimax-m2 (MiniMaxM2ForCausalLM), gpt-oss (GptOssForCausalLM,
+sliding window 16 so the prompt crosses it), qwen3.5-moe (Qwen3_5MoeForCausalLM) and
+qwen3-next (Qwen3NextForCausalLM): 8 layers, gated DeltaNet with full attention every 4th
+(layers 3 and 7), 2 K-heads and 4 V-heads (so the converter's V-head order matters), partial
+RoPE on 16 of 64 dims, and a multi-token-prediction block, for which transformers has no module:
+random tensors named as the published checkpoints name them (`mtp.*`, in
+model-mtp.safetensors), so that the files carry one as converted real checkpoints do.
 
 Per model: random weights (matrices with std 0.1 so the logits are far from uniform, 0.07 for
-the 26-layer model, which turns chaotic at 0.1; norm weights, biases, sinks and routing biases
-perturbed so that they matter), a small byte-level BPE tokenizer, save_pretrained →
+the 26-layer model, which turns chaotic at 0.1; norm weights, biases, sinks, routing biases and
+the DeltaNet's A_log and dt_bias perturbed so that they matter, A drawn from [0.05, 1] so the
+recurrent state outlasts a few tokens), a small byte-level BPE tokenizer, save_pretrained →
 convert_hf_to_gguf.py --outtype f32 → llama-quantize Q8_0, Q4_K_M, Q2_K and IQ2_XXS (with an
-importance matrix from llama-imatrix; gpt-oss also MXFP4_MOE) →
+importance matrix from llama-imatrix; gpt-oss also MXFP4_MOE; the Qwen hybrids also IQ1_M, with
+the importance matrix, and MXFP4_MOE; their IQ files keep the MTP block at Q8_0, since
+llama-imatrix never runs it) →
 tools/llama_ref.py → swapmoe; prints mean/max KL, top-1 agreement
 and how many of the 32 greedy tokens agree, next to how far llama.cpp itself moves when fed the
 prompt one token per decode call instead of in one batch (its kernels differ by batch size).
@@ -35,6 +43,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import safetensors.torch
 import torch
 import transformers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -59,6 +68,12 @@ def route(logits, k):
 '''
 DS_V3_YARN = {"rope_type": "yarn", "factor": 40.0, "original_max_position_embeddings": 256, "beta_fast": 32.0,
               "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0, "rope_theta": 10000.0}
+QWEN_HYBRID = dict(  # layers 3 and 7 full attention, the rest gated DeltaNet
+    hidden_size=256, num_hidden_layers=8, full_attention_interval=4, num_attention_heads=4, num_key_value_heads=2,
+    head_dim=64, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=64, linear_value_head_dim=64,
+    linear_conv_kernel_dim=4, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=256,
+    shared_expert_intermediate_size=256)
+QWEN_ROPE = {"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25}
 MODELS = {  # name: (config class, model class, config arguments)
     "deepseek-v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM", dict(
         hidden_size=256, intermediate_size=512, moe_intermediate_size=128, num_hidden_layers=3, first_k_dense_replace=1,
@@ -82,9 +97,14 @@ MODELS = {  # name: (config class, model class, config arguments)
         hidden_size=256, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
         head_dim=64, num_local_experts=8, num_experts_per_tok=2, sliding_window=16,
         layer_types=["sliding_attention", "full_attention", "sliding_attention"])),
+    "qwen3.5-moe": ("Qwen3_5MoeTextConfig", "Qwen3_5MoeForCausalLM", QWEN_HYBRID | dict(
+        mtp_num_hidden_layers=1, rope_parameters=QWEN_ROPE | {"mrope_section": [3, 3, 2], "mrope_interleaved": True})),
+    "qwen3-next": ("Qwen3NextConfig", "Qwen3NextForCausalLM", QWEN_HYBRID | dict(  # its config names no MTP layers:
+        intermediate_size=512, norm_topk_prob=True, rope_parameters=QWEN_ROPE)),  # the converter counts mtp.layers.*
 }
 QUANTS = ("Q8_0", "Q4_K_M", "Q2_K", "IQ2_XXS")  # the acceptance's types; IQ2_XXS with an importance matrix
-EXTRA_QUANTS = {"gpt-oss": ("MXFP4_MOE",)}
+EXTRA_QUANTS = {"gpt-oss": ("MXFP4_MOE",), "qwen3.5-moe": ("IQ1_M", "MXFP4_MOE"), "qwen3-next": ("IQ1_M", "MXFP4_MOE")}
+MTP = ("qwen3.5-moe", "qwen3-next")  # models whose checkpoints carry a multi-token-prediction block
 CONVERT = '''import runpy, sys
 src = sys.argv.pop(1)
 sys.path[:0] = [src + "/gguf-py", src]
@@ -141,10 +161,34 @@ def checkpoint(name: str, directory: Path) -> None:
     torch.manual_seed(0)
     model = getattr(transformers, model_cls)(config).float()
     with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 1:  # norms (initialised to 1), biases, sinks, routing bias (0): make them matter
+        for key, p in model.named_parameters():
+            if key.endswith(".A_log"):  # DeltaNet decay rates; transformers draws A up to 16, which forgets at once
+                p.copy_(torch.empty_like(p).uniform_(0.05, 1.0).log())
+            if p.dim() == 1:  # norms (initialised to 1 or 0), biases, sinks, routing bias, A_log, dt_bias: perturb
                 p.add_(torch.randn_like(p) * 0.1)
     model.save_pretrained(directory)
+    if name in MTP:
+        mtp_block(directory, config)
+
+
+def mtp_block(directory: Path, config) -> None:
+    """The multi-token-prediction block Qwen3-Next and Qwen3.5 checkpoints carry beside the model,
+    which transformers neither builds nor saves: a full-attention decoder layer `mtp.layers.0.*`
+    (its tensors named and shaped as the saved model's first full-attention layer), the projection
+    `mtp.fc` of [embedding | hidden state] and its norms, random, in model-mtp.safetensors (the
+    converter reads every model*.safetensors when there is no index)."""
+    assert not (directory / "model.safetensors.index.json").exists(), "a sharded checkpoint needs its index extended"
+    saved = safetensors.torch.load_file(directory / "model.safetensors")
+    layer = f"layers.{config.layer_types.index('full_attention')}."
+    tensors = {"mtp.layers.0." + key.split(layer, 1)[1]: t for key, t in saved.items() if layer in key}
+    n = config.hidden_size
+    tensors |= {"mtp.fc.weight": torch.empty(n, 2 * n), "mtp.pre_fc_norm_embedding.weight": torch.empty(n),
+                "mtp.pre_fc_norm_hidden.weight": torch.empty(n), "mtp.norm.weight": torch.empty(n)}
+    torch.manual_seed(1)
+    for key, t in tensors.items():  # its 1-D tensors are all norms, zero-centred (the converter adds 1)
+        tensors[key] = torch.randn(t.shape) * 0.1
+    safetensors.torch.save_file({k: t.contiguous() for k, t in tensors.items()}, directory / "model-mtp.safetensors",
+                                metadata={"format": "pt"})
 
 
 def open_model(path: Path):
@@ -194,6 +238,8 @@ def main():
         for quant in QUANTS + EXTRA_QUANTS.get(name, ()):
             files.append((quant, work / f"{name}-{quant}.gguf"))
             extra = ["--imatrix", imatrix] if quant.startswith("IQ") else []
+            if extra and name in MTP:  # llama-imatrix never runs the MTP block, and IQ types need its matrix
+                extra += ["--tensor-type", rf"blk\.{MODELS[name][2]['num_hidden_layers']}\.=q8_0"]
             run([bin_dir / "llama-quantize", *extra, f32, files[-1][1], quant, "2"])
         ref_py = [args.ref / "venv/bin/python", TOOLS / "llama_ref.py"]
         tokens = json.loads(run([*ref_py, f32, "--tokenize", TEXT], env))
