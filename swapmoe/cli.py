@@ -47,8 +47,9 @@ def main():
 @click.option("--preset", help="Shape of a real model, e.g. qwen3-30b-a3b, deepseek-v4-flash (default: tiny-ARCH).")
 @click.option("--size-gb", type=float, help="Scale the layer count so the file is about this many GB.")
 @click.option("--type", "type_name", default="Q8_0", show_default=True,
-              help="ggml type of every weight matrix (F32, F16, Q8_0, Q4_K, Q2_K, IQ2_XXS, MXFP4, ...) "
-                   "or the mix Q4_K_M.")
+              help="ggml type of every weight matrix (F32, F16, Q8_0, Q4_K, IQ2_XXS, MXFP4, ...), or the "
+                   "mix llama-quantize makes of that name: Q4_K_M, or Q2_K (Q2_K most places, Q3_K/Q4_K where "
+                   "it hurts).")
 @click.option("--layers", type=int, help="Override the layer count.")
 @click.option("--experts", type=int, help="Override the number of experts per layer.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Random seed for the weights.")

@@ -46,8 +46,21 @@ def test_every_type(tmp_path, type_name):
     path = swapmoe.synth(tmp_path / "m.gguf", type=type_name, progress=False)
     g = open_gguf(path)
     assert g.tensor("blk.0.ffn_up_exps.weight").ggml_type == T[type_name]
-    w = dequantize(np.asarray(g.raw("blk.0.ffn_down_exps.weight")), T[type_name])
+    w = dequantize(np.asarray(g.raw("blk.0.ffn_up_exps.weight")), T[type_name])
     assert np.isfinite(w).all()
+
+
+def test_q2_k_mix_follows_llama_quantize():
+    """llama-quantize's Q2_K is a mix: Q3_K ffn_down and attention output, Q4_K attn_v and the
+    DeltaNet input projection where many q heads share a kv head, Q2_K elsewhere."""
+    tensors, _ = plan(PRESETS["qwen3.5-122b-a10b"], "Q2_K")
+    types = {name: t for name, _, _, t in tensors}
+    assert types["output.weight"] == T.Q6_K and types["blk.0.ffn_gate_up_exps.weight"] == T.Q2_K
+    assert types["blk.0.ffn_down_exps.weight"] == T.Q3_K and types["blk.0.ffn_down_shexp.weight"] == T.Q3_K
+    assert types["blk.0.attn_qkv.weight"] == T.Q4_K and types["blk.3.attn_v.weight"] == T.Q4_K
+    assert types["blk.3.attn_output.weight"] == T.Q3_K and types["blk.0.ssm_out.weight"] == T.Q2_K
+    tiny = {name: t for name, _, _, t in plan(PRESETS["tiny-qwen3moe"], "Q2_K")[0]}  # 8 experts: llama.cpp's bumps
+    assert tiny["blk.0.attn_v.weight"] == T.Q8_0 and tiny["blk.0.attn_output.weight"] == T.Q5_K
 
 
 def test_q4_k_m_mix_follows_llama_quantize():

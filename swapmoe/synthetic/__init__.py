@@ -26,8 +26,8 @@ from swapmoe.synthetic.vocab import build_vocab
 
 __all__ = ["synth", "plan", "PRESETS", "ARCHS", "TYPES"]
 
-MIXES = ("Q4_K_M",)
-TYPES = tuple(t.name for t in FLOAT_TYPES + QUANT_TYPES) + MIXES
+MIXES = ("Q4_K_M", "Q2_K")  # llama-quantize's mixes; its Q2_K is one too, not Q2_K everywhere
+TYPES = tuple(dict.fromkeys([t.name for t in FLOAT_TYPES + QUANT_TYPES] + list(MIXES)))
 MATRIX_STD = 0.05
 ALIGNMENT = 32
 CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -47,29 +47,36 @@ def _fits(ggml_type: T, ne0: int) -> T:
 
 
 def _matrix_types(tensors: list[Tensor], config: SynthConfig, type_name: str) -> dict[str, T]:
-    """Type of every `matrix` tensor: one type for all, or a llama-quantize style mix."""
+    """Type of every `matrix` tensor: one type for all, or the mix llama-quantize makes for an MoE
+    file of that name (Q4_K_M; Q2_K, which is a mix there too: Q2_K most places, Q3_K or more
+    where it hurts)."""
     matrices = [(name, ne) for name, ne, role in tensors if role == "matrix"]
     if type_name not in MIXES:
         base = T[type_name]
         return {name: _fits(base, ne[0]) for name, ne in matrices}
-    # Q4_K_M, following llama-quantize's rules for MoE files
     names = {name for name, _ in matrices}
     eight = config.n_expert == 8
     v_like = [n for n, _ in matrices if n.endswith(("attn_v.weight", "attn_qkv.weight", "attn_kv_b.weight"))]
+    q2 = type_name == "Q2_K"
     types = {}
     for name, ne in matrices:
         layer = int(name.split(".")[1]) if name.startswith("blk.") else -1
-        t = T.Q4_K
+        t = T.Q2_K if q2 else T.Q4_K
         if name == "output.weight" or (name == "token_embd.weight" and "output.weight" not in names):
             t = T.Q6_K
         elif name in v_like:
-            t = T.Q8_0 if eight else (T.Q6_K if _use_more_bits(v_like.index(name), len(v_like)) else T.Q4_K)
+            if eight:
+                t = T.Q8_0
+            elif q2:
+                t = T.Q4_K if config.n_head >= 4 * config.n_head_kv else T.Q3_K
+            elif _use_more_bits(v_like.index(name), len(v_like)):
+                t = T.Q6_K
         elif name.endswith("attn_k.weight") and eight:
             t = T.Q8_0
-        elif name.endswith("attn_output.weight") and eight:
-            t = T.Q5_K
-        elif ".ffn_down" in name and _use_more_bits(layer, config.n_layer):
-            t = T.Q6_K
+        elif name.endswith("attn_output.weight") and (eight or q2):
+            t = T.Q5_K if eight else T.Q3_K
+        elif ".ffn_down" in name and (q2 or _use_more_bits(layer, config.n_layer)):
+            t = T.Q3_K if q2 else T.Q6_K
         types[name] = _fits(t, ne[0])
     return types
 
@@ -194,7 +201,7 @@ def synth(path: str | os.PathLike, arch: str | None = None, preset: str | None =
 
     arch: one of ARCHS (default: the preset's, else qwen3moe); preset: a name in PRESETS
     (default `tiny-{arch}`); size_gb: scale the layer count to about this size; type: a ggml
-    type name for every weight matrix, or a mix such as Q4_K_M; shards: split the tensors
+    type name for every weight matrix, or a mix as llama-quantize makes it (Q4_K_M, Q2_K); shards: split the tensors
     over this many files the way llama-gguf-split does; overrides: SynthConfig fields
     (n_layer, n_expert, d_model, ...).
     """
