@@ -121,3 +121,15 @@ def test_mtp_block_is_outside_the_forward_pass(tmp_path):
     summary = summarize(swapmoe.open_gguf(with_mtp))
     assert summary["layers"] == 4 and summary["mtp_layers"] == [4] and summary["mtp_expert_bytes"] > 0
     assert sorted(summary["expert_slice_bytes"]) == ["0", "1", "2", "3"]
+
+
+@pytest.mark.parametrize("arch", ["qwen35moe", "qwen3next"])
+def test_hybrid_cache_bytes_are_those_of_its_caches(arch, tmp_path):
+    """The memory plan's cache size for a hybrid: KV rows for its attention layers only, the fixed
+    state for its DeltaNet layers, exactly what new_cache allocates."""
+    path = swapmoe.synth(tmp_path / "h.gguf", arch=arch, type="F32", n_layer=4, progress=False)
+    model = open_model(path)
+    caches = model.new_cache(100)
+    allocated = sum(a.nbytes for c in caches for a in vars(c).values() if isinstance(a, np.ndarray))
+    assert type(model).cache_bytes(model.gguf, model.hp, 100) == allocated
+    assert sum(isinstance(c, layers.RecurrentState) for c in caches) == 3

@@ -90,7 +90,7 @@ class Model:
         idx, n_layer = self.index, self.hparams.n_layer
         per_expert = idx.part_length[:n_layer].sum(axis=2)  # [layer, expert]
         nonexpert_bytes = sum(t.length for t in idx.resident_tensors(n_layer))
-        kv = self.hparams.kv_cache_bytes(self.n_ctx)
+        kv = ARCHITECTURES[self.gguf.arch].cache_bytes(self.gguf, self.hparams, self.n_ctx)
         min_cache = int(per_expert.max(initial=0)) * max(idx.n_expert_used, 1) * 2
         return streaming_options.plan(self.options, int(per_expert.sum()), nonexpert_bytes, kv, min_cache,
                                       repacked=idx.layout != "original", available=available_memory())

@@ -16,7 +16,8 @@ and may override:
 
 - `router`: how router logits become expert weights (a `Router`; class attribute or set in setup).
 - `hparams(gguf)`: the hyperparameters, where the architecture reads a generic key differently.
-- `new_cache(n_ctx)`: per-layer caches other than GQA's per-head keys and values.
+- `new_cache(n_ctx)` and `cache_bytes(gguf, hp, n_ctx)`: per-layer caches other than GQA's
+  per-head keys and values, and their size.
 - `expert_activation(gate, up)`: the routed experts' activation (default SwiGLU).
 """
 from __future__ import annotations
@@ -347,6 +348,13 @@ class Transformer:
         for i, b in enumerate(self.blocks):
             if not isinstance(b, Block):
                 raise TypeError(f"{name}.load_block({i}) returned {type(b).__name__}, not a Block")
+
+    @classmethod
+    def cache_bytes(cls, gguf: GGUFFile, hp: Hparams, n_ctx: int) -> int:
+        """Bytes of the caches new_cache(n_ctx) makes, known before the network loads (the memory
+        plan reserves them): GQA's keys and values, an upper bound where an architecture caches
+        less (MLA's latent rows, sliding windows)."""
+        return hp.kv_cache_bytes(n_ctx)
 
     def new_cache(self, n_ctx: int) -> list[layers.KVCache]:
         hp = self.hp

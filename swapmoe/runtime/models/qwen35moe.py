@@ -49,25 +49,56 @@ class DeltaNet:
     out: Weight  # ssm_out
 
 
+@dataclass(frozen=True)
+class DeltaNetShape:
+    """The DeltaNet geometry of a file: which layers are recurrent, and their sizes."""
+    recurrent: tuple[bool, ...]  # per layer: gated DeltaNet (else gated attention)
+    d_conv: int  # ssm.conv_kernel
+    head_k: int  # ssm.state_size
+    n_k: int  # ssm.group_count: K-heads
+    n_v: int  # ssm.time_step_rank: V-heads
+    head_v: int  # ssm.inner_size / n_v
+
+    @classmethod
+    def from_gguf(cls, g, n_layer: int) -> "DeltaNetShape":
+        flags = g.arch_get(RECURRENT_LAYERS)
+        if flags is None:
+            interval = g.arch_get(Keys.LLM.FULL_ATTENTION_INTERVAL, 4)
+            flags = [(i + 1) % interval != 0 for i in range(n_layer)]
+        n_v = g.arch_get(Keys.SSM.TIME_STEP_RANK)
+        return cls(tuple(bool(f) for f in flags[:n_layer]), g.arch_get(Keys.SSM.CONV_KERNEL),
+                   g.arch_get(Keys.SSM.STATE_SIZE), g.arch_get(Keys.SSM.GROUP_COUNT), n_v,
+                   g.arch_get(Keys.SSM.INNER_SIZE) // n_v)
+
+    @property
+    def conv_dim(self) -> int:
+        return 2 * self.head_k * self.n_k + self.head_v * self.n_v
+
+    @property
+    def state_bytes(self) -> int:
+        """One recurrent layer's state: the convolution's rows and the f32 matrices."""
+        return 4 * ((self.d_conv - 1) * self.conv_dim + self.n_v * self.head_v * self.head_k)
+
+    def state(self) -> layers.RecurrentState:
+        return layers.RecurrentState(self.d_conv, self.conv_dim, self.n_v, self.head_k, self.head_v)
+
+
 class Qwen35MoE(Transformer):
     router = Router(Gating.SOFTMAX, normalize=True)
 
     def setup(self):
-        g, hp = self.gguf, self.hp
-        self.rope = hp.rope(neox=True)
-        self.d_conv = g.arch_get(Keys.SSM.CONV_KERNEL)
-        self.head_k = g.arch_get(Keys.SSM.STATE_SIZE)
-        self.n_k = g.arch_get(Keys.SSM.GROUP_COUNT)
-        self.n_v = g.arch_get(Keys.SSM.TIME_STEP_RANK)
-        self.head_v = g.arch_get(Keys.SSM.INNER_SIZE) // self.n_v
-        flags = g.arch_get(RECURRENT_LAYERS)
-        if flags is None:
-            interval = g.arch_get(Keys.LLM.FULL_ATTENTION_INTERVAL, 4)
-            flags = [(i + 1) % interval != 0 for i in range(hp.n_layer)]
-        self.recurrent = [bool(f) for f in flags[:hp.n_layer]]
+        self.rope = self.hp.rope(neox=True)
+        self.shape = DeltaNetShape.from_gguf(self.gguf, self.hp.n_layer)
+
+    @classmethod
+    def cache_bytes(cls, gguf, hp, n_ctx):
+        """Keys and values for the attention layers, the fixed state for the recurrent ones."""
+        shape = DeltaNetShape.from_gguf(gguf, hp.n_layer)
+        per_attention_layer = hp.kv_cache_bytes(n_ctx) // hp.n_layer
+        return sum(shape.state_bytes if recurrent else per_attention_layer for recurrent in shape.recurrent)
 
     def load_block(self, i):
-        mixer = self.load_delta_net(i) if self.recurrent[i] else self.w.attention(i, qk_norm=True)
+        mixer = self.load_delta_net(i) if self.shape.recurrent[i] else self.w.attention(i, qk_norm=True)
         return self.w.block(i, mixer, self.w.moe(i, shared=True, shared_gate=True), ffn_norm="post_attention_norm")
 
     def load_delta_net(self, i) -> DeltaNet:
@@ -76,13 +107,13 @@ class Qwen35MoE(Transformer):
             qkv=w.matrix(p + "attn_qkv.weight"), z=w.matrix(p + "attn_gate.weight"),
             beta=w.matrix(p + "ssm_beta.weight"), alpha=w.matrix(p + "ssm_alpha.weight"),
             dt_bias=w.vector(p + "ssm_dt.bias"), a=w.vector(p + "ssm_a"),
-            conv=w.vector(p + "ssm_conv1d.weight").reshape(-1, self.d_conv),
+            conv=w.vector(p + "ssm_conv1d.weight").reshape(-1, self.shape.d_conv),
             norm=w.vector(p + "ssm_norm.weight"), out=w.matrix(p + "ssm_out.weight"))
 
     def new_cache(self, n_ctx):
-        hp, conv_dim = self.hp, 2 * self.head_k * self.n_k + self.head_v * self.n_v
-        return [layers.RecurrentState(self.d_conv, conv_dim, self.n_v, self.head_k, self.head_v) if recurrent
-                else layers.KVCache(n_ctx, hp.n_head_kv, hp.head_dim, hp.v_head_dim) for recurrent in self.recurrent]
+        hp = self.hp
+        return [self.shape.state() if recurrent else layers.KVCache(n_ctx, hp.n_head_kv, hp.head_dim, hp.v_head_dim)
+                for recurrent in self.shape.recurrent]
 
     def gated_attention(self, a: Attention, x, positions, cache):
         T_, hp = len(x), self.hp
@@ -104,26 +135,27 @@ class Qwen35MoE(Transformer):
 
     def delta_net(self, d, x, state: layers.RecurrentState):
         T_, eps = len(x), self.hp.rms_eps
-        key_dim = self.head_k * self.n_k
+        shape = self.shape
+        key_dim = shape.head_k * shape.n_k
         qkv, z, beta, alpha = self.delta_inputs(d, x)
         beta = layers.sigmoid(beta)
         decay = layers.softplus(alpha + d.dt_bias) * d.a
         mixed = np.empty_like(qkv)
         causal_conv(state.conv, qkv, d.conv, mixed)
         mixed = layers.silu(mixed)
-        q = self.k_heads(_l2_norm(mixed[:, :key_dim].reshape(T_, self.n_k, self.head_k), eps))
-        k = self.k_heads(_l2_norm(mixed[:, key_dim:2 * key_dim].reshape(T_, self.n_k, self.head_k), eps))
-        v = np.ascontiguousarray(mixed[:, 2 * key_dim:].reshape(T_, self.n_v, self.head_v))
+        q = self.k_heads(_l2_norm(mixed[:, :key_dim].reshape(T_, shape.n_k, shape.head_k), eps))
+        k = self.k_heads(_l2_norm(mixed[:, key_dim:2 * key_dim].reshape(T_, shape.n_k, shape.head_k), eps))
+        v = np.ascontiguousarray(mixed[:, 2 * key_dim:].reshape(T_, shape.n_v, shape.head_v))
         out = np.empty_like(v)
         gated_delta_rule(state.ssm, q, k, v, np.ascontiguousarray(decay), np.ascontiguousarray(beta), out)
         state.length += T_
-        out = layers.rms_norm(out, d.norm, eps) * layers.silu(z.reshape(T_, self.n_v, self.head_v))
+        out = layers.rms_norm(out, d.norm, eps) * layers.silu(z.reshape(T_, shape.n_v, shape.head_v))
         return linear(d.out, out.reshape(T_, -1))
 
     def block(self, i, h, positions, cache):
         b, eps = self.blocks[i], self.hp.rms_eps
         x = layers.rms_norm(h, b.attn_norm, eps)
-        if self.recurrent[i]:
+        if self.shape.recurrent[i]:
             h = h + self.delta_net(b.attn, x, cache)
         else:
             h = h + self.gated_attention(b.attn, x, positions, cache)

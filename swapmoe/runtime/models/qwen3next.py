@@ -40,13 +40,14 @@ class Qwen3Next(Qwen35MoE):
             inputs = dict(qkv=w.matrix(p + "attn_qkv.weight"), z=w.matrix(p + "attn_gate.weight"))
         return NextDeltaNet(
             beta_alpha=w.matrix(p + "ssm_ba.weight"), dt_bias=w.vector(p + "ssm_dt.bias"),
-            a=w.vector(p + "ssm_a"), conv=w.vector(p + "ssm_conv1d.weight").reshape(-1, self.d_conv),
+            a=w.vector(p + "ssm_a"), conv=w.vector(p + "ssm_conv1d.weight").reshape(-1, self.shape.d_conv),
             norm=w.vector(p + "ssm_norm.weight"), out=w.matrix(p + "ssm_out.weight"), **inputs)
 
     def delta_inputs(self, d: NextDeltaNet, x):
-        T_, n_k, per_k = len(x), self.n_k, self.n_v // self.n_k
+        T_, shape = len(x), self.shape
+        n_k, per_k = shape.n_k, shape.n_v // shape.n_k
         if d.qkvz is not None:
-            hk, group_v = self.head_k, per_k * self.head_v
+            hk, group_v = shape.head_k, per_k * shape.head_v
             qkvz, beta_alpha = linear_each(x, d.qkvz, d.beta_alpha)
             qkvz = qkvz.reshape(T_, n_k, 2 * hk + 2 * group_v)
             q, k = qkvz[..., :hk], qkvz[..., hk:2 * hk]
@@ -62,4 +63,4 @@ class Qwen3Next(Qwen35MoE):
 
     def k_heads(self, x):
         """Each K-head repeated for its group of V-heads (grouped order)."""
-        return np.ascontiguousarray(np.repeat(x, self.n_v // self.n_k, axis=1))
+        return np.ascontiguousarray(np.repeat(x, self.shape.n_v // self.shape.n_k, axis=1))
