@@ -80,7 +80,7 @@ def test_size_knob_scales_layers():
     config = _scale_layers(PRESETS["qwen3-30b-a3b"], "Q4_K_M", 4.5)
     assert 10 <= config.n_layer <= 14  # the 48-layer 17 GB model at about a quarter
     _, keys = plan(config, "Q4_K_M")
-    assert keys["block_count"] == config.n_layer
+    assert keys[Keys.LLM.BLOCK_COUNT] == config.n_layer
 
 
 def test_same_seed_same_bytes(tmp_path):

@@ -89,7 +89,7 @@ def _tensor_nbytes(ne: tuple[int, ...], ggml_type: T) -> int:
 def plan(config: SynthConfig,
          type_name: str = "Q8_0") -> tuple[list[tuple[str, tuple[int, ...], str, T]], dict[str, Any]]:
     """The tensors (name, ne, role, type) and arch keys a synthetic file of `config` will hold, the keys
-    without their "{arch}." (`block_count`: the file's `qwen3moe.block_count`)."""
+    as gguf's templates (`Keys.LLM.BLOCK_COUNT`, "{arch}.block_count")."""
     if type_name not in TYPES:
         raise SwapmoeError(f"unknown tensor type {type_name}; choose one of {', '.join(TYPES)}")
     vocab = build_vocab()
@@ -97,8 +97,7 @@ def plan(config: SynthConfig,
     matrix_types = _matrix_types(tensors, config, type_name)
     typed = [(name, ne, role, matrix_types.get(name, T.I32 if role == "table" else T.F32))
              for name, ne, role in tensors]
-    # archs.py names the keys by gguf's templates ("{arch}.block_count"); _metadata puts the arch there
-    return typed, {key.removeprefix("{arch}."): value for key, value in keys.items()}
+    return typed, keys
 
 
 def _size_of(config: SynthConfig, type_name: str) -> int:
@@ -154,7 +153,7 @@ def _metadata(w: GGUFWriter, arch: str, name: str, arch_keys: dict[str, Any]) ->
     w.add_quantization_version(GGML_QUANT_VERSION)
     w.add_custom_alignment(ALIGNMENT)
     for key, value in arch_keys.items():
-        _add_key(w, f"{arch}.{key}", value)
+        _add_key(w, key.format(arch=arch), value)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("qwen2")
     w.add_token_list(vocab.tokens)

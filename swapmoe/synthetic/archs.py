@@ -16,7 +16,7 @@ Tensor = tuple[str, tuple[int, ...], str]  # (name, ne, role)
 # roles: matrix (quantizable), norm (F32 around 1), vector (F32 small), router (F32 matrix),
 #        table (I32 token->expert ids), sinks (F32 per-head logits), decay (F32, negative)
 
-# Metadata keys are gguf's key templates ("{arch}.block_count"; synthetic.plan drops the "{arch}.").
+# Metadata keys are gguf's key templates ("{arch}.block_count"); the writer fills in the arch.
 # Keys gguf-py does not name yet (DeepSeek-V4's) are written out the same way.
 LLM, ATTN, ROPE, SSM = Keys.LLM, Keys.Attention, Keys.Rope, Keys.SSM
 YARN = RopeScalingType.YARN.value
