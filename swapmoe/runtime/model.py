@@ -69,6 +69,7 @@ class Model:
             numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
         self.index = _index_for(self.gguf)
         self.hparams = ARCHITECTURES[arch].hparams(self.gguf)
+        self._resident = self.index.resident_tensors(self.hparams.n_layer)  # what stays in RAM
         self.n_ctx = ctx or min(int(self.gguf.arch_get(Keys.LLM.CONTEXT_LENGTH) or 4096), 4096)
         self.plan = self._plan()
         if self.plan.streaming:
@@ -89,7 +90,7 @@ class Model:
         multi-token-prediction block) and that block's other tensors are not counted."""
         idx, n_layer = self.index, self.hparams.n_layer
         per_expert = idx.part_length[:n_layer].sum(axis=2)  # [layer, expert]
-        nonexpert_bytes = sum(t.length for t in idx.resident_tensors(n_layer))
+        nonexpert_bytes = sum(t.length for t in self._resident)
         kv = ARCHITECTURES[self.gguf.arch].cache_bytes(self.gguf, self.hparams, self.n_ctx)
         min_cache = int(per_expert.max(initial=0)) * max(idx.n_expert_used, 1) * 2
         return streaming_options.plan(self.options, int(per_expert.sum()), nonexpert_bytes, kv, min_cache,
@@ -101,7 +102,7 @@ class Model:
         multi-token-prediction block's tensors) into the page cache."""
         for shard in range(len(self.gguf.shards)):
             self.gguf.advise(mmap.MADV_RANDOM, shard)
-        for t in self.index.resident_tensors(self.hparams.n_layer):
+        for t in self._resident:
             self.gguf.advise(mmap.MADV_WILLNEED, t.file, t.offset, t.length)
 
     def _store(self) -> ExpertStore:
