@@ -161,20 +161,21 @@ class ExpertStore:
                      and entry.origin != "demand"]  # demand: read for the current layer, not used yet
         return sorted(evictable, key=order)
 
+    def _over(self, nbytes: int) -> bool:
+        """Would `nbytes` more exceed the budget (or find no free slot)?"""
+        if isinstance(self.engine, PreadEngine) and not self.engine.free_slots:
+            return True
+        return self.budget is not None and self.resident_bytes + nbytes > self.budget
+
     def _make_room(self, nbytes: int, layer: int) -> None:
         """Evict unpinned experts (in _victims order) until `nbytes` more fit the budget (and a slot is free)."""
-        def over() -> bool:
-            if isinstance(self.engine, PreadEngine) and not self.engine.free_slots:
-                return True
-            return self.budget is not None and self.resident_bytes + nbytes > self.budget
-
-        if not over():
+        if not self._over(nbytes):
             return
         for key in self._victims(layer):
             self._evict(key)
-            if not over():
+            if not self._over(nbytes):
                 return
-        if over():
+        if self._over(nbytes):
             raise SwapmoeError("the expert cache is too small for one layer's experts; raise --expert-cache-size")
 
     def _evict(self, key: tuple[int, int]) -> None:
@@ -257,12 +258,15 @@ class ExpertStore:
         self._recent[layer].move_to_end(key[1])
         return self._ready(entry)
 
-    def prefetch(self, layer: int, ids) -> None:
-        """Start bringing in experts that will probably be needed soon; never evicts ones in use."""
+    def prefetch(self, layer: int, ids, evict: bool = True) -> None:
+        """Start bringing in experts that will probably be needed soon; never evicts ones in use
+        (evict=False: none at all, only free room is filled)."""
         for e in ids:
             key = (layer, int(e))
             if key in self._lru:
                 continue
+            if not evict and self._over(self._new_entry(*key).nbytes):
+                return
             try:
                 self._admit(*key, origin="prefetch", wait=False)
             except SwapmoeError:  # no room without evicting what is in use: skip the hint

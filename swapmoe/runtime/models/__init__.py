@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from swapmoe.runtime.models.deepseek2 import DeepSeek2
+from swapmoe.runtime.models.deepseek4 import DeepSeek4
 from swapmoe.runtime.models.gpt_oss import GptOss
 from swapmoe.runtime.models.llama import Llama
 from swapmoe.runtime.models.minimax_m2 import MiniMaxM2
@@ -17,6 +18,7 @@ ARCHITECTURES = {
     "olmoe": OLMoE,
     "llama": Llama,
     "deepseek2": DeepSeek2,
+    "deepseek4": DeepSeek4,
     "minimax-m2": MiniMaxM2,
     "gpt-oss": GptOss,
     "qwen35moe": Qwen35MoE,

@@ -18,7 +18,13 @@ and may override:
 - `hparams(gguf)`: the hyperparameters, where the architecture reads a generic key differently.
 - `new_cache(n_ctx)` and `cache_bytes(gguf, hp, n_ctx)`: per-layer caches other than GQA's
   per-head keys and values, and their size.
-- `expert_activation(gate, up)`: the routed experts' activation (default SwiGLU).
+- `expert_activation(layer, gate, up)`: the routed experts' activation (default SwiGLU).
+- `embed(tokens)` and `head(h)`: what enters the first block (default: the token embeddings)
+  and what the output matrix reads after the last (default: h normalised by output_norm),
+  for architectures whose residual stream is not one vector per token (DeepSeek-V4's four).
+
+Hash-routed layers (DeepSeek-V4) need nothing of their own: `Routing.select` takes their
+experts from the sidecar's token → experts table instead of the router's top-k.
 """
 from __future__ import annotations
 
@@ -176,6 +182,7 @@ class Gating(enum.IntEnum):
     SOFTMAX = ExpertGatingFuncType.SOFTMAX
     SIGMOID = ExpertGatingFuncType.SIGMOID
     SOFTMAX_WEIGHT = 3  # gpt-oss: the top-k of the raw logits, softmax over those k (gguf-py has no name for it)
+    SQRT_SOFTPLUS = 4  # DeepSeek-V4: sqrt(softplus(logits))
 
 
 @dataclass(frozen=True)
@@ -254,6 +261,9 @@ class Weights:
 class Routing:
     """Expert-choice policies that sit between the router and the expert store.
 
+    Hash-routed layers (the sidecar's tables) take the experts their table gives the pass's
+    input tokens; no policy changes them. With hash_prefetch, `expect(tokens)` starts reading
+    those experts as soon as the tokens are known (before the pass that uses them).
     fixation N: while decoding, each layer reuses the expert ids of the first pass of every
         window of N passes (the router still weighs the pinned experts); never for prompts.
     prefetch_previous: at the start of a decoding pass, prefetch each layer's experts of the
@@ -262,14 +272,28 @@ class Routing:
 
     def __init__(self, store):
         self.store = store
+        self.hash_tables: dict[int, np.ndarray] = dict(getattr(store.index, "tables", {}))
         self.fixation, self.prefetch_previous, self.lookahead = 0, False, False  # set by Model from its plan
+        self.hash_prefetch = True
         self._decoding = False
+        self._tokens = np.zeros(0, np.int64)  # the pass's input tokens
         self._passes = 0  # decoding passes since the fixation window opened
         self._pinned: dict[int, np.ndarray] = {}
         self._last: dict[int, np.ndarray] = {}
 
-    def begin_pass(self, decoding: bool) -> None:
+    def expect(self, tokens: np.ndarray) -> None:
+        """These tokens are the next input: start reading their hash-routed layers' experts, in
+        layer order. One token may evict other experts (these are certain to be used); a prompt
+        only fills free room, since its hash layers may need more experts than fit."""
+        if not self.hash_prefetch:
+            return
+        for layer, table in sorted(self.hash_tables.items()):
+            self.store.prefetch(layer, np.unique(table[tokens]), evict=len(tokens) == 1)
+
+    def begin_pass(self, decoding: bool, tokens: np.ndarray) -> None:
         self._decoding = decoding
+        self._tokens = tokens
+        self.expect(tokens)
         if not decoding:
             self._pinned.clear()
             self._passes = 0
@@ -283,8 +307,18 @@ class Routing:
             for layer, ids in self._pinned.items():
                 self.store.prefetch(layer, ids)
 
+    def hash_ids(self, layer: int) -> np.ndarray | None:
+        """ids [T, k] of a hash-routed layer for the pass's tokens, in the table's order; None
+        for a routed layer."""
+        table = self.hash_tables.get(layer)
+        return None if table is None else table[self._tokens].astype(np.int64)
+
     def select(self, layer: int, selection: np.ndarray, k: int) -> np.ndarray:
-        """ids [T, k] of the chosen experts: top-k of `selection`, or the pinned ids under fixation."""
+        """ids [T, k] of the chosen experts: the hash table's, else top-k of `selection` or the
+        pinned ids under fixation."""
+        ids = self.hash_ids(layer)
+        if ids is not None:
+            return ids
         if self._decoding and self.fixation and layer in self._pinned:
             ids = self._pinned[layer][None, :]
         else:
@@ -310,7 +344,6 @@ class Transformer:
     rope: layers.Rope
     router: Router = Router(Gating.SOFTMAX)
     blocks: list[Block]
-    expert_activation = staticmethod(layers.swiglu)  # act(gate, up) of the routed experts
 
     def __init__(self, gguf: GGUFFile, store, hp: Hparams | None = None):
         self.gguf = gguf
@@ -365,8 +398,8 @@ class Transformer:
         start = cache[0].length
         positions = np.arange(start, start + len(tokens))
         decoding = len(tokens) == 1 and start > 0
-        self.routing.begin_pass(decoding)
-        h = rows_of(self.embedding, tokens)
+        self.routing.begin_pass(decoding, tokens)
+        h = self.embed(tokens)
         for i in range(self.hp.n_layer):
             h = self.block(i, h, positions, cache[i])
             if self.routing.lookahead and decoding and i + 1 < self.hp.n_layer:
@@ -374,7 +407,13 @@ class Transformer:
         self.routing.end_pass()
         if not all_logits:
             h = h[-1:]
-        return linear(self.output, layers.rms_norm(h, self.output_norm, self.hp.rms_eps))
+        return linear(self.output, self.head(h))
+
+    def embed(self, tokens: np.ndarray) -> np.ndarray:
+        return rows_of(self.embedding, tokens)
+
+    def head(self, h: np.ndarray) -> np.ndarray:
+        return layers.rms_norm(h, self.output_norm, self.hp.rms_eps)
 
     # --- pieces several architectures use -------------------------------------------------
     def gqa_attention(self, a: Attention, x: np.ndarray, positions: np.ndarray, cache: layers.KVCache,
@@ -448,13 +487,13 @@ class Transformer:
         for e in used:
             expert = self.store.expert(layer, e)
             rows, slots = np.nonzero(ids == e)
-            per_slot[rows, slots] = self.expert_ffn(expert, x[rows]) * weights[rows, slots, None]
+            per_slot[rows, slots] = self.expert_ffn(layer, expert, x[rows]) * weights[rows, slots, None]
         out = per_slot[:, 0]
         for s in range(1, k):
             out = out + per_slot[:, s]
         return out
 
-    def expert_ffn(self, expert: Expert, x: np.ndarray) -> np.ndarray:
+    def expert_ffn(self, layer: int, expert: Expert, x: np.ndarray) -> np.ndarray:
         """down(act(gate(x), up(x))) of one routed expert, plus its per-expert biases if the file has
         them. A fused gate_up is one matmul whose rows [0, F) are the gate and [F, 2F) the up."""
         bias = expert.extras.get
@@ -464,7 +503,10 @@ class Transformer:
         else:
             gate, up = _gate_and_up(expert.gate, expert.up, x)
             gate, up = _plus(gate, bias("gate.bias")), _plus(up, bias("up.bias"))
-        return _plus(linear(expert.down, self.expert_activation(gate, up)), bias("down.bias"))
+        return _plus(linear(expert.down, self.expert_activation(layer, gate, up)), bias("down.bias"))
+
+    def expert_activation(self, layer: int, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+        return layers.swiglu(gate, up)
 
     def predict_experts(self, i: int, h: np.ndarray) -> np.ndarray | None:
         """Guess layer i's experts from the residual stream before layer i runs (for prefetch):
@@ -472,11 +514,15 @@ class Transformer:
         b = self.blocks[i]
         if not isinstance(b.ffn, MoE):
             return None
+        exact = self.routing.hash_ids(i)
+        if exact is not None:
+            return exact[-1]
         x = layers.rms_norm(h[-1:], b.ffn_norm, self.hp.rms_eps)
         return layers.top_k(linear(b.ffn.router, x), self.hp.n_expert_used)[0]
 
 
-_GATES = {Gating.SOFTMAX: layers.softmax, Gating.SIGMOID: layers.sigmoid, Gating.SOFTMAX_WEIGHT: lambda z: z}
+_GATES = {Gating.SOFTMAX: layers.softmax, Gating.SIGMOID: layers.sigmoid, Gating.SOFTMAX_WEIGHT: lambda z: z,
+          Gating.SQRT_SOFTPLUS: lambda z: np.sqrt(layers.softplus(z))}
 
 
 def _gate_and_up(gate: Weight, up: Weight, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

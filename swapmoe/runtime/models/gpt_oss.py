@@ -28,7 +28,9 @@ def sliding_window_layers(gguf, n_layer: int) -> list[bool]:
 
 class GptOss(Transformer):
     router = Router(Gating.SOFTMAX_WEIGHT)
-    expert_activation = staticmethod(layers.swiglu_oai)
+
+    def expert_activation(self, layer, gate, up):
+        return layers.swiglu_oai(gate, up)
 
     @classmethod
     def hparams(cls, gguf):  # llama.cpp sizes gpt-oss heads by rope.dimension_count, not key_length
