@@ -46,11 +46,44 @@ def _fits(ggml_type: T, ne0: int) -> T:
     return T.Q8_0 if ne0 % GGML_QUANT_SIZES[T.Q8_0][0] == 0 else T.F16
 
 
+def _deepseek4_iq1_m(matrices: list[tuple[str, tuple[int, ...]]], config: SynthConfig) -> dict[str, T]:
+    """A DeepSeek-V4 "IQ1_M" file as the community makes it, not llama-quantize's IQ1_M mix: the
+    1.75-bit type only for the routed experts, everything else kept large because it is small.
+
+    Routed gate/up IQ1_M; routed down IQ1_M too, except Q2_K on the first seventh of the layers
+    (layers 0-5 of 43) as in the dynamic IQ1_M recipe of lvyufeng/DeepSeek-V4-Flash-IQ1_M on
+    Hugging Face (its README: gate/up iq1_m on all 43 layers, down q2_k on 0-5, iq1_m on 6-42,
+    the rest q8_0 / f16 / f32 / i32); unsloth's UD-IQ1_M (3 shards) also keeps down larger but its
+    per-tensor list was not at hand. Attention projections, the shared expert, the hyper-connection
+    mixers, the indexer, the compressors and token_embd Q8_0, output Q6_K, as ggml-org's
+    DeepSeek-V4-Flash recipe (ggml-org/convert models/deepseek-v4-flash/convert.sh) sets them;
+    the router (ffn_gate_inp) and the hash tables are not matrices here and stay F32 / I32, as
+    llama-quantize leaves them."""
+    down_q2 = max(1, config.n_layer // 7)
+    types = {}
+    for name, ne in matrices:
+        layer = int(name.split(".")[1]) if name.startswith("blk.") else -1
+        if name == "output.weight":
+            t = T.Q6_K
+        elif "_exps." in name:
+            t = T.Q2_K if ".ffn_down_exps." in name and layer < down_q2 else T.IQ1_M
+        else:
+            t = T.Q8_0
+        types[name] = _fits(t, ne[0])
+    return types
+
+
+# Mixes one architecture's files of that name are, where community files differ from llama-quantize's.
+ARCH_MIXES = {"deepseek4": {"IQ1_M": _deepseek4_iq1_m}}
+
+
 def _matrix_types(tensors: list[Tensor], config: SynthConfig, type_name: str) -> dict[str, T]:
     """Type of every `matrix` tensor: one type for all, or the mix llama-quantize makes for an MoE
     file of that name (Q4_K_M; Q2_K, which is a mix there too: Q2_K most places, Q3_K or more
-    where it hurts)."""
+    where it hurts), or an architecture's community mix of that name (ARCH_MIXES: deepseek4 IQ1_M)."""
     matrices = [(name, ne) for name, ne, role in tensors if role == "matrix"]
+    if type_name in ARCH_MIXES.get(config.arch, {}):
+        return ARCH_MIXES[config.arch][type_name](matrices, config)
     if type_name not in MIXES:
         base = T[type_name]
         return {name: _fits(base, ne[0]) for name, ne in matrices}
@@ -143,7 +176,7 @@ def _small_tensor(role: str, ne: tuple[int, ...], n_expert: int, rng: np.random.
         return ids.view(np.uint8).reshape(-1)
     router_std = 1.0 / np.sqrt(ne[0]) if fan_in_std else MATRIX_STD
     mean, std = {"norm": (1.0, 0.1), "vector": (0.0, 0.02), "router": (0.0, router_std),
-                 "sinks": (0.0, 1.0), "decay": (-1.0, 0.2)}[role]
+                 "sinks": (0.0, 1.0), "decay": (-1.0, 0.2), "gain": (1.0, 0.25), "offset": (0.0, 1.0)}[role]
     return random_floats(T.F32, n, std, rng, mean)
 
 

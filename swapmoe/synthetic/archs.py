@@ -14,7 +14,8 @@ from swapmoe.errors import SwapmoeError
 
 Tensor = tuple[str, tuple[int, ...], str]  # (name, ne, role)
 # roles: matrix (quantizable), norm (F32 around 1), vector (F32 small), router (F32 matrix),
-#        table (I32 token->expert ids), sinks (F32 per-head logits), decay (F32, negative)
+#        table (I32 token->expert ids), sinks (F32 per-head logits), decay (F32, negative),
+#        gain (F32 multipliers around 1), offset (F32 logit offsets of spread 1)
 
 # Metadata keys are gguf's key templates ("{arch}.block_count"); the writer fills in the arch.
 # Keys gguf-py does not name yet (DeepSeek-V4's) are written out the same way.
@@ -228,13 +229,61 @@ def deepseek2(c: SynthConfig, n_vocab: int) -> tuple[list[Tensor], dict[str, Any
     return t, keys
 
 
+def compress_ratios(c: SynthConfig) -> list[int]:
+    """DeepSeek-V4's per-layer compress ratio (0: raw window only, 4: CSA with the lightning
+    indexer, 128: HCA): extra "compress_lead" for the first layers, then "compress_cycle" repeated,
+    as DeepSeek-V4-Flash's config lists them ([0, 0] then 4, 128, 4, 128, ...). If that leaves no
+    layer of ratio 4 (one or two layers), the last layer gets it: llama.cpp always makes the
+    lightning indexer's cache and Hadamard-rotates it, and with no layer to size it from it divides
+    by zero (SIGFPE in llama_kv_cache::build_input_k_rot) before the first token."""
+    lead, cycle = list(c.extra.get("compress_lead", [0, 0])), list(c.extra.get("compress_cycle", [4, 128]))
+    ratios = [lead[i] if i < len(lead) else cycle[(i - len(lead)) % len(cycle)] for i in range(c.n_layer)]
+    if any(r not in (0, 4, 128) for r in ratios):
+        raise SwapmoeError(f"deepseek4 compress ratios must be 0, 4 or 128, not {sorted(set(ratios))}")
+    if ratios and 4 not in ratios:
+        ratios[-1] = 4
+    return ratios
+
+
+def _per_layer(value: float | list[float], n_layer: int) -> list[float]:
+    """A float, or a list repeated over the layers."""
+    values = [value] if isinstance(value, (int, float)) else list(value)
+    return [float(values[i % len(values)]) for i in range(n_layer)]
+
+
 def deepseek4(c: SynthConfig, n_vocab: int) -> tuple[list[Tensor], dict[str, Any]]:
+    """DeepSeek-V4 as llama.cpp's loader wants it (src/models/deepseek4.cpp load_arch_tensors):
+    every layer has the raw-window attention, the grouped low-rank output and the two
+    hyper-connection mixers; layers of compress ratio 4 or 128 add the KV compressor (rows of
+    2·head_dim for ratio 4, which overlaps blocks, else head_dim), ratio 4 also the lightning
+    indexer and its own compressor; the first hash_layers layers route by the I32 token table
+    and have no exp_probs_b. extra: q_lora_rank, out_groups, out_rank, hash_layers, rope_dim,
+    sliding_window, compress_lead / compress_cycle (see compress_ratios), compress_rope_base,
+    indexer_heads / indexer_dim / indexer_top_k, yarn {factor, original_context_length},
+    swiglu_limit (and swiglu_limit_shexp; a float or a per-layer list), weights_scale,
+    sinkhorn_iters, hc_eps.
+
+    Values: the mixers' scales are gains near 1 and their bases offsets of spread 1, so each
+    stream gets its own pre/post weight and the Sinkhorn matrix is far from uniform (with the
+    0.02 spread of plain vectors every stream got weight 1/2 and the mix was a plain average);
+    the compressors' position biases (ape) have spread 1 too, so the pooling depends on the
+    position in the block."""
     x = c.extra
     D, H, hd, ql = c.d_model, c.n_head, c.head_dim, x["q_lora_rank"]
     groups, out_rank, hc, n_hash = x["out_groups"], x["out_rank"], 4, x["hash_layers"]
+    n_idx, idx_hd = x.get("indexer_heads", 16), x.get("indexer_dim", 64)
     hc_dim, mix = hc * D, (2 + hc) * hc
-    t = _globals(c, n_vocab) + [("output_hc_fn.weight", (hc_dim, hc), "router"),
-                                ("output_hc_base.weight", (hc,), "vector"), ("output_hc_scale.weight", (1,), "vector")]
+    ratios = compress_ratios(c)
+    if H % groups:
+        raise SwapmoeError("deepseek4 needs n_head divisible by out_groups")
+    if c.shared_ff % c.expert_ff:  # llama.cpp's shared expert is expert_ff x expert_shared_count wide
+        raise SwapmoeError("deepseek4 needs shared_ff a multiple of expert_ff")
+    if idx_hd == hd:  # llama.cpp then Hadamard-rotates the raw and compressed caches too: not what real files do
+        raise SwapmoeError("deepseek4 needs indexer_dim != head_dim")
+    if idx_hd % 64:  # the indexer cache's Hadamard rotation works in blocks of 64 or more
+        raise SwapmoeError("deepseek4 needs indexer_dim divisible by 64")
+    t = _globals(c, n_vocab) + [("output_hc_fn.weight", (hc_dim, hc), "matrix"),
+                                ("output_hc_base.weight", (hc,), "offset"), ("output_hc_scale.weight", (1,), "gain")]
     for i in range(c.n_layer):
         p = f"blk.{i}."
         t += [_norm(i, "attn_norm", D), (p + "attn_sinks.weight", (H,), "sinks"),
@@ -244,23 +293,44 @@ def deepseek4(c: SynthConfig, n_vocab: int) -> tuple[list[Tensor], dict[str, Any
               (p + "attn_output_a.weight", (H * hd // groups, out_rank * groups), "matrix"),
               (p + "attn_output_b.weight", (groups * out_rank, D), "matrix")]
         for half in ("attn", "ffn"):
-            t += [(p + f"hc_{half}_fn.weight", (hc_dim, mix), "router"),
-                  (p + f"hc_{half}_base.weight", (mix,), "vector"),
-                  (p + f"hc_{half}_scale.weight", (3,), "vector")]
+            t += [(p + f"hc_{half}_fn.weight", (hc_dim, mix), "matrix"),
+                  (p + f"hc_{half}_base.weight", (mix,), "offset"),
+                  (p + f"hc_{half}_scale.weight", (3,), "gain")]
+        ratio = ratios[i]
+        if ratio:
+            width = (2 if ratio == 4 else 1) * hd
+            t += [(p + "attn_compressor_kv.weight", (D, width), "matrix"),
+                  (p + "attn_compressor_gate.weight", (D, width), "matrix"),
+                  (p + "attn_compressor_ape.weight", (width, ratio), "offset"), _norm(i, "attn_compressor_norm", hd)]
+        if ratio == 4:
+            t += [(p + "indexer.proj.weight", (D, n_idx), "matrix"),
+                  (p + "indexer.attn_q_b.weight", (ql, n_idx * idx_hd), "matrix"),
+                  (p + "indexer_compressor_kv.weight", (D, 2 * idx_hd), "matrix"),
+                  (p + "indexer_compressor_gate.weight", (D, 2 * idx_hd), "matrix"),
+                  (p + "indexer_compressor_ape.weight", (2 * idx_hd, ratio), "offset"),
+                  _norm(i, "indexer_compressor_norm", idx_hd)]
         t += [_norm(i, "ffn_norm", D), *_router(c, i, probs_bias=i >= n_hash)]
         if i < n_hash:
             t.append((p + "ffn_gate_tid2eid.weight", (c.n_expert_used, n_vocab), "table"))
         t += [*_experts(c, i, D), *_shared(c, i, gated=False)]
+    yarn = x.get("yarn", {"factor": 16.0, "original_context_length": max(1, c.ctx // 16)})
+    clamp = _per_layer(x.get("swiglu_limit", 10.0), c.n_layer)
     keys = _common_keys(c, c.expert_ff) | {
-        ROPE.DIMENSION_COUNT: x.get("rope_dim", hd // 2), "{arch}.attention.compress_rope_freq_base": 160000.0,
-        ATTN.Q_LORA_RANK: ql, ATTN.SLIDING_WINDOW: 128, "{arch}.attention.compress_ratios": [0] * c.n_layer,
-        ATTN.Indexer.HEAD_COUNT: 4, ATTN.Indexer.KEY_LENGTH: 64, ATTN.Indexer.TOP_K: 64,
+        LLM.EMBEDDING_LENGTH_OUT: hc * D, ROPE.DIMENSION_COUNT: x.get("rope_dim", hd // 2),
+        ROPE.SCALING_TYPE: YARN, ROPE.SCALING_FACTOR: float(yarn["factor"]),
+        ROPE.SCALING_ORIG_CTX_LEN: yarn["original_context_length"],
+        ROPE.SCALING_YARN_BETA_FAST: 32.0, ROPE.SCALING_YARN_BETA_SLOW: 1.0,
+        "{arch}.attention.compress_rope_freq_base": float(x.get("compress_rope_base", 160000.0)),
+        ATTN.Q_LORA_RANK: ql, ATTN.SLIDING_WINDOW: x.get("sliding_window", 128),
+        "{arch}.attention.compress_ratios": ratios,
+        ATTN.Indexer.HEAD_COUNT: n_idx, ATTN.Indexer.KEY_LENGTH: idx_hd, ATTN.Indexer.TOP_K: x.get("indexer_top_k", 16),
         "{arch}.attention.output_group_count": groups, "{arch}.attention.output_lora_rank": out_rank,
-        "{arch}.hyper_connection.count": hc, "{arch}.hyper_connection.sinkhorn_iterations": 20,
-        "{arch}.hyper_connection.epsilon": 1e-6, "{arch}.hash_layer_count": n_hash,
+        "{arch}.hyper_connection.count": hc, "{arch}.hyper_connection.sinkhorn_iterations": x.get("sinkhorn_iters", 20),
+        "{arch}.hyper_connection.epsilon": float(x.get("hc_eps", 1e-6)), "{arch}.hash_layer_count": n_hash,
         LLM.EXPERT_FEED_FORWARD_LENGTH: c.expert_ff, LLM.EXPERT_SHARED_COUNT: max(1, c.shared_ff // c.expert_ff),
-        LLM.EXPERT_WEIGHTS_SCALE: 1.5, LLM.EXPERT_WEIGHTS_NORM: True, LLM.EXPERT_GATING_FUNC: SQRT_SOFTPLUS,
-        LLM.SWIGLU_CLAMP_EXP: [10.0] * c.n_layer}
+        LLM.EXPERT_WEIGHTS_SCALE: float(x.get("weights_scale", 1.5)), LLM.EXPERT_WEIGHTS_NORM: True,
+        LLM.EXPERT_GATING_FUNC: SQRT_SOFTPLUS, LLM.SWIGLU_CLAMP_EXP: clamp,
+        LLM.SWIGLU_CLAMP_SHEXP: _per_layer(x.get("swiglu_limit_shexp", x.get("swiglu_limit", 10.0)), c.n_layer)}
     return t, keys
 
 

@@ -12,7 +12,42 @@ from swapmoe.synthetic.archs import SynthConfig
 
 _DS2_TINY = {"q_lora_rank": 128, "kv_lora_rank": 64, "rope_dim": 32, "nope_dim": 32, "v_dim": 32, "groups": 4,
              "groups_used": 2}
-_DS4_TINY = {"q_lora_rank": 128, "out_groups": 2, "out_rank": 64, "hash_layers": 1, "rope_dim": 32}
+# DeepSeek-V4, tiny: one hash-routed layer, then compress ratios 0, 4, 128 (the 4-layer file has all
+# three; "compress_lead" [0, 0] then the cycle [4, 128], as DeepSeek-V4-Flash's layers are). Chosen so
+# that a 300-token prompt reaches every path llama.cpp has: the 64-token raw window is crossed, the
+# ratio-4 layer has 75 compressed rows of which the indexer keeps 16, the ratio-128 layer 2 rows;
+# 16 indexer heads (with 4, 857 of the indexer's relu scores over a 320-token prompt were exactly 0 and
+# the 16th and 17th best rows tied at 16 positions, so which rows were kept was arbitrary; with 16, no
+# zero and no tie); indexer key length 64, not head_dim 128 (equal, llama.cpp Hadamard-rotates the raw
+# and compressed caches too); YaRN as real files have it, so compressed layers rotate with factor 16.
+# The gate and up activations of this scale have a spread of about 0.85 (0.05 x sqrt(256)), so the
+# SwiGLU limits 1.5 / 2.0 (experts, alternating by layer) and 1.75 (shared expert) clamp some of them
+# (in llama.cpp over a 320-token prompt: 4% / 1% of the expert gates, 8% / 2% of the ups, 2% of the
+# shared expert's gates and 4% of its ups); the real limit, 10, never would.
+_DS4_TINY = {"q_lora_rank": 128, "out_groups": 2, "out_rank": 64, "hash_layers": 1, "rope_dim": 32,
+             "sliding_window": 64, "compress_lead": [0, 0], "compress_cycle": [4, 128],
+             "compress_rope_base": 160000.0, "indexer_heads": 16, "indexer_dim": 64, "indexer_top_k": 16,
+             "yarn": {"factor": 16.0, "original_context_length": 256}, "swiglu_limit": [1.5, 2.0],
+             "swiglu_limit_shexp": 1.75}
+# DeepSeek-V4-Flash's config.json (deepseek-ai/DeepSeek-V4-Flash on Hugging Face; quoted whole in
+# rtp-llm's DeepSeek-V4 tests as "the published DeepSeek-V4-Flash-Base config", and the same values in
+# exo's read of the 0731 checkpoint's config, NVIDIA NeMo's model page and ds4's model card):
+# 43 layers, hidden 4096, 64 heads, 1 kv head, head_dim 512, qk_rope_head_dim 64, q_lora_rank 1024,
+# o_groups 8, o_lora_rank 1024, sliding_window 128, compress_ratios [0, 0, 4, 128, 4, ..., 128, 4] (plus a
+# trailing 0 for the MTP block, not written here), compress_rope_theta 160000, rope_theta 10000, YaRN
+# factor 16 from 65536 (beta_fast 32, beta_slow 1), max_position_embeddings 1048576, index_n_heads 64,
+# index_head_dim 128, index_topk 512, 256 routed experts + 1 shared, top-6, moe_intermediate_size 2048,
+# num_hash_layers 3, routed_scaling_factor 1.5, norm_topk_prob, scoring sqrtsoftplus, swiglu_limit 10,
+# hc_mult 4, hc_sinkhorn_iters 20, hc_eps 1e-6, rms_norm_eps 1e-6. With the real vocabulary these
+# tensors add up to 284.3B parameters, 13.3B active: the model card's 284B / 13B. Not the real one:
+# the vocabulary (129280 there; every synthetic file has the small built-in BPE), and no MTP block.
+# `--type IQ1_M` gives the community IQ1_M mix (swapmoe.synthetic.ARCH_MIXES: routed experts IQ1_M,
+# down Q2_K on layers 0-5, the rest Q8_0, output Q6_K; 64 GiB at 43 layers).
+_DS4_FLASH = {"q_lora_rank": 1024, "out_groups": 8, "out_rank": 1024, "hash_layers": 3, "rope_dim": 64,
+              "sliding_window": 128, "compress_lead": [0, 0], "compress_cycle": [4, 128],
+              "compress_rope_base": 160000.0, "indexer_heads": 64, "indexer_dim": 128, "indexer_top_k": 512,
+              "yarn": {"factor": 16.0, "original_context_length": 65536}, "swiglu_limit": 10.0,
+              "weights_scale": 1.5, "sinkhorn_iters": 20, "hc_eps": 1e-6}
 _Q35_TINY = {"ssm_state": 64, "ssm_groups": 2, "ssm_heads": 4}
 
 PRESETS: dict[str, SynthConfig] = {
@@ -23,7 +58,7 @@ PRESETS: dict[str, SynthConfig] = {
     "tiny-llama": SynthConfig("llama", 2, 256, 4, 2, 64, 8, 2, 256, rms_eps=1e-5),
     "tiny-deepseek2": SynthConfig("deepseek2", 3, 256, 4, 4, 64, 8, 2, 256, shared_ff=256, dense_ff=512,
                                   n_dense_lead=1, rope_base=1e4, extra=_DS2_TINY),
-    "tiny-deepseek4": SynthConfig("deepseek4", 3, 256, 4, 1, 128, 8, 2, 256, shared_ff=256, rope_base=1e4,
+    "tiny-deepseek4": SynthConfig("deepseek4", 4, 256, 4, 1, 128, 8, 2, 256, shared_ff=256, rope_base=1e4,
                                   extra=_DS4_TINY),
     "tiny-minimax-m2": SynthConfig("minimax-m2", 2, 256, 4, 2, 64, 8, 2, 256, rope_base=5e6, extra={"rope_dim": 32}),
     "tiny-gpt-oss": SynthConfig("gpt-oss", 2, 256, 4, 2, 64, 8, 2, 256, rms_eps=1e-5, rope_base=150000.0,
@@ -41,10 +76,9 @@ PRESETS: dict[str, SynthConfig] = {
                                n_dense_lead=3, rope_base=1e4,
                                extra={"q_lora_rank": 1536, "kv_lora_rank": 512, "rope_dim": 64, "nope_dim": 128,
                                       "v_dim": 128, "groups": 8, "groups_used": 4}),
-    # approximate: DeepSeek-V4-Flash's exact config was not at hand
-    "deepseek-v4-flash": SynthConfig("deepseek4", 43, 4096, 64, 1, 512, 256, 6, 2048, shared_ff=2048, rope_base=1e4,
-                                     extra={"q_lora_rank": 1024, "out_groups": 8, "out_rank": 1024, "hash_layers": 3,
-                                            "rope_dim": 64}),
+    # the published config (see _DS4_FLASH); `--type IQ1_M` is the community IQ1_M mix (ARCH_MIXES)
+    "deepseek-v4-flash": SynthConfig("deepseek4", 43, 4096, 64, 1, 512, 256, 6, 2048, shared_ff=2048,
+                                     ctx=1048576, rope_base=1e4, rms_eps=1e-6, extra=_DS4_FLASH),
     "minimax-m2": SynthConfig("minimax-m2", 62, 3072, 48, 8, 128, 256, 8, 1536, rope_base=5e6, extra={"rope_dim": 64}),
     "gpt-oss-20b": SynthConfig("gpt-oss", 24, 2880, 64, 8, 64, 32, 4, 2880, rms_eps=1e-5, rope_base=150000.0),
     "gpt-oss-120b": SynthConfig("gpt-oss", 36, 2880, 64, 8, 64, 128, 4, 2880, rms_eps=1e-5, rope_base=150000.0),
