@@ -118,6 +118,9 @@ def inspect(model, as_json, page_size):
               flag_value="both",
               help="Start reading experts before they are needed: the previous token's, and/or the next layer's "
                    "predicted by its router (alone: both). Env SWAPMOE_EXPERT_PREFETCH.")
+@click.option("--expert-hash-prefetch/--no-expert-hash-prefetch", default=None,
+              help="Hash-routed layers (DeepSeek-V4): start reading the experts a token's table row names as soon "
+                   "as the token is known; exact, so on by default. Env SWAPMOE_EXPERT_HASH_PREFETCH.")
 @click.option("--io", type=click.Choice(["auto", "mmap", "pread"]),
               help="How experts are read: mapped file or explicit reads into owned buffers. Env SWAPMOE_IO.")
 @click.option("--stats", "show_stats", is_flag=True,
@@ -125,7 +128,7 @@ def inspect(model, as_json, page_size):
 @user_errors
 def run(model, prompt, prompt_file, chat, max_tokens, temp, top_k, top_p, min_p, repeat_penalty, seed, ctx,
         threads, ignore_eos, expert_streaming, expert_cache_size, expert_keep_recent, expert_fixation,
-        expert_prefetch, io, show_stats):
+        expert_prefetch, expert_hash_prefetch, io, show_stats):
     """Generate text with a GGUF MoE model (default: the embedded tiny model).
 
     \b
@@ -145,7 +148,7 @@ def run(model, prompt, prompt_file, chat, max_tokens, temp, top_k, top_p, min_p,
     m = swapmoe.load(model or swapmoe.default_model_path(), ctx=ctx, threads=threads, io=io,
                      expert_streaming=expert_streaming, expert_cache_size=expert_cache_size,
                      expert_keep_recent=expert_keep_recent, expert_fixation=expert_fixation,
-                     expert_prefetch=expert_prefetch)
+                     expert_prefetch=expert_prefetch, expert_hash_prefetch=expert_hash_prefetch)
     if show_stats:
         for reason in m.plan.reasons:
             click.echo(f"swapmoe: {reason}", err=True)
@@ -164,7 +167,12 @@ def run(model, prompt, prompt_file, chat, max_tokens, temp, top_k, top_p, min_p,
                    err=True)
         if show_stats:
             click.echo("swapmoe: " + ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
-                                             for k, v in s.as_dict().items()), err=True)
+                                             for k, v in s.as_dict().items() if k != "decode_layers"), err=True)
+            hashed = [layer for layer in m.index.hash_layers() if layer in s.decode_layers]
+            if hashed:
+                click.echo("swapmoe: hash-routed layers while decoding, experts resident or in flight when asked: " +
+                           ", ".join(f"layer {layer} {s.decode_layers[layer][0]}/{s.decode_layers[layer][1]}"
+                                     for layer in hashed), err=True)
         return "".join(pieces)
 
     if not chat:

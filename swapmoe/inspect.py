@@ -52,7 +52,8 @@ def summarize(g: GGUFFile, page_size: int = 16384) -> dict[str, Any]:
             "nonexpert_bytes": tensor_bytes, "nonexpert_ranges": 0,
             "tensor_types": sorted({t.ggml_type.name for t in g.tensors.values()}), "page_size": page_size,
             "expert_slices": 0, "expert_slice_parts_page_aligned": 0, "slices_page_aligned": 0,
-            "slices_sharing_a_page": 0, "slices_contiguous": 0, "hash_layers": []}
+            "slices_sharing_a_page": 0, "slices_contiguous": 0, "hash_layers": [], "hash_table_shape": None,
+            "hash_table_bytes": 0, "cache_bytes": _cache_bytes(g)}
     lengths = index.part_length
     present = lengths.any(axis=2)
     flags = index.slice_flags[present]
@@ -75,7 +76,34 @@ def summarize(g: GGUFFile, page_size: int = 16384) -> dict[str, Any]:
         "slices_sharing_a_page": int((flags & FLAG_SHARES_PAGE).astype(bool).sum()),
         "slices_contiguous": int((flags & FLAG_CONTIGUOUS).astype(bool).sum()),
         "hash_layers": index.hash_layers(),
+        "hash_table_shape": list(index.hash_table(index.hash_layers()[0]).shape) if index.tables else None,
+        "hash_table_bytes": sum(t.nbytes for t in index.tables.values()),
+        "cache_bytes": _cache_bytes(g),
     }
+
+
+def _cache_bytes(g: GGUFFile) -> dict[str, int] | None:
+    """What the runtime's per-layer caches (KV cache, compressor states) take at its default
+    context; None for an architecture it does not run."""
+    from swapmoe.runtime.models import ARCHITECTURES
+
+    if g.arch not in ARCHITECTURES:
+        return None
+    cls = ARCHITECTURES[g.arch]
+    try:
+        hp = cls.hparams(g)
+        n_ctx = min(int(g.arch_get(Keys.LLM.CONTEXT_LENGTH) or 4096), 4096)
+        return {"n_ctx": n_ctx, "bytes": int(cls.cache_bytes(g, hp, n_ctx))}
+    except (SwapmoeError, TypeError, KeyError):
+        return None
+
+
+def _hash_text(s: dict[str, Any]) -> str:
+    if not s["hash_layers"]:
+        return "none"
+    vocab, k = s["hash_table_shape"]
+    return (f"{', '.join(map(str, s['hash_layers']))}: experts chosen by token id, tables of {vocab} tokens x {k} "
+            f"experts ({_mb(s['hash_table_bytes'])} in the index)")
 
 
 def _mb(n: int) -> str:
@@ -102,7 +130,9 @@ def format_summary(s: dict[str, Any]) -> str:
         f"tensor types    {', '.join(s['tensor_types'])}",
         f"alignment       {s['slices_page_aligned']} of {n} expert slices start on a {s['page_size'] // 1024} KiB "
         f"page, {s['slices_contiguous']} are one run, {s['slices_sharing_a_page']} share a page with a neighbour",
-        f"hash layers     {', '.join(map(str, s['hash_layers'])) or 'none'}",
+        f"hash layers     {_hash_text(s)}",
+        *([f"caches          {_mb(s['cache_bytes']['bytes'])} at {s['cache_bytes']['n_ctx']} tokens of context "
+           "(KV cache and the like, float32)"] if s["cache_bytes"] else []),
         f"layout          {s['swapmoe_layout'] or 'original (not repacked)'}",
         f"index           {s['index']}",
     ]

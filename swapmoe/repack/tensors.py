@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import zstandard
-from gguf import GGMLQuantizationType
+from gguf import GGMLQuantizationType, Keys
 
 from swapmoe.errors import SwapmoeError
 from swapmoe.gguf_file import GGUFFile, TensorClass, TensorKind, classify
@@ -185,6 +185,11 @@ def hash_tables(g: GGUFFile, tensors: list[LogicalTensor], n_expert: int) -> dic
             raise SwapmoeError(f"{g.path}: hash table {t.name} should be a 2-D I32 tensor, "
                                f"not {t.ggml_type.name} {list(t.ne)}")
         table = g.array(t.name)  # numpy shape [n_vocab, k]
+        n_vocab = len(g.get(Keys.Tokenizer.LIST, ()) or ()) or table.shape[0]
+        k = g.arch_get(Keys.LLM.EXPERT_USED_COUNT, table.shape[1])
+        if table.shape != (n_vocab, k):
+            raise SwapmoeError(f"{g.path}: hash table {t.name} is {table.shape[0]} tokens x {table.shape[1]} experts, "
+                               f"but the model has {n_vocab} tokens and uses {k} experts per token")
         bad = np.argwhere((table < 0) | (table >= n_expert))
         if len(bad):
             token, slot = (int(x) for x in bad[0])

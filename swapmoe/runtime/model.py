@@ -48,6 +48,7 @@ class Stats:
     resident_expert_bytes: int = 0
     peak_resident_expert_bytes: int = 0
     engine: str = ""
+    decode_layers: dict = dataclasses.field(default_factory=dict)  # layer -> (hits, requests) while decoding
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -80,6 +81,7 @@ class Model:
         routing.fixation = self.plan.fixation
         routing.prefetch_previous = self.plan.prefetch in ("previous", "both")
         routing.lookahead = self.plan.prefetch in ("lookahead", "both")
+        routing.hash_prefetch = self.plan.hash_prefetch
         if not self.plan.streaming:
             self.store.preload()
         self.tokenizer = Tokenizer.from_gguf(self.gguf)
@@ -131,6 +133,7 @@ class Model:
             raise SwapmoeError(f"token id out of range 0..{self.net.n_vocab - 1}")
 
     def _prefill(self, ids: np.ndarray, cache, all_logits: bool) -> np.ndarray:
+        self.net.routing.expect(ids)  # every hash-routed layer's experts for the whole prompt are known now
         outs = [self.net.forward(ids[i:i + BATCH], cache, all_logits) for i in range(0, len(ids), BATCH)]
         return np.concatenate(outs) if all_logits else outs[-1]
 
@@ -183,11 +186,14 @@ class Model:
         self.stats.prompt_tokens, self.stats.prompt_seconds = len(ids), time.perf_counter() - start
         history = ids.tolist()
         start = time.perf_counter()
+        decode_before = self.store.summary()
         try:
             for n in range(max_tokens):
                 token = sampler(logits, history)
                 if token in stop:
                     break
+                if n + 1 < max_tokens:
+                    self.net.routing.expect(np.array([token]))  # its hash-routed layers' experts: read now
                 history.append(token)
                 self.stats.decode_tokens += 1
                 yield token
@@ -196,6 +202,7 @@ class Model:
         finally:
             self.stats.decode_seconds = time.perf_counter() - start
             self._finish_stats()
+            self.stats.decode_layers = _layer_counts(decode_before, self.store.summary())
 
     def generate(self, prompt: str | list[int], max_tokens: int = 128, ignore_eos: bool = False,
                  **sampling) -> Iterator[str]:
@@ -210,6 +217,17 @@ class Model:
         tail = decoder.flush()
         if tail:
             yield tail
+
+
+def _layer_counts(before: dict, now: dict) -> dict[int, tuple[int, int]]:
+    """layer -> (hits, requests) between two store summaries."""
+    counts = {}
+    for layer in set(now["hits_per_layer"]) | set(now["misses_per_layer"]):
+        hits = now["hits_per_layer"].get(layer, 0) - before["hits_per_layer"].get(layer, 0)
+        misses = now["misses_per_layer"].get(layer, 0) - before["misses_per_layer"].get(layer, 0)
+        if hits + misses:
+            counts[int(layer)] = (hits, hits + misses)
+    return dict(sorted(counts.items()))
 
 
 def _proc_read_bytes() -> int:
@@ -252,6 +270,7 @@ def load(path: str | os.PathLike, **options) -> Model:
 
     Options: ctx (context length), threads, and the expert-streaming options io ("auto",
     "mmap", "pread"), expert_streaming, expert_cache_size (MiB), expert_keep_recent,
-    expert_fixation, expert_prefetch ("off", "previous", "lookahead", "both"); unset ones
+    expert_fixation, expert_prefetch ("off", "previous", "lookahead", "both"),
+    expert_hash_prefetch (read hash-routed layers' experts as soon as a token is known; on); unset ones
     come from SWAPMOE_* environment variables, else from what fits this machine."""
     return Model(path, **options)

@@ -26,6 +26,7 @@ class StreamingOptions:
     expert_keep_recent: int | None = None  # per-layer LRU length; None: off
     expert_fixation: int = 0  # passes per fixation window; 0: off
     expert_prefetch: str = "off"  # off | previous | lookahead | both
+    expert_hash_prefetch: bool = True  # hash-routed layers: read their experts as soon as the token is known
 
     @classmethod
     def from_env(cls, **given) -> "StreamingOptions":
@@ -54,7 +55,7 @@ class StreamingOptions:
 
 
 def _parse(name: str, value):
-    if name == "expert_streaming":
+    if name in ("expert_streaming", "expert_hash_prefetch"):
         if isinstance(value, bool):
             return value
         text = str(value).lower()
@@ -62,7 +63,7 @@ def _parse(name: str, value):
             return True
         if text in ("0", "false", "off", "no"):
             return False
-        raise SwapmoeError(f"SWAPMOE_EXPERT_STREAMING must be on or off, not {value!r}")
+        raise SwapmoeError(f"SWAPMOE_{name.upper()} must be on or off, not {value!r}")
     if name == "expert_prefetch":
         if value is True:
             return "both"
@@ -86,6 +87,7 @@ class StreamingPlan:
     keep_recent: int | None
     fixation: int
     prefetch: str
+    hash_prefetch: bool
     reasons: list[str] = field(default_factory=list)
 
 
@@ -123,4 +125,4 @@ def plan(options: StreamingOptions, expert_bytes: int, nonexpert_bytes: int, kv_
                                            "evicted and re-read" if engine == "pread" else
                                            "everything that is read stays resident, so the page cache is enough"))
     return StreamingPlan(streaming, engine, budget, options.expert_keep_recent, options.expert_fixation,
-                         options.expert_prefetch, reasons)
+                         options.expert_prefetch, options.expert_hash_prefetch, reasons)

@@ -9,7 +9,8 @@ Where an expert's bytes are comes from the sidecar index; how they get into RAM 
 engine's business (io.py); which ones stay is decided here: a byte budget, and optionally
 only the N most recently used experts of each layer.  When the budget is full, experts that
 their layer did not use on its last visit go first, least recently used first; then the
-ones of the layer that comes back last in the layer cycle (see _victims).
+ones of the layer that comes back last in the layer cycle (see _victims). Experts certain to be
+needed soon (a hash-routed layer's experts for the next token) go last of all.
 """
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ class _Entry:
     slot: int = -1  # pread engine
     pending: Future | None = None
     expert: Expert | None = None
-    origin: str = "demand"  # demand: read because it is needed now; prefetch: read on a guess; used
+    origin: str = "demand"  # demand: needed now; prefetch: read on a guess; expected: certain to be needed; used
 
 
 @dataclass
@@ -154,7 +155,7 @@ class ExpertStore:
 
         def order(key):
             fresh = key[1] in self._latest.get(key[0], ())
-            return (fresh, (layer - key[0]) % n if fresh else 0)
+            return (self._lru[key].origin == "expected", fresh, (layer - key[0]) % n if fresh else 0)
 
         evictable = [key for key, entry in self._lru.items()  # LRU order, kept by the stable sort
                      if key != self._current and key not in self._needed
@@ -249,7 +250,7 @@ class ExpertStore:
         else:
             self.stats.hits += 1
             self.stats.hits_per_layer[layer] += 1
-            self.stats.prefetch_used += entry.origin == "prefetch"
+            self.stats.prefetch_used += entry.origin in ("prefetch", "expected")
         entry.origin = "used"
         self._needed.discard(key)
         self._current = key
@@ -258,9 +259,9 @@ class ExpertStore:
         self._recent[layer].move_to_end(key[1])
         return self._ready(entry)
 
-    def prefetch(self, layer: int, ids, evict: bool = True) -> None:
-        """Start bringing in experts that will probably be needed soon; never evicts ones in use
-        (evict=False: none at all, only free room is filled)."""
+    def prefetch(self, layer: int, ids, evict: bool = True, certain: bool = False) -> None:
+        """Start bringing in experts that will probably (certain=True: surely) be needed soon; never
+        evicts ones in use (evict=False: none at all, only free room is filled)."""
         for e in ids:
             key = (layer, int(e))
             if key in self._lru:
@@ -268,7 +269,7 @@ class ExpertStore:
             if not evict and self._over(self._new_entry(*key).nbytes):
                 return
             try:
-                self._admit(*key, origin="prefetch", wait=False)
+                self._admit(*key, origin="expected" if certain else "prefetch", wait=False)
             except SwapmoeError:  # no room without evicting what is in use: skip the hint
                 return
             self.stats.prefetch_issued += 1

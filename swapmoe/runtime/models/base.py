@@ -288,7 +288,7 @@ class Routing:
         if not self.hash_prefetch:
             return
         for layer, table in sorted(self.hash_tables.items()):
-            self.store.prefetch(layer, np.unique(table[tokens]), evict=len(tokens) == 1)
+            self.store.prefetch(layer, np.unique(table[tokens]), evict=len(tokens) == 1, certain=True)
 
     def begin_pass(self, decoding: bool, tokens: np.ndarray) -> None:
         self._decoding = decoding
