@@ -3,6 +3,7 @@
 logits checked against llama.cpp on them.
 
     python tools/make_hf_checkpoints.py [--ref ~/.cache/swapmoe-ref] [--out /tmp/swapmoe-hf] [--model NAME ...]
+                                        [--llama-only]
 
 Models: deepseek-v3 (DeepseekV3ForCausalLM: q LoRA, sigmoid routing with the correction bias,
 groups, YaRN with mscale_all_dim 1), deepseek-v2-lite (DeepseekV2ForCausalLM: no q LoRA,
@@ -14,6 +15,18 @@ qwen3-next (Qwen3NextForCausalLM): 8 layers, gated DeltaNet with full attention 
 RoPE on 16 of 64 dims, and a multi-token-prediction block, for which transformers has no module:
 random tensors named as the published checkpoints name them (`mtp.*`, in
 model-mtp.safetensors), so that the files carry one as converted real checkpoints do.
+deepseek-v4 (DeepseekV4ForCausalLM), which the converter reads in DeepSeek's release layout, not
+transformers', so deepseek_v4_checkpoint writes config.json and model.safetensors itself: 4
+layers with compress ratios [0, 4, 128, 4] (sliding window only; CSA with the lightning indexer;
+HCA; CSA), layer 0 hash-routed (tid2eid, int32 [vocab, 4]), 16 routed experts (4 per token,
+sqrtsoftplus scores, routing bias, routed_scaling_factor 1.5) and a shared one, SwiGLU clamped
+at 3 (a few % of the gate and up values pass it), hyper-connections ×4, head_dim 128 with RoPE
+on its last 32 dims, 8 heads in 4 output groups, q LoRA 256, a 16-head indexer of head dim 64
+(≠ head_dim, or llama.cpp would rotate every cache) keeping 16 rows, sliding window 64, YaRN
+(factor 8 over 128 positions) on the compressed layers; routed experts MXFP4 (int8 pairs of
+e2m1 codes, E8M0 scale per 32), projections FP8 e4m3 with E8M0 128×128 block scales, the rest
+BF16 or F32, as in the release. Its prompt (PROMPTS) is 603 tokens so that it crosses the
+window, gives the indexer 150 compressed rows to choose 16 from and completes 4 HCA blocks.
 
 Per model: random weights (matrices with std 0.1 so the logits are far from uniform, 0.07 for
 the 26-layer model, which turns chaotic at 0.1; norm weights, biases, sinks, routing biases and
@@ -26,6 +39,15 @@ llama-imatrix never runs it) →
 tools/llama_ref.py → swapmoe; prints mean/max KL, top-1 agreement
 and how many of the 32 greedy tokens agree, next to how far llama.cpp itself moves when fed the
 prompt one token per decode call instead of in one batch (its kernels differ by batch size).
+With --llama-only, or for an architecture swapmoe does not have yet, it stops at llama.cpp's
+reference (REF.npz: tokens, logits, greedy) and prints what llama.cpp produced.
+
+deepseek-v4's "F32" file is what the converter writes with --outtype f32: it forces the routed
+experts to MXFP4 (a lossless repack of the FP4 source), the FP8 projections to Q8_0 (after
+multiplying the block scales back) and keeps BF16 sources BF16, so only the F32 sources (norms,
+hyper-connections, sinks, ape, biases) are F32 in it. Its quantizations therefore need
+--allow-requantize, and its IQ files keep attn_output_a at the converter's Q8_0 and put
+output_hc_fn and the compressors' ape at Q8_0 (IQ_TENSOR_TYPES says why).
 
 The converter names a BPE pre-tokenizer by hashing a known tokenizer's output; a tiny
 tokenizer has no known hash, so the converter runs with that lookup answering "qwen2". The
@@ -74,6 +96,19 @@ QWEN_HYBRID = dict(  # layers 3 and 7 full attention, the rest gated DeltaNet
     linear_conv_kernel_dim=4, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=256,
     shared_expert_intermediate_size=256)
 QWEN_ROPE = {"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25}
+DS_V4 = dict(  # config.json as DeepSeek's release spells it (not transformers' DeepseekV4Config names)
+    architectures=["DeepseekV4ForCausalLM"], model_type="deepseek_v4", hidden_size=256, num_hidden_layers=4,
+    num_attention_heads=8, num_key_value_heads=1, head_dim=128, qk_rope_head_dim=32, q_lora_rank=256, o_groups=4,
+    o_lora_rank=64, n_routed_experts=16, num_experts_per_tok=4, n_shared_experts=1, moe_intermediate_size=256,
+    scoring_func="sqrtsoftplus", norm_topk_prob=True, routed_scaling_factor=1.5, swiglu_limit=3.0, num_hash_layers=1,
+    compress_ratios=[0, 4, 128, 4], sliding_window=64, index_n_heads=16, index_head_dim=64, index_topk=16,
+    hc_mult=4, hc_sinkhorn_iters=20, hc_eps=1e-6, rope_theta=10000.0, compress_rope_theta=160000.0,
+    rope_scaling={"type": "yarn", "factor": 8.0, "original_max_position_embeddings": 128, "beta_fast": 32,
+                  "beta_slow": 1},
+    max_position_embeddings=1024, rms_norm_eps=1e-6, hidden_act="silu", tie_word_embeddings=False,
+    num_nextn_predict_layers=0, torch_dtype="bfloat16", expert_dtype="fp4",
+    quantization_config={"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3", "scale_fmt": "ue8m0",
+                         "weight_block_size": [128, 128]})
 MODELS = {  # name: (config class, model class, config arguments)
     "deepseek-v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM", dict(
         hidden_size=256, intermediate_size=512, moe_intermediate_size=128, num_hidden_layers=3, first_k_dense_replace=1,
@@ -101,9 +136,28 @@ MODELS = {  # name: (config class, model class, config arguments)
         mtp_num_hidden_layers=1, rope_parameters=QWEN_ROPE | {"mrope_section": [3, 3, 2], "mrope_interleaved": True})),
     "qwen3-next": ("Qwen3NextConfig", "Qwen3NextForCausalLM", QWEN_HYBRID | dict(  # its config names no MTP layers:
         intermediate_size=512, norm_topk_prob=True, rope_parameters=QWEN_ROPE)),  # the converter counts mtp.layers.*
+    "deepseek-v4": (None, None, DS_V4),  # no transformers class writes its layout: deepseek_v4_checkpoint does
 }
 QUANTS = ("Q8_0", "Q4_K_M", "Q2_K", "IQ2_XXS")  # the acceptance's types; IQ2_XXS with an importance matrix
-EXTRA_QUANTS = {"gpt-oss": ("MXFP4_MOE",), "qwen3.5-moe": ("IQ1_M", "MXFP4_MOE"), "qwen3-next": ("IQ1_M", "MXFP4_MOE")}
+EXTRA_QUANTS = {"gpt-oss": ("MXFP4_MOE",), "qwen3.5-moe": ("IQ1_M", "MXFP4_MOE"), "qwen3-next": ("IQ1_M", "MXFP4_MOE"),
+                "deepseek-v4": ("IQ1_M", "MXFP4_MOE")}
+REQUANTIZE = ("deepseek-v4",)  # its "F32" file already holds Q8_0 and MXFP4 tensors (the converter forces them)
+IQ_TENSOR_TYPES = {  # llama-quantize --tensor-type for the IQ files, for tensors the importance matrix cannot serve:
+    # llama-imatrix records nothing for the HC head's fn nor for the compressors' position biases (added, not
+    # multiplied), and records the grouped output projection per group (o_groups × 256 values) where llama-quantize
+    # wants one row's 256; attn_output_a stays the converter's Q8_0 (copied), the others become Q8_0
+    "deepseek-v4": ("output_hc_fn=q8_0", "compressor_ape=q8_0", "attn_output_a=q8_0")}
+PROMPTS = {  # a longer prompt where the model needs one: DeepSeek-V4's must cross the 64-token window and give its
+    # indexer more compressed rows (one per 4 tokens) than its top-k (16), and its 128-token blocks must complete
+    "deepseek-v4": TEXT + '''Most of a long prompt lies outside the window. A compressed layer pools each block of four
+positions into one row, weighting every channel by a softmax over the block's scores; the lightning indexer
+scores those rows against the query and keeps only the best sixteen, and a heavily compressed layer pools
+blocks of 128 and keeps them all. Nothing in the pooled rows says which tokens they came from.
+def pool(rows, scores):
+    """One row from a block: each channel weighted by the softmax of its scores."""
+    w = [[math.exp(s - max(col)) for s in col] for col in zip(*scores)]
+    return [sum(r[c] * w[c][i] for i, r in enumerate(rows)) / sum(w[c]) for c in range(len(w))]
+'''}
 MTP = ("qwen3.5-moe", "qwen3-next")  # models whose checkpoints carry a multi-token-prediction block
 CONVERT = '''import runpy, sys
 src = sys.argv.pop(1)
@@ -120,7 +174,7 @@ L = R.L
 model, tokens = R.load(sys.argv[2]), [int(t) for t in sys.argv[3].split(",")]
 n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
 cp = L.llama_context_default_params()
-cp.n_ctx, cp.n_threads, cp.n_threads_batch, cp.type_k, cp.type_v = 512, 2, 2, 0, 0
+cp.n_ctx, cp.n_threads, cp.n_threads_batch, cp.type_k, cp.type_v = max(512, len(tokens) + 16), 2, 2, 0, 0
 cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_DISABLED
 ctx, batch = L.llama_init_from_model(model, cp), L.llama_batch_init(1, 0, 1)
 logits = np.empty((len(tokens), n_vocab), np.float32)
@@ -156,6 +210,9 @@ def checkpoint(name: str, directory: Path) -> None:
     """A random-weight checkpoint of `name` with its tokenizer, in `directory`."""
     config_cls, model_cls, args = MODELS[name]
     end = tokenizer(directory).convert_tokens_to_ids(END)
+    if config_cls is None:
+        deepseek_v4_checkpoint(directory, args | {"vocab_size": VOCAB, "bos_token_id": end, "eos_token_id": end})
+        return
     config = getattr(transformers, config_cls)(**({"vocab_size": VOCAB, "bos_token_id": end, "eos_token_id": end,
                                                    "initializer_range": 0.1} | args))
     torch.manual_seed(0)
@@ -191,6 +248,121 @@ def mtp_block(directory: Path, config) -> None:
                                 metadata={"format": "pt"})
 
 
+E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6], np.float32)  # the FP4 (e2m1) magnitudes; code | 8 is the negative
+
+
+def fp8_blocks(w: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """`w` [out, in] as DeepSeek ships a projection: float8_e4m3fn values and, per 128×128 block (partial at the
+    edges), one power-of-two scale as an E8M0 byte (`<name>.scale`, [ceil(out/128), ceil(in/128)]), the smallest
+    with |w| / scale ≤ 448, e4m3's largest value. The converter multiplies back and writes Q8_0."""
+    rows, cols = w.shape
+    grid = np.zeros((-(-rows // 128) * 128, -(-cols // 128) * 128), np.float32)
+    grid[:rows, :cols] = np.abs(w)
+    amax = grid.reshape(grid.shape[0] // 128, 128, grid.shape[1] // 128, 128).max(axis=(1, 3))
+    exponent = np.ceil(np.log2(np.maximum(amax, 2.0 ** -100) / 448)).astype(np.int64)
+    scale = np.exp2(exponent).repeat(128, 0).repeat(128, 1)[:rows, :cols].astype(np.float32)
+    return (torch.from_numpy(w / scale).to(torch.float8_e4m3fn),
+            torch.from_numpy((exponent + 127).astype(np.uint8)).view(torch.float8_e8m0fnu))
+
+
+def fp4_blocks(w: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """`w` [out, in] as DeepSeek ships a routed expert's matrix: MXFP4, int8 [out, in/2] holding two e2m1 codes
+    (input 2i in the low nibble, 2i+1 in the high one) and, per 32 inputs, one E8M0 exponent [out, in/32], the
+    smallest power of two with |w| / scale ≤ 6; each value rounded to the nearest e2m1 magnitude."""
+    rows, cols = w.shape
+    blocks = w.reshape(rows, cols // 32, 32)
+    exponent = np.ceil(np.log2(np.maximum(np.abs(blocks).max(-1), 2.0 ** -100) / 6)).astype(np.int64)
+    x = blocks / np.exp2(exponent)[..., None]
+    codes = (np.abs(np.abs(x)[..., None] - E2M1).argmin(-1) | np.where(x < 0, 8, 0)).astype(np.uint8)
+    codes = codes.reshape(rows, cols)
+    return (torch.from_numpy(codes[:, 0::2] | (codes[:, 1::2] << 4)).view(torch.int8),
+            torch.from_numpy((exponent + 127).astype(np.uint8)).view(torch.float8_e8m0fnu))
+
+
+def deepseek_v4_checkpoint(directory: Path, config: dict) -> None:
+    """A random DeepSeek-V4 in DeepSeek's own release layout, the one llama.cpp's converter reads (transformers
+    writes another): config.json with the release's keys, and model.safetensors with the original tensor names;
+    routed experts MXFP4 (fp4_blocks); the attention projections, indexer query and shared expert FP8 with E8M0
+    block scales (fp8_blocks); embedding, head, router and the compressors' and indexer-weight projections BF16
+    (they carry no scale in the release); norms, hyper-connection tensors, sinks, compressor position biases (ape)
+    and routing biases F32; the hash layers' token → expert tables int32 [vocab, experts per token], each row
+    distinct experts. Matrices have std 0.1; norms 1 + N(0, 0.1²); the hyper-connection scales 0.3, so that the
+    24 mixing logits have std ~1, and their bases N(0, 0.5²) plus 1 on the residual matrix's diagonal."""
+    rng = np.random.default_rng(0)
+    n, hd, q, vocab = config["hidden_size"], config["head_dim"], config["q_lora_rank"], config["vocab_size"]
+    heads, groups, experts, ff = (config[k] for k in ("num_attention_heads", "o_groups", "n_routed_experts",
+                                                       "moe_intermediate_size"))
+    hc, idx_heads, idx_hd, k = (config[k] for k in ("hc_mult", "index_n_heads", "index_head_dim",
+                                                     "num_experts_per_tok"))
+    tensors = {}
+
+    def mat(*shape, std=0.1):
+        return (rng.standard_normal(shape) * std).astype(np.float32)
+
+    def f32(key, value):
+        tensors[key] = torch.from_numpy(np.asarray(value, np.float32))
+
+    def bf16(key, value):
+        tensors[key] = torch.from_numpy(value).to(torch.bfloat16)
+
+    def fp8(key, value):
+        tensors[key + ".weight"], tensors[key + ".scale"] = fp8_blocks(value)
+
+    def norm(key, width):
+        f32(key, 1 + mat(width))
+
+    def hyper(key, mixes, scales):  # mixes: 4 pre weights (+ 4 post weights + 4×4 residual matrix in a layer)
+        base = mat(mixes, std=0.5)
+        base[2 * hc:] += np.eye(hc).ravel()[:max(mixes - 2 * hc, 0)]
+        f32(key + "_fn", mat(mixes, hc * n))
+        f32(key + "_base", base)
+        f32(key + "_scale", 0.3 * (1 + mat(scales)))
+
+    for i, ratio in enumerate(config["compress_ratios"][:config["num_hidden_layers"]]):
+        layer, attn, ffn = f"layers.{i}.", f"layers.{i}.attn.", f"layers.{i}.ffn."
+        norm(layer + "attn_norm.weight", n)
+        norm(layer + "ffn_norm.weight", n)
+        hyper(layer + "hc_attn", (2 + hc) * hc, 3)
+        hyper(layer + "hc_ffn", (2 + hc) * hc, 3)
+        f32(attn + "attn_sink", mat(heads, std=1.0))
+        fp8(attn + "wq_a", mat(q, n))
+        norm(attn + "q_norm.weight", q)
+        fp8(attn + "wq_b", mat(heads * hd, q))
+        fp8(attn + "wkv", mat(hd, n))
+        norm(attn + "kv_norm.weight", hd)
+        fp8(attn + "wo_a", mat(groups * config["o_lora_rank"], heads * hd // groups))
+        fp8(attn + "wo_b", mat(n, groups * config["o_lora_rank"]))
+        compressors = [("compressor.", hd, 2 if ratio == 4 else 1)] if ratio else []
+        if ratio == 4:  # CSA: the lightning indexer, with its own compressor of the indexer keys
+            fp8(attn + "indexer.wq_b", mat(idx_heads * idx_hd, q))
+            bf16(attn + "indexer.weights_proj.weight", mat(idx_heads, n))
+            compressors.append(("indexer.compressor.", idx_hd, 2))
+        for key, width, overlap in compressors:
+            bf16(attn + key + "wkv.weight", mat(overlap * width, n))
+            bf16(attn + key + "wgate.weight", mat(overlap * width, n))
+            f32(attn + key + "ape", mat(ratio, overlap * width, std=0.3))
+            norm(attn + key + "norm.weight", width)
+        bf16(ffn + "gate.weight", mat(experts, n))
+        if i < config["num_hash_layers"]:
+            table = np.argsort(rng.random((vocab, experts)), axis=1)[:, :k]
+            tensors[ffn + "gate.tid2eid"] = torch.from_numpy(table.astype(np.int32))
+        else:
+            f32(ffn + "gate.bias", mat(experts))
+        for e in range(experts):
+            for w, shape in (("w1", (ff, n)), ("w2", (n, ff)), ("w3", (ff, n))):
+                tensors[f"{ffn}experts.{e}.{w}.weight"], tensors[f"{ffn}experts.{e}.{w}.scale"] = fp4_blocks(
+                    mat(*shape))
+        shared = ff * config["n_shared_experts"]
+        for w, shape in (("w1", (shared, n)), ("w2", (n, shared)), ("w3", (shared, n))):
+            fp8(f"{ffn}shared_experts.{w}", mat(*shape))
+    bf16("embed.weight", mat(vocab, n))
+    bf16("head.weight", mat(vocab, n))
+    norm("norm.weight", n)
+    hyper("hc_head", hc, 1)
+    (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    safetensors.torch.save_file(tensors, directory / "model.safetensors", metadata={"format": "pt"})
+
+
 def open_model(path: Path):
     g = GGUFFile(path)
     return ARCHITECTURES[g.arch](g, ExpertStore(index.build(g), MmapEngine([s.path for s in g.shards], None)))
@@ -216,11 +388,22 @@ def compare(path: Path, ref: dict, llama_one_by_one: np.ndarray) -> str:
             f"logit std {ref['logits'].std():.2f})")
 
 
+def llama_only(ref: dict, llama_one_by_one: np.ndarray) -> str:
+    """What llama.cpp alone produced, for a file swapmoe is not compared on."""
+    logits, greedy = ref["logits"], ref["greedy"].tolist()
+    return (f"logits {'finite' if np.isfinite(logits).all() else 'NOT FINITE'}, std {logits.std():.2f}, "
+            f"{len(set(logits.argmax(-1).tolist()))} distinct argmax over the prompt; greedy {greedy} "
+            f"({len(set(greedy))} distinct); one token per call vs its own batch: "
+            f"{agreement(logits, llama_one_by_one)}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ref", type=Path, default=Path.home() / ".cache/swapmoe-ref")
     ap.add_argument("--out", type=Path, default=Path("/tmp/swapmoe-hf"))
     ap.add_argument("--model", nargs="*", default=list(MODELS), choices=list(MODELS))
+    ap.add_argument("--llama-only", action="store_true",
+                    help="make the GGUFs and llama.cpp's reference logits, and skip swapmoe")
     args = ap.parse_args()
     build = args.ref / "llama-build-noamx"
     bin_dir = (build if (build / "bin/llama-quantize").exists() else args.ref / "llama-build") / "bin"
@@ -237,20 +420,31 @@ def main():
         run([bin_dir / "llama-imatrix", "-m", f32, "-f", text, "-o", imatrix, "-c", "128", "--chunks", "8", "-t", "2"])
         for quant in QUANTS + EXTRA_QUANTS.get(name, ()):
             files.append((quant, work / f"{name}-{quant}.gguf"))
-            extra = ["--imatrix", imatrix] if quant.startswith("IQ") else []
-            if extra and name in MTP:  # llama-imatrix never runs the MTP block, and IQ types need its matrix
-                extra += ["--tensor-type", rf"blk\.{MODELS[name][2]['num_hidden_layers']}\.=q8_0"]
+            extra = ["--allow-requantize"] if name in REQUANTIZE else []
+            if quant.startswith("IQ"):
+                extra += ["--imatrix", imatrix]
+                for override in IQ_TENSOR_TYPES.get(name, ()):
+                    extra += ["--tensor-type", override]
+                if name in MTP:  # llama-imatrix never runs the MTP block, and IQ types need its matrix
+                    extra += ["--tensor-type", rf"blk\.{MODELS[name][2]['num_hidden_layers']}\.=q8_0"]
             run([bin_dir / "llama-quantize", *extra, f32, files[-1][1], quant, "2"])
+        print(f"{name}: GGUFs in {work}: " + ", ".join(path.name for _, path in files), flush=True)
+        arch = GGUFFile(f32).arch
+        swapmoe = not args.llama_only and arch in ARCHITECTURES
+        if not args.llama_only and not swapmoe:
+            print(f"{name}: swapmoe has no architecture {arch!r} (swapmoe.runtime.models.ARCHITECTURES): "
+                  "llama.cpp's side only", flush=True)
         ref_py = [args.ref / "venv/bin/python", TOOLS / "llama_ref.py"]
-        tokens = json.loads(run([*ref_py, f32, "--tokenize", TEXT], env))
+        tokens = json.loads(run([*ref_py, f32, "--tokenize", PROMPTS.get(name, TEXT)], env))
         for quant, path in files:
             npz = work / f"{name}-{quant}.npz"
             run([*ref_py, path, "--tokens", ",".join(map(str, tokens)), "--greedy", GREEDY, "--out", npz], env)
             one_by_one = work / f"{name}-{quant}-one-by-one.npy"
             run([args.ref / "venv/bin/python", "-c", LLAMA_SELF, TOOLS, path, ",".join(map(str, tokens)),
                  one_by_one], env)
-            print(f"{name} {quant} ({len(tokens)} tokens): {compare(path, np.load(npz), np.load(one_by_one))}",
-                  flush=True)
+            ref, one_by_one = np.load(npz), np.load(one_by_one)
+            result = compare(path, ref, one_by_one) if swapmoe else f"llama.cpp {llama_only(ref, one_by_one)} ({npz})"
+            print(f"{name} {quant} ({len(tokens)} tokens): {result}", flush=True)
 
 
 if __name__ == "__main__":
