@@ -35,11 +35,23 @@ import zstandard
 
 import swapmoe
 
-ARCHS = ("qwen3moe", "qwen2moe", "olmoe", "llama", "deepseek2", "minimax-m2", "gpt-oss", "qwen35moe", "qwen3next")
+ARCHS = ("qwen3moe", "qwen2moe", "olmoe", "llama", "deepseek2", "deepseek4", "minimax-m2", "gpt-oss", "qwen35moe",
+         "qwen3next")
 QUANTS = ("Q8_0", "Q4_K_M", "Q2_K", "IQ2_XXS")
-EXTRA_QUANTS = {"gpt-oss": ("MXFP4_MOE",), "qwen35moe": ("IQ1_M", "MXFP4_MOE"), "qwen3next": ("IQ1_M", "MXFP4_MOE")}
+EXTRA_QUANTS = {"gpt-oss": ("MXFP4_MOE",), "qwen35moe": ("IQ1_M", "MXFP4_MOE"), "qwen3next": ("IQ1_M", "MXFP4_MOE"),
+                "deepseek4": ("IQ1_M", "MXFP4_MOE")}
 SYNTH = {"type": "F32", "seed": 7, "n_layer": 2}
-ARCH_SYNTH = {"qwen35moe": {"n_layer": 4}, "qwen3next": {"n_layer": 4}}  # three DeltaNet layers, one attention
+ARCH_SYNTH = {"qwen35moe": {"n_layer": 4}, "qwen3next": {"n_layer": 4},  # three DeltaNet layers, one attention
+              "deepseek4": {"n_layer": 4}}  # a hash-routed layer, then compress ratios 0, 4, 128
+# the prompt repeated: DeepSeek-V4's needs to cross its 64-token window, fill a 128-block and give
+# the indexer more compressed rows than its top-k
+ARCH_PROMPT_REPEATS = {"deepseek4": 3}
+# llama-imatrix gathers nothing for DeepSeek-V4's stream-mixing matrices (hc_*_fn) and compressor
+# position biases (*_ape, read by row), and for its grouped attn_output_a one row of statistics per
+# group, which llama-quantize refuses; the IQ types need statistics, so those stay Q8_0 (as
+# community quants keep them)
+IQ_ARGS = {"deepseek4": ["--tensor-type", "hc_=q8_0", "--tensor-type", "_ape=q8_0", "--tensor-type",
+                         "attn_output_a=q8_0", "--exclude-weights", "attn_output_a"]}
 _DS2 = {"q_lora_rank": 128, "kv_lora_rank": 64, "rope_dim": 32, "nope_dim": 32, "v_dim": 32, "groups": 4,
         "groups_used": 2}  # the tiny-deepseek2 preset's extra
 _Q35 = {"ssm_state": 64, "ssm_groups": 2, "ssm_heads": 4}  # the tiny-qwen35moe and tiny-qwen3next presets' extra
@@ -94,9 +106,9 @@ def reference(ref: Path, model: Path, tokens: list[int], out: Path) -> None:
 ENV = dict(os.environ)
 
 
-def tokenize(ref: Path, model: Path) -> list[int]:
+def tokenize(ref: Path, model: Path, text: str = PROMPT) -> list[int]:
     return json.loads(run([ref / "venv/bin/python", Path(__file__).with_name("llama_ref.py"), model,
-                           "--tokenize", PROMPT]))
+                           "--tokenize", text]))
 
 
 def write_variants(ref: Path, out: Path, tmp: Path) -> None:
@@ -141,14 +153,14 @@ def main():
         for arch in [a for a in args.arch if a != "tiny-moe"]:
             settings = SYNTH | ARCH_SYNTH.get(arch, {})
             f32 = swapmoe.synth(tmp / f"{arch}-F32.gguf", arch=arch, progress=False, **settings)
-            tokens = tokenize(args.ref, f32)
+            tokens = tokenize(args.ref, f32, PROMPT * ARCH_PROMPT_REPEATS.get(arch, 1))
             imatrix = tmp / f"{arch}.imatrix.gguf"
             run([bin_dir / "llama-imatrix", "-m", f32, "-f", text, "-o", imatrix, "-c", "128", "--chunks", "8",
                  "-t", "2"])
             cases = [("F32", f32, None)]
             for quant in QUANTS + EXTRA_QUANTS.get(arch, ()):
                 q = tmp / f"{arch}-{quant}.gguf"
-                extra = ["--imatrix", imatrix] if quant.startswith("IQ") else []
+                extra = ["--imatrix", imatrix, *IQ_ARGS.get(arch, [])] if quant.startswith("IQ") else []
                 run([bin_dir / "llama-quantize", *extra, f32, q, quant, "2"])
                 stored = args.out / f"{arch}-{quant}.gguf.zst"
                 stored.write_bytes(zstd.compress(q.read_bytes()))
