@@ -326,10 +326,10 @@ def test_row_decode_where_no_tiles_run(tmp_path):
     assert " passed" in run.stdout and "skipped" not in run.stdout.splitlines()[-1]
 
 
-@pytest.mark.parametrize("tp", [T.F16, T.BF16], ids=lambda t: t.name)
-def test_float_rows_straight_and_widened(tp):
-    """F16/BF16 rows: up to straight_tokens tokens convert each value as they sum it, more tokens
+def test_f16_rows_straight_and_widened():
+    """F16 rows: up to straight_tokens tokens convert each value as they sum it, more tokens
     share one widened copy of the row; both within float32 summation error of the exact dot."""
+    tp = T.F16
     rng = np.random.default_rng(16)
     W = random_weights(tp, 8, COLS, rng)
     X = random_activations(K.KERNELS[int(tp)].straight_tokens + 2, COLS, rng)
@@ -340,6 +340,44 @@ def test_float_rows_straight_and_widened(tp):
     straight = np.stack([K.matvec(tp, W, 8, COLS, x) for x in X])
     for Y in (widened, straight):
         np.testing.assert_array_less(np.abs(Y - exact), COLS * 2.0**-24 * magnitude + 1e-30)
+
+
+def _bf16_lanes(w, x, bases, acc):
+    """vdpbf16ps at each base: lane l adds product 2l+1, then 2l, of the 32 values there."""
+    for base in bases:
+        for lane in range(16):
+            for i in (base + 2 * lane + 1, base + 2 * lane):
+                acc[lane] = np.float32(acc[lane] + np.float32(w[i] * x[i]))
+    for width in (8, 4):  # _mm512_reduce_add_ps as GCC orders it
+        acc[:width] = (acc[:width] + acc[width:2 * width]).astype(np.float32)
+    return np.float32(np.float32(acc[0] + acc[2]) + np.float32(acc[1] + acc[3]))
+
+
+@pytest.mark.parametrize("cols", [256, 288, 100])
+def test_bf16_rounds_as_llama_cpp(cols):
+    """BF16: tinyBLAS (>= 2 tokens, rows % 4 == 0, cols % 32 == 0) runs one vdpbf16ps accumulator
+    over the row; ggml_vec_dot_bf16 two over the halves of each 64 values, summed in double with
+    the products past the last whole 64."""
+    rng = np.random.default_rng(cols)
+    rows = 8
+    W = random_weights(T.BF16, rows, cols, rng)
+    X = random_activations(3, cols, rng)
+    w = quants.dequantize(W.reshape(rows, -1), T.BF16).astype(np.float32)
+    x = K.quantize_activation(T.BF16, X).qs
+    for n_tok in (1, 3):
+        Y = K.matmul(T.BF16, W, rows, cols, X[:n_tok])
+        for t in range(n_tok):
+            for r in range(rows):
+                if K.ggml_order(T.BF16, rows, cols, n_tok, False, False) == K.ORDER_LANES:
+                    want = _bf16_lanes(w[r], x[t], range(0, cols, 32), np.zeros(16, np.float32))
+                else:
+                    whole = cols - cols % 64
+                    want = np.float64(_bf16_lanes(w[r], x[t], range(0, whole, 64), np.zeros(16, np.float32)))
+                    want += np.float64(_bf16_lanes(w[r], x[t], range(32, whole, 64), np.zeros(16, np.float32)))
+                    for j in range(whole, cols):
+                        want += np.float64(np.float32(w[r, j] * x[t, j]))
+                assert Y[t, r] == np.float32(want), (n_tok, t, r)
+    assert (K.ggml_order(T.BF16, rows, cols, 3, False, False) == K.ORDER_LANES) == (cols % 32 == 0)
 
 
 def test_quantize_once_reuse():

@@ -7,6 +7,8 @@ and of llama.cpp, each under the same memory cgroup cap, each starting with a co
     python tools/bench_stream.py --configs default pread mmap --llama-bin DIR
     python tools/bench_stream.py --quick --cached --configs default streaming-off streaming-off default
     python tools/bench_stream.py --quick --preset deepseek-v3 --experts 64 --size-gb 8 --cap-mib 3072
+    python tools/bench_stream.py --preset deepseek-v4-flash --type IQ1_M --layers 6 --cap-mib 2560 \
+        --configs default no-hash-prefetch
 
 The model is a synthetic qwen3moe of the Qwen3-30B-A3B shape at Q4_K_M (or --preset at
 --type, its layer count scaled to --size-gb), repacked with `swapmoe repack` (both kept in
@@ -16,7 +18,9 @@ The model is a synthetic qwen3moe of the Qwen3-30B-A3B shape at Q4_K_M (or --pre
 prompt tok/s, GB read from storage per token, the expert read bandwidth over the run as a
 share of the disk's sequential read bandwidth (measured right before and right after that
 configuration and averaged: a shared disk's speed drifts), that disk bandwidth, the share of
-the run spent waiting for reads, peak memory of the cgroup, and OOM kills. Decoding samples
+the run spent waiting for reads, peak memory of the cgroup, and OOM kills; for models with
+hash-routed layers, how many of those layers' expert requests while decoding found the expert
+resident or already in flight. Decoding samples
 (temperature 1, seed 0) so that the routing keeps moving. llama.cpp runs on the original file with --no-repack (its CPU
 repacking copies weights into anonymous memory, which a cap kills), greedy.
 """
@@ -43,6 +47,8 @@ CONFIGS = {
     "pread+lookahead": {"io": "pread", "expert_prefetch": "lookahead"},
     "pread+lookahead+fixation-4": {"io": "pread", "expert_prefetch": "lookahead", "expert_fixation": 4},
     "streaming-off": {"expert_streaming": False},
+    # hash-routed layers (DeepSeek-V4) read only when asked, not as soon as the token is known
+    "no-hash-prefetch": {"expert_hash_prefetch": False},
     # a cache far smaller than the model's working set: decoding waits on the disk
     "pread-cache-256": {"io": "pread", "expert_cache_size": 256},
     "mmap-cache-256": {"io": "mmap", "expert_cache_size": 256},
@@ -64,7 +70,7 @@ def child(args) -> None:
                                   top_p=1.0, min_p=0.0, seed=0))
     s = model.stats.as_dict()
     s.update(load_seconds=load_seconds, plan=model.plan.reasons, engine=model.plan.engine,
-             budget=model.plan.budget_bytes, tokens=ids)
+             budget=model.plan.budget_bytes, tokens=ids, hash_layers=model.index.hash_layers())
     print("RESULT " + json.dumps(s))
 
 
@@ -205,6 +211,10 @@ def main():
         bandwidth = row["bytes_read"] / seconds / 1e9
         print(f"{name:30} {tg:12.2f} {pp:12.1f} {per_token / 1e9:11.3f} {bandwidth / disk:12.2f} {disk:9.2f} "
               f"{row['wait_seconds'] / seconds:8.0%} {row['peak'] / 2**20:9.0f} {row['oom']:4d}")
+        if row["hash_layers"]:
+            print(f"{'':30} hash-routed layers while decoding, resident or in flight when asked: " + ", ".join(
+                f"layer {layer} {row['decode_layers'][str(layer)][0]}/{row['decode_layers'][str(layer)][1]}"
+                for layer in row["hash_layers"] if str(layer) in row["decode_layers"]))
     if (args.llama_bin / "llama-completion").exists() and not args.cached:
         row = run_llama(args.llama_bin, original, args)
         rows["llama.cpp"] = row

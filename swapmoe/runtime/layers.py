@@ -222,5 +222,9 @@ def limit_to_groups(selection: np.ndarray, n_groups: int, n_groups_used: int) ->
 
 
 def normalize_weights(w: np.ndarray) -> np.ndarray:
-    """Scale the chosen experts' weights to sum to one (the sum clamped as llama.cpp does)."""
-    return w / np.maximum(w.sum(axis=-1, keepdims=True), F32(6.103515625e-5))
+    """Scale the chosen experts' weights to sum to one (the sum clamped as llama.cpp does; summed
+    in double from left to right, as ggml's sum_rows)."""
+    total = np.zeros(w.shape[:-1] + (1,), np.float64)
+    for k in range(w.shape[-1]):
+        total += w[..., k:k + 1]
+    return w / np.maximum(total.astype(F32), F32(6.103515625e-5))

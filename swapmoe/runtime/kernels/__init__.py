@@ -92,7 +92,7 @@ def _straight(tiled: int, rows: int) -> int:
 KERNELS: dict[int, Kernel] = {
     int(T.F32): Kernel(int(T.F32), _float.matmul_f32, _float.dequantize_f32),
     int(T.F16): Kernel(int(T.F16), _float.matmul_f16, _float.dequantize_f16, 4),
-    int(T.BF16): Kernel(int(T.BF16), _float.matmul_bf16, _float.dequantize_bf16, 8),
+    int(T.BF16): Kernel(int(T.BF16), _float.matmul_bf16, _float.dequantize_bf16),
     int(T.Q4_0): Kernel(int(T.Q8_0), legacy.matmul_q4_0, legacy.dequantize_q4_0),
     int(T.Q4_1): Kernel(int(T.Q8_1), legacy.matmul_q4_1, legacy.dequantize_q4_1),
     int(T.Q5_0): Kernel(int(T.Q8_0), legacy.matmul_q5_0, legacy.dequantize_q5_0),
@@ -166,8 +166,9 @@ def ggml_order(ggml_type: int, rows: int, cols: int, n_tok: int, grouped: bool, 
       else vec_dot;
     - Q4_0, IQ4_NL and MXFP4 with rows % 8 == 0 are repacked too: one FMA per block;
     - the other legacy types: vec_dot or tinyBLAS, which round alike (eight FMA lanes);
-    - F32: tinyBLAS for >= 2 tokens when it takes the shape (rows % 4, cols % 16 == 0), else
-      vec_dot_f32 (always for stacked experts: MUL_MAT_ID does not use tinyBLAS).
+    - F32 and BF16: tinyBLAS for >= 2 tokens when it takes the shape (rows % 4 == 0, cols a
+      multiple of its step: 16 floats, 32 bf16), else vec_dot (always for stacked experts:
+      MUL_MAT_ID does not use tinyBLAS).
     """
     ggml_type = int(ggml_type)
     if ggml_type in (T.Q4_K, T.Q2_K) and rows % 8 == 0 and not grouped:
@@ -179,6 +180,8 @@ def ggml_order(ggml_type: int, rows: int, cols: int, n_tok: int, grouped: bool, 
     if ggml_type in (T.Q8_0, T.Q5_0, T.Q4_1, T.Q5_1, T.Q4_0):
         return ORDER_LANES
     if ggml_type == T.F32 and cols % LANES == 0 and rows % 4 == 0 and n_tok >= 2 and not stacked:
+        return ORDER_LANES
+    if ggml_type == T.BF16 and cols % (2 * LANES) == 0 and rows % 4 == 0 and n_tok >= 2 and not stacked:
         return ORDER_LANES
     return ORDER_DOT
 

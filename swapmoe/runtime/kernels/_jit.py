@@ -261,3 +261,15 @@ def _reordered_blocks(reorder, pair_reorder=None):
 grid_activations = _reordered_blocks(reorder_group_major)
 iq3_activations = _reordered_blocks(reorder_iq3)
 iq2_xxs_activations = _reordered_blocks(reorder_iq2_xxs, reorder_iq2_xxs_pair)
+
+
+@njit(**INLINE)
+def hsum16(acc):
+    """_mm512_reduce_add_ps of acc[0:16] (float32 values): halves, quarters, then pairs (GCC's
+    order); folds acc in place."""
+    for j in range(8):
+        acc[j] = np.float32(np.float32(acc[j]) + np.float32(acc[j + 8]))
+    for j in range(4):
+        acc[j] = np.float32(np.float32(acc[j]) + np.float32(acc[j + 4]))
+    return np.float32(np.float32(np.float32(acc[0]) + np.float32(acc[2]))
+                      + np.float32(np.float32(acc[1]) + np.float32(acc[3])))

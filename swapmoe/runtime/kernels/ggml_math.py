@@ -17,7 +17,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from ._jit import fma32
+from ._jit import fma32, hsum16
 from .simd import sgemm_dot, vec_dot_f32
 
 F32 = np.float32
@@ -85,7 +85,7 @@ def _softmax(x, sinks, vec, out):
                 block[j] = ggml_expf(np.float32(x[r, base + j] - top)) if base + j < n else 0.0
                 if base + j < n:
                     out[r, base + j] = block[j]
-            total += _hsum16(block)
+            total += hsum16(block)
         for i in range(vec, n):
             e = np.float32(math.exp(np.float32(x[r, i] - top)))
             out[r, i] = e
@@ -169,17 +169,6 @@ def softmax(x: np.ndarray, sinks: np.ndarray | None = None, padded: bool = False
     return out.reshape(x.shape)
 
 
-@njit(inline="always", cache=True)
-def _hsum16(acc):
-    """_mm512_reduce_add_ps of acc[0:16] (float32 values): halves, quarters, then pairs (GCC's
-    order); folds acc in place."""
-    for j in range(8):
-        acc[j] = F32(F32(acc[j]) + F32(acc[j + 8]))
-    for j in range(4):
-        acc[j] = F32(F32(acc[j]) + F32(acc[j + 4]))
-    return F32(F32(F32(acc[0]) + F32(acc[2])) + F32(F32(acc[1]) + F32(acc[3])))
-
-
 @njit(cache=True, nogil=True, parallel=True)
 def _attention_scores(q, k, out):
     """out[h, t, s] = q[t, h, :] . k[s, h // group, :] in ggml's order."""
@@ -223,13 +212,14 @@ def attention_scores(q: np.ndarray, k: np.ndarray) -> np.ndarray:
 KV_PAD = 256  # llama.cpp's CPU KV cache holds a multiple of 256 rows; the padding is masked
 
 
-def attention_values(p: np.ndarray, v: np.ndarray) -> np.ndarray:
-    """Σ p·v [T, H, dv] as llama.cpp sums it (the transposed V cache times the probabilities)."""
+def attention_values(p: np.ndarray, v: np.ndarray, n: int | None = None) -> np.ndarray:
+    """Σ p·v [T, H, dv] as llama.cpp sums it (the transposed V cache times the probabilities):
+    dots of n values (default: S rounded up to llama.cpp's KV cache padding; the rest zero)."""
     S, Hkv, dv = v.shape
     vt = np.zeros((Hkv, dv, -(-S // (4 * LANES)) * 4 * LANES), F32)
     vt[:, :, :S] = v.transpose(1, 2, 0)
     out = np.empty((p.shape[1], p.shape[0], dv), F32)
-    _attention_values(np.ascontiguousarray(p, F32), vt, -(-S // KV_PAD) * KV_PAD, out)
+    _attention_values(np.ascontiguousarray(p, F32), vt, -(-S // KV_PAD) * KV_PAD if n is None else n, out)
     return out
 
 

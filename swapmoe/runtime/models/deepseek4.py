@@ -53,6 +53,8 @@ HC_EPS = "{arch}.hyper_connection.epsilon"
 HASH_LAYER_COUNT = "{arch}.hash_layer_count"
 
 CSA, HCA = 4, 128  # the compress ratios llama.cpp accepts besides 0
+KV_PAD = ggml_math.KV_PAD  # llama.cpp's KV cache rows come in multiples of this
+LANE_CHUNK = 64  # ggml_vec_dot_f32's lanes span 64 values
 CLAMP_EPS = 1e-6  # a clamp limit at or below this means no clamp
 
 
@@ -300,6 +302,10 @@ class DeepSeek4(Transformer):
         kv = self.rope_tail(rope, layers.rms_norm(kv, at.kv_norm, hp.rms_eps)[:, None, :], cos, sin)[:, 0]
         keys, key_pos = cache.window(kv, positions)
         masked = (key_pos[None, :] > positions[:, None]) | (positions[:, None] - key_pos[None, :] >= self.window)
+        # where llama.cpp holds each key in its row: raw keys in the cache cell of their position,
+        # then the compressed rows; each part padded to a multiple of 256
+        n_raw = _padded(int(positions[-1]) + 1)
+        slots = key_pos
         if at.ratio:
             self.compress(at.compressor, cache.attn, *projected[:2], positions)
             n_rows = (int(positions[-1]) + 1) // at.ratio
@@ -311,11 +317,31 @@ class DeepSeek4(Transformer):
                 hidden |= ~self.index(ix, qr, projected[4], cos, sin, cache.indexer.rows[:n_rows], visible)
             keys = np.concatenate([keys, cache.attn.rows[:n_rows]])
             masked = np.concatenate([masked, hidden], axis=1)
-        out = layers.masked_attention(q, keys[:, None], keys[:, None], masked, 1.0 / math.sqrt(hd), at.sinks,
-                                       exact=True)
-        out = self.rope_tail(rope, out.reshape(T_, H, hd), cos, -sin)  # RoPE taken back off
+            slots = np.concatenate([key_pos, n_raw + np.arange(n_rows)])
+        out = self.attend(q, keys, masked, slots, at.sinks)
+        out = self.rope_tail(rope, out, cos, -sin)  # RoPE taken back off
         grouped = linear_per_group(at.out_a, out.reshape(T_, self.groups, H * hd // self.groups))
         return linear(at.out_b, grouped.reshape(T_, -1))
+
+    def attend(self, q, keys, masked, slots, sinks):
+        """softmax(q·k/√d, with the sinks)·k over the keys [S, d] (K = V), summed as llama.cpp sums
+        its row of keys (a multiple of 256 long) in which key s sits at slots[s]. Only the
+        64-value chunks of that row that hold a key are built: the others add exact zeros to
+        every lane and block sum, so lanes and the softmax's 16-value blocks round as in the
+        full row."""
+        chunk = slots // LANE_CHUNK
+        kept = np.unique(chunk)
+        at = np.searchsorted(kept, chunk) * LANE_CHUNK + slots % LANE_CHUNK
+        width = len(kept) * LANE_CHUNK
+        row_keys = np.zeros((width, keys.shape[1]), F32)
+        row_keys[at] = keys
+        hidden = np.ones((len(q), width), bool)
+        hidden[:, at] = masked
+        T_, H, hd = q.shape
+        scores = ggml_math.attention_scores(q, row_keys[:, None]) * F32(1.0 / math.sqrt(hd))  # [H, T, S]
+        scores[:, hidden] = -np.inf
+        p = ggml_math.softmax(scores, np.repeat(sinks, T_))
+        return ggml_math.attention_values(p, row_keys[:, None], n=width)  # [T, H, hd]
 
     def rope_tail(self, rope: layers.Rope, x, cos, sin):
         """x [T, H, d] with RoPE on its last n_rot dims."""
@@ -377,6 +403,11 @@ class DeepSeek4(Transformer):
 
     def expert_activation(self, layer, gate, up):
         return _clamped_swiglu(gate, up, self.clamp[layer])
+
+
+def _padded(n: int) -> int:
+    """llama.cpp's row count for n keys: a multiple of 256, at least 256."""
+    return max(KV_PAD, -(-n // KV_PAD) * KV_PAD)
 
 
 def hadamard(x: np.ndarray) -> np.ndarray:
