@@ -169,22 +169,14 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_pos: np.ndarray, sc
     masked (sliding-window layers). `sinks` [H]: per-head logits that join the softmax
     denominator but add no value.
     """
-    k_pos = np.arange(len(k))
+    T, H, _ = q.shape
+    S, Hkv, dv = v.shape
+    k_pos = np.arange(S)
     masked = k_pos[None, :] > q_pos[:, None]
     if window is not None:
         masked |= (q_pos[:, None] - k_pos[None, :]) >= window
-    return masked_attention(q, k, v, masked, scale, sinks)
-
-
-def masked_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, masked: np.ndarray, scale: float,
-                     sinks: np.ndarray | None = None, exact: bool | None = None) -> np.ndarray:
-    """Multi-head attention over any key set: `masked` [T, S] is True where query t must not see
-    key s. Shapes and `sinks` as in attention(). `exact`: sum in ggml's order whatever the size
-    (None: up to EXACT_ORDER_LIMIT; with one KV head the exact kernels are the faster anyway)."""
-    T, H, _ = q.shape
-    S, Hkv, dv = v.shape
     head_sinks = None if sinks is None else np.repeat(sinks, T)
-    if exact if exact is not None else T * S * H * max(q.shape[2], dv) <= EXACT_ORDER_LIMIT:
+    if T * S * H * max(q.shape[2], dv) <= EXACT_ORDER_LIMIT:
         # dot products summed in ggml's order: a 1-ulp difference here can move an activation
         # across a rounding boundary of the next 8-bit quantization (docs/benchmarks.md, parity)
         scores = ggml_math.attention_scores(q, k) * F32(scale)  # [H, T, S]

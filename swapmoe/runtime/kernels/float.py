@@ -10,9 +10,9 @@ Products of two f16/bf16 values are exact in float32, so only the
 accumulation rounds.
 
 BF16 on AVX512-BF16: each `vdpbf16ps` adds to lane l of 16 float32 lanes the products of
-value pairs (2l+1, then 2l) of a 32-value step, each rounded once (an exact product, so a
-plain float add here). tinyBLAS runs one such accumulator over the row; vec_dot_bf16 two,
-over alternate 32-value halves of each 64, and adds the rest in double.
+value pairs (2l+1, then 2l) of a 32-value step, each rounded once (an exact product: an FMA).
+tinyBLAS runs one such accumulator over the row; vec_dot_bf16 two, over alternate 32-value
+halves of each 64, and adds the rest in double.
 """
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ import numpy as np
 from numba import njit, prange
 
 from ._constants import ORDER_LANES
-from ._jit import INLINE, PARALLEL, SERIAL, hsum16
-from .simd import HW_HALF, half_to_float, sgemm_dot, vec_dot_f32
+from ._jit import INLINE, PARALLEL, SERIAL
+from .simd import HW_HALF, bf16_pairs_dot, bf16_to_float, half_to_float, sgemm_dot, vec_dot_f32
 
 _F16_EXP_SCALE = np.float32(2.0**112)
 
@@ -45,35 +45,31 @@ def _dot_f16(halves, x):
 
 
 @njit(**INLINE)
-def _dpbf16_steps(w, x, start, stop, stride, acc):
-    """acc[16] += the vdpbf16ps products of w and x: one 32-value step every `stride` values
-    from start to stop."""
-    for base in range(start, stop, stride):
+def _pair_split(x, out):
+    """Each whole 32-value step of x as vdpbf16ps takes it: its 16 odd values, then its 16 even
+    ones (simd.bf16_pairs_dot reads the activations so); the rest as it is."""
+    whole = x.size - x.size % 32
+    for base in range(0, whole, 32):
         for lane in range(16):
-            i = base + 2 * lane
-            acc[lane] = np.float32(acc[lane] + w[i + 1] * x[i + 1])
-            acc[lane] = np.float32(acc[lane] + w[i] * x[i])
+            out[base + lane] = x[base + 2 * lane + 1]
+            out[base + 16 + lane] = x[base + 2 * lane]
+    for j in range(whole, x.size):
+        out[j] = x[j]
 
 
 @njit(**INLINE)
-def _bf16_sgemm_dot(w, x, cols):
-    """tinyBLAS's BF16 dot (cols % 32 == 0): one accumulator over every step, then its reduction."""
-    acc = np.zeros(16, np.float32)
-    _dpbf16_steps(w, x, 0, cols, 32, acc)
-    return hsum16(acc)
-
-
-@njit(**INLINE)
-def _bf16_vec_dot(w, x, cols):
-    """ggml_vec_dot_bf16: two accumulators over each 64 values' halves, reduced into a double,
-    then the values past the last whole 64 one product at a time."""
+def _bf16_vec_dot(halves, x, cols):
+    """ggml_vec_dot_bf16: two accumulators, one per half of each 64 values, each reduced and
+    added into a double, then the values past the last whole 64 one product at a time."""
     whole = cols - cols % 64
-    first, second = np.zeros(16, np.float32), np.zeros(16, np.float32)
-    _dpbf16_steps(w, x, 0, whole, 64, first)
-    _dpbf16_steps(w, x, 32, whole, 64, second)
-    total = np.float64(hsum16(first)) + np.float64(hsum16(second))
+    total = np.float64(bf16_pairs_dot(halves, x, 0, whole, 64))
+    total += np.float64(bf16_pairs_dot(halves, x, 32, whole, 64))
     for j in range(whole, cols):
-        total += np.float64(np.float32(w[j] * x[j]))
+        k = j
+        if j < cols - cols % 32:  # inside a whole 32-value step, which x holds pair-split
+            within = j % 32
+            k = j - within + (within // 2 if within % 2 else 16 + within // 2)
+        total += np.float64(np.float32(bf16_to_float(halves[j]) * x[k]))
     return np.float32(total)
 
 
@@ -152,17 +148,20 @@ def dequantize_f16(W, cols, row_ids, out):
 # Top-level on purpose: numba caches factory-made parallel kernels per process only (docs/kernels.md).
 @njit(**PARALLEL)
 def matmul_bf16(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
+    """AVX512-BF16's routes: tinyBLAS (ORDER_LANES) runs one vdpbf16ps accumulator per output,
+    vec_dot two (simd.bf16_pairs_dot on the row's bytes and pair-split activations)."""
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
+    xs = np.empty_like(qs)
+    for t in range(qs.shape[0]):
+        _pair_split(qs[t], xs[t])
     for r in prange(rows):
         t0 = (r // group_rows) * n_tok
-        bits = np.empty(cols, np.uint32)
-        _widen_bf16(W[r * cols * 2:(r + 1) * cols * 2].view(np.uint16), bits)
-        w = bits.view(np.float32)
+        halves = W[r * cols * 2:(r + 1) * cols * 2].view(np.uint16)
         for t in range(n_tok):
             if order == ORDER_LANES:
-                out[t, r] = _bf16_sgemm_dot(w, qs[t0 + t], cols)
+                out[t, r] = bf16_pairs_dot(halves, xs[t0 + t], 0, cols, 32)
             else:
-                out[t, r] = _bf16_vec_dot(w, qs[t0 + t], cols)
+                out[t, r] = _bf16_vec_dot(halves, xs[t0 + t], cols)
 
 
 @njit(**SERIAL)

@@ -2025,6 +2025,41 @@ def _f32_dot_intrinsic(chains: int, doc: str):
     return f32_dot
 
 
+@intrinsic
+def bf16_pairs_dot(typingctx, w, x, start, stop, stride):
+    """vdpbf16ps's 16 lanes over w (bf16 bits, uint16) and x (float32, each 32-value step as its
+    16 odd values, then its 16 even ones): one 32-value step every `stride` values from start
+    to stop; lane l adds the product of pair l's odd values, then of its even ones (exact
+    products, so FMAs), then _mm512_reduce_add_ps."""
+    if w.dtype != types.uint16 or x.dtype != types.float32 or w.layout != "C" or x.layout != "C":
+        return None
+    sig = types.float32(w, x, types.int64, types.int64, types.int64)
+
+    def codegen(context, builder, signature, args):
+        _, _, start, stop, stride = args
+        w_ptr, x_ptr = _data(context, builder, signature, args, 0, 1)
+        v16, i16x32 = _vec(ir.FloatType(), 16), _vec(ir.IntType(16), 32)
+        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v16, [v16] * 3), "llvm.fma.v16f32")
+        acc = cgutils.alloca_once_value(builder, ir.Constant(v16, [0.0] * 16))
+        i64 = start.type
+        count = builder.sdiv(builder.add(builder.sub(stop, start), builder.sub(stride, ir.Constant(i64, 1))), stride)
+        with cgutils.for_range(builder, count) as loop:
+            base = builder.add(start, builder.mul(loop.index, stride))
+            pairs = builder.load(builder.bitcast(builder.gep(w_ptr, [base]), i16x32.as_pointer()), align=2)
+            for half, first in ((0, 1), (16, 0)):  # odd values, then even ones
+                bits = builder.zext(_pick(builder, pairs, range(first, 32, 2)), _vec(I32, 16))
+                wv = builder.bitcast(builder.shl(bits, _splat(I32, 16, 16)), v16)
+                at = builder.add(base, ir.Constant(i64, half))
+                xv = builder.load(builder.bitcast(builder.gep(x_ptr, [at]), v16.as_pointer()), align=4)
+                builder.store(builder.call(fma, [wv, xv, builder.load(acc)]), acc)
+        v = builder.load(acc)
+        halves = builder.fadd(_pick(builder, v, range(8)), _pick(builder, v, range(8, 16)))
+        quarter = builder.fadd(_pick(builder, halves, range(4)), _pick(builder, halves, range(4, 8)))
+        e = [builder.extract_element(quarter, ir.Constant(I32, i)) for i in range(4)]
+        return builder.fadd(builder.fadd(e[0], e[2]), builder.fadd(e[1], e[3]))
+    return sig, codegen
+
+
 sgemm_dot = _f32_dot_intrinsic(1, "One element of llamafile's tinyBLAS f32 GEMM: a[:n] . b[:n] in 16 FMA "
                                   "lanes, then _mm512_reduce_add_ps (a, b: contiguous float32; see _f32_lanes_dot).")
 vec_dot_f32 = _f32_dot_intrinsic(4, "ggml_vec_dot_f32 (AVX-512): a[:n] . b[:n] in 4 x 16 FMA lanes over steps "
