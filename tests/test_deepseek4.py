@@ -167,3 +167,17 @@ def test_bad_hash_tables_are_refused_in_one_line(synth_model, tmp_path):
         assert result.returncode != 0 and message in result.stderr
         assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
         assert not (tmp_path / "out.gguf").exists()
+
+
+def test_lossless_policies_keep_the_tokens(synth_model, tmp_path):
+    """Prefetch (previous, lookahead: exact for hash layers, the streams' mean for the others),
+    keep-recent and a tiny cache change what is read, never what is computed."""
+    packed = tmp_path / "packed.gguf"
+    swapmoe.repack(synth_model(**TINY), packed, progress=False)
+    prompt = [5, 17, 99, 3, 250]
+    want = list(swapmoe.load(packed).generate_ids(prompt, 10, ignore_eos=True))
+    for options in (dict(expert_prefetch="both"), dict(expert_keep_recent=2, expert_cache_size=1, io="pread"),
+                    dict(expert_prefetch="lookahead", expert_hash_prefetch=False, io="mmap")):
+        m = swapmoe.load(packed, **options)
+        assert list(m.generate_ids(prompt, 10, ignore_eos=True)) == want, options
+        assert m.stats.prefetch_issued > 0 or "expert_keep_recent" in options

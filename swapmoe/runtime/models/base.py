@@ -272,7 +272,7 @@ class Routing:
 
     def __init__(self, store):
         self.store = store
-        self.hash_tables: dict[int, np.ndarray] = dict(getattr(store.index, "tables", {}))
+        self.hash_tables: dict[int, np.ndarray] = dict(store.index.tables)
         self.fixation, self.prefetch_previous, self.lookahead = 0, False, False  # set by Model from its plan
         self.hash_prefetch = True
         self._decoding = False

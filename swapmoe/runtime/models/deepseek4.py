@@ -46,7 +46,6 @@ F32 = np.float32
 COMPRESS_RATIOS = "{arch}.attention.compress_ratios"
 COMPRESS_ROPE_BASE = "{arch}.attention.compress_rope_freq_base"
 OUTPUT_GROUPS = "{arch}.attention.output_group_count"
-OUTPUT_RANK = "{arch}.attention.output_lora_rank"
 HC_COUNT = "{arch}.hyper_connection.count"
 HC_ITERATIONS = "{arch}.hyper_connection.sinkhorn_iterations"
 HC_EPS = "{arch}.hyper_connection.epsilon"
@@ -194,12 +193,11 @@ class DeepSeek4(Transformer):
             raise SwapmoeError(f"{g.path}: {self.n_hash} hash-routed layers, but the index has tables for "
                                f"layers {tables or 'none'}; rebuild the index")
         self.hc_iterations, self.hc_eps = g.arch_get(HC_ITERATIONS), g.arch_get(HC_EPS)
-        self.groups, self.out_rank = g.arch_get(OUTPUT_GROUPS), g.arch_get(OUTPUT_RANK)
+        self.groups = g.arch_get(OUTPUT_GROUPS)
         self.n_index_heads = g.arch_get(Keys.Attention.Indexer.HEAD_COUNT, 0)
         self.index_top_k = g.arch_get(Keys.Attention.Indexer.TOP_K, 0)
         self.clamp = _per_layer(g.arch_get(Keys.LLM.SWIGLU_CLAMP_EXP), hp.n_layer)
         self.clamp_shared = _per_layer(g.arch_get(Keys.LLM.SWIGLU_CLAMP_SHEXP, self.clamp), hp.n_layer)
-        self.n_nope = hp.head_dim - hp.n_rot
         # raw-window layers: plain RoPE; compressed layers, their rows and the indexer: their own
         # base, with YaRN whose magnitude boost llama.cpp cancels (attn_factor = 1 / mscale)
         self.rope = layers.Rope(hp.n_rot, hp.rope_base, neox=False)
@@ -272,7 +270,8 @@ class DeepSeek4(Transformer):
         and stream mixing matrix that mix_out applies after the sublayer."""
         T_ = len(x)
         mixes = linear(mix.fn, layers.rms_norm(x.reshape(T_, -1), None, self.hp.rms_eps))
-        pre, post, comb = np.empty((T_, hyper.HC), F32), np.empty((T_, hyper.HC), F32), np.empty((T_, 4, 4), F32)
+        pre, post = np.empty((T_, hyper.HC), F32), np.empty((T_, hyper.HC), F32)
+        comb = np.empty((T_, hyper.HC, hyper.HC), F32)
         hyper.hc_split(np.ascontiguousarray(mixes), mix.scale, mix.base, F32(self.hc_eps), self.hc_iterations,
                        pre, post, comb)
         h = np.empty((T_, x.shape[2]), F32)
@@ -302,8 +301,8 @@ class DeepSeek4(Transformer):
         kv = self.rope_tail(rope, layers.rms_norm(kv, at.kv_norm, hp.rms_eps)[:, None, :], cos, sin)[:, 0]
         keys, key_pos = cache.window(kv, positions)
         masked = (key_pos[None, :] > positions[:, None]) | (positions[:, None] - key_pos[None, :] >= self.window)
-        # where llama.cpp holds each key in its row: raw keys in the cache cell of their position,
-        # then the compressed rows; each part padded to a multiple of 256
+        # where llama.cpp holds each key in its row: raw keys in the cache cell of their position
+        # (while the context fits its cache), then the compressed rows; each part padded to 256
         n_raw = _padded(int(positions[-1]) + 1)
         slots = key_pos
         if at.ratio:
@@ -396,6 +395,18 @@ class DeepSeek4(Transformer):
         top = layers.top_k(scores, min(len(keys), self.index_top_k))
         np.put_along_axis(chosen, top, True, axis=1)
         return chosen
+
+    def predict_experts(self, i, x):
+        """Layer i's experts for lookahead: exact for a hash-routed layer; else its router on the
+        mean of the streams as they leave layer i - 1 (as if the layer's own attention and mixing
+        changed nothing)."""
+        exact = self.routing.hash_ids(i)
+        if exact is not None:
+            return exact[-1]
+        b = self.blocks[i]
+        f = layers.rms_norm(x[-1:].mean(axis=1, dtype=np.float64).astype(F32), b.ffn_norm, self.hp.rms_eps)
+        scores = np.sqrt(layers.softplus(linear(b.ffn.router, f))) + b.ffn.selection_bias
+        return layers.top_k(scores, self.hp.n_expert_used)[0]
 
     def shared_expert(self, i: int, x):
         sh = self.blocks[i].ffn.shared
