@@ -266,6 +266,8 @@ def synth(path: str | os.PathLike, arch: str | None = None, preset: str | None =
             return [_small_tensor(role, ne, config.n_expert, rng, config.fan_in_std).data]
         if name == "token_embd.weight":
             std = config.embed_std
+        elif name == "output.weight" and "output_std" in config.extra:  # sharper logits (tiny-laguna)
+            std = config.extra["output_std"]
         else:
             std = 1.0 / np.sqrt(ne[0]) if config.fan_in_std else MATRIX_STD
         if (ggml_type, std) not in pools:

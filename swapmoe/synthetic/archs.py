@@ -392,8 +392,75 @@ def qwen3next(c: SynthConfig, n_vocab: int) -> tuple[list[Tensor], dict[str, Any
     return _gated_hybrid(c, n_vocab, next_layout=True)
 
 
+def laguna_swa_layers(c: SynthConfig) -> list[bool]:
+    """Which layers of a laguna file use the sliding window, as llama.cpp reads them: none without
+    extra "sliding_window"; else the "swa_pattern" (bools, repeated over the layers, written as
+    attention.sliding_window_pattern); without one llama.cpp's default, every 4th layer full
+    starting with layer 0 (load_swa_pattern(4, dense_first), what real files rely on)."""
+    if not c.extra.get("sliding_window"):
+        return [False] * c.n_layer
+    pattern = c.extra.get("swa_pattern")
+    if pattern is None:
+        return [i % 4 != 0 for i in range(c.n_layer)]
+    return [bool(pattern[i % len(pattern)]) for i in range(c.n_layer)]
+
+
+def laguna(c: SynthConfig, n_vocab: int) -> tuple[list[Tensor], dict[str, Any]]:
+    """Laguna (poolside) as llama.cpp's loader wants it (src/models/laguna.cpp load_arch_tensors): GQA with
+    q/k norms and a softplus output gate attn_gate, {d_model, heads} (one gate per head) or with extra
+    gate "element" {d_model, heads·head_dim}; the first n_dense_lead layers a dense SwiGLU of dense_ff,
+    the others sigmoid routing with exp_probs_b, the experts and an always-on shared expert of shared_ff.
+    attention.head_count is per layer: n_head on full layers, extra n_head_swa on sliding ones.
+    extra: sliding_window (0 or absent: every layer full, as Laguna-M.1), swa_pattern (see
+    laguna_swa_layers), n_head_swa, rope_dim (full layers' rotary dims, partial), rope_dim_swa and
+    rope_base_swa (sliding layers: plain RoPE), yarn {factor, original_context_length} (full layers),
+    weights_scale (expert_weights_scale), gate ("head" or "element"); output_std (the writer's spread of
+    output.weight, for sharper logits)."""
+    x = c.extra
+    D, hd, kv = c.d_model, c.head_dim, c.n_head_kv * c.head_dim
+    gate = x.get("gate", "head")
+    if gate not in ("head", "element"):
+        raise SwapmoeError(f"laguna gate is per \"head\" or per \"element\", not {gate!r}")
+    if c.n_dense_lead >= c.n_layer or (c.n_dense_lead and not c.dense_ff) or not c.shared_ff:
+        raise SwapmoeError("laguna needs an MoE layer (n_dense_lead < n_layer), dense_ff if n_dense_lead, shared_ff")
+    swa = laguna_swa_layers(c)
+    heads = [x.get("n_head_swa", c.n_head) if s else c.n_head for s in swa]
+    if any(h % c.n_head_kv for h in heads):
+        raise SwapmoeError("laguna needs every layer's head count a multiple of n_head_kv")
+    t = _globals(c, n_vocab)
+    for i, H in enumerate(heads):
+        p, q = f"blk.{i}.", H * hd
+        t += [_norm(i, "attn_norm", D), (p + "attn_q.weight", (D, q), "matrix"),
+              (p + "attn_k.weight", (D, kv), "matrix"), (p + "attn_v.weight", (D, kv), "matrix"),
+              (p + "attn_output.weight", (q, D), "matrix"),
+              _norm(i, "attn_q_norm", hd), _norm(i, "attn_k_norm", hd),
+              (p + "attn_gate.weight", (D, H if gate == "head" else q), "matrix"), _norm(i, "ffn_norm", D)]
+        if i < c.n_dense_lead:
+            t += [(p + "ffn_gate.weight", (D, c.dense_ff), "matrix"), (p + "ffn_up.weight", (D, c.dense_ff), "matrix"),
+                  (p + "ffn_down.weight", (c.dense_ff, D), "matrix")]
+        else:
+            t += [*_router(c, i, probs_bias=True), *_experts(c, i, D), *_shared(c, i, gated=False)]
+    keys = _common_keys(c, c.dense_ff) | {
+        ATTN.HEAD_COUNT: heads, LLM.LEADING_DENSE_BLOCK_COUNT: c.n_dense_lead,
+        LLM.EXPERT_FEED_FORWARD_LENGTH: c.expert_ff, LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH: c.shared_ff,
+        LLM.EXPERT_WEIGHTS_NORM: True, LLM.EXPERT_WEIGHTS_SCALE: float(x.get("weights_scale", 2.5)),
+        LLM.EXPERT_GATING_FUNC: int(ExpertGatingFuncType.SIGMOID), ROPE.DIMENSION_COUNT: x.get("rope_dim", hd // 2)}
+    if x.get("sliding_window"):
+        keys |= {ATTN.SLIDING_WINDOW: x["sliding_window"], ROPE.DIMENSION_COUNT_SWA: x.get("rope_dim_swa", hd),
+                 ROPE.FREQ_BASE_SWA: float(x.get("rope_base_swa", 1e4))}
+        if x.get("swa_pattern") is not None:
+            keys[ATTN.SLIDING_WINDOW_PATTERN] = swa
+    if "yarn" in x:  # as the converter writes it from rope_parameters.full_attention
+        y = x["yarn"]
+        keys |= {ROPE.SCALING_TYPE: YARN, ROPE.SCALING_FACTOR: float(y["factor"]),
+                 ROPE.SCALING_ORIG_CTX_LEN: y["original_context_length"],
+                 ROPE.SCALING_YARN_ATTN_FACTOR: float(y.get("attn_factor", 1.0)),
+                 ROPE.SCALING_YARN_BETA_FAST: 32.0, ROPE.SCALING_YARN_BETA_SLOW: 1.0}
+    return t, keys
+
+
 ARCHS: dict[str, Callable[[SynthConfig, int], tuple[list[Tensor], dict[str, Any]]]] = {
     "qwen3moe": qwen3moe, "qwen2moe": qwen2moe, "olmoe": olmoe, "llama": llama, "deepseek2": deepseek2,
     "deepseek4": deepseek4, "minimax-m2": minimax_m2, "gpt-oss": gpt_oss, "qwen35moe": qwen35moe,
-    "qwen3next": qwen3next,
+    "qwen3next": qwen3next, "laguna": laguna,
 }

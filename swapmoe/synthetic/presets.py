@@ -49,6 +49,35 @@ _DS4_FLASH = {"q_lora_rank": 1024, "out_groups": 8, "out_rank": 1024, "hash_laye
               "yarn": {"factor": 16.0, "original_context_length": 65536}, "swiglu_limit": 10.0,
               "weights_scale": 1.5, "sinkhorn_iters": 20, "hc_eps": 1e-6}
 _Q35_TINY = {"ssm_state": 64, "ssm_groups": 2, "ssm_heads": 4}
+# Laguna, tiny: layer 0 dense, then three MoE layers; the sliding_window_pattern key makes layers 1 and 3
+# sliding (window 32, so a ~100-token prompt crosses it) and 0 and 2 full, so the MoE layers have both kinds
+# (without the key, extra swa_pattern None, llama.cpp's default makes 1-3 sliding). 4 heads on full layers
+# and 6 on sliding ones over 2 kv heads (Laguna-S-2.1 has 48 and 72 over 8); full layers rotate 32 of 64
+# dims with YaRN (factor 16 from 256: the 4096 context), sliding layers all 64 with base 1e4 and no YaRN;
+# per-head gate (extra gate "element" for the other width); dense, expert and shared widths all different
+# (512, 256, 384) so a runtime that mixes them up fails to load. output.weight has a spread of 0.25, not 0.05:
+# with 0.05 the logits (over a 112-token prompt in llama.cpp) had a spread of 0.8 and a top probability of 0.02
+# (uniform: 0.002) with top-2 margins down to 0.001; with 0.25, spread 4.2, top probability 0.16-0.99 (mean 0.5).
+_LAGUNA_TINY = {"n_head_swa": 6, "sliding_window": 32, "swa_pattern": [False, True, False, True], "rope_dim": 32,
+                "rope_dim_swa": 64, "rope_base_swa": 1e4, "yarn": {"factor": 16.0, "original_context_length": 256},
+                "weights_scale": 2.5, "gate": "head", "output_std": 0.25}
+# poolside Laguna-S-2.1 (poolside/Laguna-S-2.1 on Hugging Face; 117-118B total, ~8B active, 48 layers, 256 experts
+# top-10 + 1 shared, per the model card as quoted in public write-ups). The config.json values, as quoted field by
+# field in a public design record of that checkpoint (the INT4 release) and, for the GGUF keys, in the header of
+# the lmstudio-community Laguna-S-2.1-Q4_K_M GGUF as read in a public evaluation log and in a test fixture that
+# copies it: hidden 3072, 48 layers, head_dim 128, num_attention_heads_per_layer 48 on layers l % 4 == 0 (full
+# attention) and 72 on the others (sliding, window 512; the GGUF has no pattern key, llama.cpp's default period
+# 4 gives exactly those layers), 8 kv heads, layer 0 dense (intermediate_size 12288), moe_intermediate_size 1024,
+# shared_expert_intermediate_size 1024, moe_routed_scaling_factor 2.5, norm_topk_prob, sigmoid routing with
+# e_score_correction_bias, per-head gate on all layers, rms_norm_eps 1e-6, full layers rope_theta 5e5 with
+# partial_rotary_factor 0.5 (64 dims) and YaRN beta_fast 32 / beta_slow 1 from 8192, sliding layers rope_theta
+# 1e4 over all 128 dims, untied output. YaRN factor: 32 (context 262144), as the GGUF carries it and as poolside
+# ships the checkpoint by default ("256K recommended"); the 1M setting of the model card is factor 128
+# (attention_factor 1.4852, max_position_embeddings 1048576), which the INT4 config.json carries. With the real
+# 100352-token vocabulary these tensors add up to 117.5B parameters, 8.1B active (10 of 256 experts, one
+# embedding row). Not the real one: the vocabulary (every synthetic file has the small built-in BPE).
+_LAGUNA_S = {"n_head_swa": 72, "sliding_window": 512, "rope_dim": 64, "rope_dim_swa": 128, "rope_base_swa": 1e4,
+             "yarn": {"factor": 32.0, "original_context_length": 8192}, "weights_scale": 2.5, "gate": "head"}
 
 PRESETS: dict[str, SynthConfig] = {
     # --- tiny, for tests -------------------------------------------------------------
@@ -66,6 +95,8 @@ PRESETS: dict[str, SynthConfig] = {
     "tiny-qwen35moe": SynthConfig("qwen35moe", 4, 256, 4, 2, 64, 8, 2, 256, shared_ff=256, fused_gate_up=True,
                                   extra=_Q35_TINY),
     "tiny-qwen3next": SynthConfig("qwen3next", 4, 256, 4, 2, 64, 8, 2, 256, shared_ff=256, extra=_Q35_TINY),
+    "tiny-laguna": SynthConfig("laguna", 4, 256, 4, 2, 64, 8, 2, 256, shared_ff=384, dense_ff=512, n_dense_lead=1,
+                               rope_base=5e5, extra=_LAGUNA_TINY),
     # --- real shapes -------------------------------------------------------------------
     "qwen3-30b-a3b": SynthConfig("qwen3moe", 48, 2048, 32, 4, 128, 128, 8, 768),
     "qwen3-235b-a22b": SynthConfig("qwen3moe", 94, 4096, 64, 4, 128, 128, 8, 1536),
@@ -90,6 +121,9 @@ PRESETS: dict[str, SynthConfig] = {
                                      fused_gate_up=True, extra={"ssm_state": 128, "ssm_groups": 16, "ssm_heads": 64}),
     "qwen3-next-80b-a3b": SynthConfig("qwen3next", 48, 2048, 16, 2, 256, 512, 10, 512, shared_ff=512,
                                       extra={"ssm_state": 128, "ssm_groups": 16, "ssm_heads": 32}),
+    # the published config (see _LAGUNA_S)
+    "laguna-s-2.1": SynthConfig("laguna", 48, 3072, 48, 8, 128, 256, 10, 1024, shared_ff=1024, dense_ff=12288,
+                                n_dense_lead=1, ctx=262144, rope_base=5e5, rms_eps=1e-6, extra=_LAGUNA_S),
 }
 
 
