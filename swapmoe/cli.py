@@ -43,7 +43,7 @@ def main():
 @main.command()
 @click.argument("out", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--arch", help="Architecture (default: the preset's, else qwen3moe): qwen3moe, qwen2moe, olmoe, "
-              "llama, deepseek2, deepseek4, minimax-m2, gpt-oss, qwen35moe, qwen3next.")
+              "llama, deepseek2, deepseek4, minimax-m2, gpt-oss, qwen35moe, qwen3next, laguna.")
 @click.option("--preset", help="Shape of a real model, e.g. qwen3-30b-a3b, deepseek-v4-flash (default: tiny-ARCH).")
 @click.option("--size-gb", type=float, help="Scale the layer count so the file is about this many GB.")
 @click.option("--type", "type_name", default="Q8_0", show_default=True,

@@ -17,7 +17,7 @@ import swapmoe
 from swapmoe.inspect import summarize
 from swapmoe.runtime import layers
 from swapmoe.runtime.compare import kl_divergence
-from swapmoe.runtime.models.gpt_oss import sliding_window_layers
+from swapmoe.runtime.models.base import sliding_window_layers
 
 from conftest import DATA, open_model, sha256_file, unzstd
 
@@ -94,9 +94,13 @@ class _Keys:
 
 
 def test_sliding_window_layers_follow_llama_cpp_pattern():
-    assert sliding_window_layers(_Keys(), 4) == [True, False, True, False]  # default: the even layers
-    assert sliding_window_layers(_Keys(3), 6) == [True, True, False, True, True, False]
-    assert sliding_window_layers(_Keys([False, True, True]), 3) == [False, True, True]
+    gpt_oss = dict(pattern=2, dense_first=False)  # default: the even layers
+    assert sliding_window_layers(_Keys(), 4, **gpt_oss) == [True, False, True, False]
+    assert sliding_window_layers(_Keys(3), 6, **gpt_oss) == [True, True, False, True, True, False]
+    assert sliding_window_layers(_Keys([False, True, True]), 3, **gpt_oss) == [False, True, True]
+    laguna = dict(pattern=4, dense_first=True)  # default: every 4th layer full, from layer 0
+    assert sliding_window_layers(_Keys(), 6, **laguna) == [False, True, True, True, False, True]
+    assert sliding_window_layers(_Keys([True, False]), 2, **laguna) == [True, False]
 
 
 def test_deepseek_v3_yarn_moves_mscale_into_kq_scale(tmp_path):

@@ -34,15 +34,17 @@ from pathlib import Path
 import zstandard
 
 import swapmoe
+from swapmoe.synthetic.presets import PRESETS
 
 ARCHS = ("qwen3moe", "qwen2moe", "olmoe", "llama", "deepseek2", "deepseek4", "minimax-m2", "gpt-oss", "qwen35moe",
-         "qwen3next")
+         "qwen3next", "laguna")
 QUANTS = ("Q8_0", "Q4_K_M", "Q2_K", "IQ2_XXS")
 EXTRA_QUANTS = {"gpt-oss": ("MXFP4_MOE",), "qwen35moe": ("IQ1_M", "MXFP4_MOE"), "qwen3next": ("IQ1_M", "MXFP4_MOE"),
-                "deepseek4": ("IQ1_M", "MXFP4_MOE")}
+                "deepseek4": ("IQ1_M", "MXFP4_MOE"), "laguna": ("IQ1_M",)}
 SYNTH = {"type": "F32", "seed": 7, "n_layer": 2}
 ARCH_SYNTH = {"qwen35moe": {"n_layer": 4}, "qwen3next": {"n_layer": 4},  # three DeltaNet layers, one attention
-              "deepseek4": {"n_layer": 4}}  # a hash-routed layer, then compress ratios 0, 4, 128
+              "deepseek4": {"n_layer": 4},  # a hash-routed layer, then compress ratios 0, 4, 128
+              "laguna": {"n_layer": 4}}  # a dense layer, then MoE; full and 32-token-window layers alternate
 # the prompt repeated: DeepSeek-V4's needs to cross its 64-token window, fill a 128-block and give
 # the indexer more compressed rows than its top-k
 ARCH_PROMPT_REPEATS = {"deepseek4": 3}
@@ -55,6 +57,7 @@ IQ_ARGS = {"deepseek4": ["--tensor-type", "hc_=q8_0", "--tensor-type", "_ape=q8_
 _DS2 = {"q_lora_rank": 128, "kv_lora_rank": 64, "rope_dim": 32, "nope_dim": 32, "v_dim": 32, "groups": 4,
         "groups_used": 2}  # the tiny-deepseek2 preset's extra
 _Q35 = {"ssm_state": 64, "ssm_groups": 2, "ssm_heads": 4}  # the tiny-qwen35moe and tiny-qwen3next presets' extra
+_LAG = dict(PRESETS["tiny-laguna"].extra)
 VARIANTS = {  # name: (arch, swapmoe.synth overrides on top of SYNTH)
     "deepseek2-legacy-kv-b": ("deepseek2", {"n_layer": 3, "extra": {**_DS2, "mla": False}}),
     "deepseek2-lite": ("deepseek2", {"n_layer": 3, "extra": {**_DS2, "q_lora_rank": 0}}),
@@ -69,6 +72,8 @@ VARIANTS = {  # name: (arch, swapmoe.synth overrides on top of SYNTH)
     "qwen3next-fused-gate-up": ("qwen3next", {"n_layer": 4, "fused_gate_up": True}),
     "qwen3next-ssm-in": ("qwen3next", {"n_layer": 4, "extra": {**_Q35, "legacy_qkvz": True}}),
     "qwen35moe-mtp": ("qwen35moe", {"n_layer": 4, "extra": {**_Q35, "mtp": True}}),
+    "laguna-gate-element": ("laguna", {"n_layer": 4, "extra": {**_LAG, "gate": "element"}}),
+    "laguna-default-pattern": ("laguna", {"n_layer": 5, "extra": {**_LAG, "swa_pattern": None}}),
 }
 GREEDY = 32
 PROMPT = '''import os

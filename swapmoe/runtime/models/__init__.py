@@ -4,6 +4,7 @@ from __future__ import annotations
 from swapmoe.runtime.models.deepseek2 import DeepSeek2
 from swapmoe.runtime.models.deepseek4 import DeepSeek4
 from swapmoe.runtime.models.gpt_oss import GptOss
+from swapmoe.runtime.models.laguna import Laguna
 from swapmoe.runtime.models.llama import Llama
 from swapmoe.runtime.models.minimax_m2 import MiniMaxM2
 from swapmoe.runtime.models.olmoe import OLMoE
@@ -23,4 +24,5 @@ ARCHITECTURES = {
     "gpt-oss": GptOss,
     "qwen35moe": Qwen35MoE,
     "qwen3next": Qwen3Next,
+    "laguna": Laguna,
 }

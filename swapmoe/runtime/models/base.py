@@ -49,6 +49,19 @@ def _per_layer(value, n_layer: int) -> list:
     return list(value) if isinstance(value, list) else [value] * n_layer
 
 
+def sliding_window_layers(gguf: GGUFFile, n_layer: int, pattern: int, dense_first: bool) -> list[bool]:
+    """Which layers use sliding-window attention, as llama.cpp reads it: the file's per-layer
+    flags (`attention.sliding_window_pattern` as an array), else a period n (the key as a number,
+    else the architecture's default `pattern`): with dense_first every layer il with il % n != 0,
+    else those with il % n < n - 1 (n = 0: all)."""
+    value = gguf.arch_get(Keys.Attention.SLIDING_WINDOW_PATTERN, pattern)
+    if isinstance(value, list):
+        return [bool(v) for v in value[:n_layer]]
+    if dense_first:
+        return [value == 0 or il % value != 0 for il in range(n_layer)]
+    return [value == 0 or il % value < value - 1 for il in range(n_layer)]
+
+
 @dataclass
 class Hparams:
     """The generic `{arch}.*` keys, with llama.cpp's defaults."""

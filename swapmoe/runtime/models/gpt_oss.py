@@ -14,16 +14,7 @@ from dataclasses import replace
 from gguf import Keys
 
 from swapmoe.runtime import layers
-from swapmoe.runtime.models.base import Gating, Hparams, Router, Transformer
-
-
-def sliding_window_layers(gguf, n_layer: int) -> list[bool]:
-    """Which layers use sliding-window attention: the file's per-layer flags, or every layer
-    il with il % n < n - 1 for the pattern n (default 2: the even layers), as llama.cpp reads it."""
-    pattern = gguf.arch_get(Keys.Attention.SLIDING_WINDOW_PATTERN, 2)
-    if isinstance(pattern, list):
-        return [bool(p) for p in pattern[:n_layer]]
-    return [pattern == 0 or il % pattern < pattern - 1 for il in range(n_layer)]
+from swapmoe.runtime.models.base import Gating, Hparams, Router, Transformer, sliding_window_layers
 
 
 class GptOss(Transformer):
@@ -39,7 +30,7 @@ class GptOss(Transformer):
 
     def setup(self):
         self.window = self.gguf.arch_get(Keys.Attention.SLIDING_WINDOW)
-        self.is_swa = sliding_window_layers(self.gguf, self.hp.n_layer)
+        self.is_swa = sliding_window_layers(self.gguf, self.hp.n_layer, 2, dense_first=False)
         self.rope = self.hp.rope(neox=True)
         self.swa_rope = self.hp.rope(neox=True, base=self.gguf.arch_get(Keys.Rope.FREQ_BASE_SWA, self.hp.rope_base))
 
