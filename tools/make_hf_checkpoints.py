@@ -27,6 +27,16 @@ on its last 32 dims, 8 heads in 4 output groups, q LoRA 256, a 16-head indexer o
 e2m1 codes, E8M0 scale per 32), projections FP8 e4m3 with E8M0 128×128 block scales, the rest
 BF16 or F32, as in the release. Its prompt (PROMPTS) is 603 tokens so that it crosses the
 window, gives the indexer 150 compressed rows to choose 16 from and completes 4 HCA blocks.
+laguna and laguna-gate-elem (LagunaForCausalLM, poolside): 5 layers, full attention on layers 0
+and 4 and a 32-token sliding window on 1-3 (the converter writes no sliding_window_pattern, and
+llama.cpp's default for Laguna, period 4 with layer 0 full, is this pattern), 4 query heads on the
+full layers and 8 on the sliding ones (num_attention_heads_per_layer; 2 KV heads, head_dim 64),
+q/k norms, YaRN (factor 8 over 128 positions, theta 5e4) on RoPE over half the head on the full
+layers and plain RoPE (theta 1e4) over all of it on the sliding ones, the softplus attention-output
+gate, sigmoid routing with the score-correction bias, normalised top-2 of 8 experts, routed
+scaling factor 2.5, one shared expert. laguna gates per head (gating true: attn_gate {n_embd, H})
+after one dense layer; laguna-gate-elem per element (gating "per-element": {n_embd, H·hd}) after
+two. Their prompt (PROMPTS) is 204 tokens, past the window and YaRN's original 128 positions.
 
 Per model: random weights (matrices with std 0.1 so the logits are far from uniform, 0.07 for
 the 26-layer model, which turns chaotic at 0.1; norm weights, biases, sinks, routing biases and
@@ -35,7 +45,7 @@ recurrent state outlasts a few tokens), a small byte-level BPE tokenizer, save_p
 convert_hf_to_gguf.py --outtype f32 → llama-quantize Q8_0, Q4_K_M, Q2_K and IQ2_XXS (with an
 importance matrix from llama-imatrix; gpt-oss also MXFP4_MOE; the Qwen hybrids also IQ1_M, with
 the importance matrix, and MXFP4_MOE; their IQ files keep the MTP block at Q8_0, since
-llama-imatrix never runs it) →
+llama-imatrix never runs it; the Laguna models also IQ1_M) →
 tools/llama_ref.py → swapmoe; prints mean/max KL, top-1 agreement
 and how many of the 32 greedy tokens agree, next to how far llama.cpp itself moves when fed the
 prompt one token per decode call instead of in one batch (its kernels differ by batch size).
@@ -109,6 +119,17 @@ DS_V4 = dict(  # config.json as DeepSeek's release spells it (not transformers' 
     num_nextn_predict_layers=0, torch_dtype="bfloat16", expert_dtype="fp4",
     quantization_config={"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3", "scale_fmt": "ue8m0",
                          "weight_block_size": [128, 128]})
+LAGUNA_PATTERN = ["full_attention"] + ["sliding_attention"] * 3 + ["full_attention"]  # llama.cpp's implied one
+LAGUNA = dict(  # the per-layer head counts follow the layer kinds, fewer on the full layers as in Laguna XS.2
+    hidden_size=256, intermediate_size=512, num_hidden_layers=5, layer_types=LAGUNA_PATTERN, num_attention_heads=4,
+    num_attention_heads_per_layer=[4 if t == "full_attention" else 8 for t in LAGUNA_PATTERN], num_key_value_heads=2,
+    head_dim=64, sliding_window=32, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=256,
+    shared_expert_intermediate_size=256, moe_routed_scaling_factor=2.5, max_position_embeddings=1024,
+    rope_parameters={  # keyed by layer kind; beta 32/1 since llama.cpp's Laguna ignores the file's yarn_beta_*
+        "full_attention": {"rope_type": "yarn", "rope_theta": 50000.0, "factor": 8.0,
+                           "original_max_position_embeddings": 128, "beta_fast": 32.0, "beta_slow": 1.0,
+                           "partial_rotary_factor": 0.5},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 1.0}})
 MODELS = {  # name: (config class, model class, config arguments)
     "deepseek-v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM", dict(
         hidden_size=256, intermediate_size=512, moe_intermediate_size=128, num_hidden_layers=3, first_k_dense_replace=1,
@@ -137,10 +158,14 @@ MODELS = {  # name: (config class, model class, config arguments)
     "qwen3-next": ("Qwen3NextConfig", "Qwen3NextForCausalLM", QWEN_HYBRID | dict(  # its config names no MTP layers:
         intermediate_size=512, norm_topk_prob=True, rope_parameters=QWEN_ROPE)),  # the converter counts mtp.layers.*
     "deepseek-v4": (None, None, DS_V4),  # no transformers class writes its layout: deepseek_v4_checkpoint does
+    "laguna": ("LagunaConfig", "LagunaForCausalLM", LAGUNA | dict(  # attn_gate {n_embd, H}: one gate per head
+        gating=True, mlp_layer_types=["dense"] + ["sparse"] * 4)),
+    "laguna-gate-elem": ("LagunaConfig", "LagunaForCausalLM", LAGUNA | dict(  # attn_gate {n_embd, H·hd}
+        gating="per-element", mlp_layer_types=["dense"] * 2 + ["sparse"] * 3)),
 }
 QUANTS = ("Q8_0", "Q4_K_M", "Q2_K", "IQ2_XXS")  # the acceptance's types; IQ2_XXS with an importance matrix
 EXTRA_QUANTS = {"gpt-oss": ("MXFP4_MOE",), "qwen3.5-moe": ("IQ1_M", "MXFP4_MOE"), "qwen3-next": ("IQ1_M", "MXFP4_MOE"),
-                "deepseek-v4": ("IQ1_M", "MXFP4_MOE")}
+                "deepseek-v4": ("IQ1_M", "MXFP4_MOE"), "laguna": ("IQ1_M",), "laguna-gate-elem": ("IQ1_M",)}
 REQUANTIZE = ("deepseek-v4",)  # its "F32" file already holds Q8_0 and MXFP4 tensors (the converter forces them)
 IQ_TENSOR_TYPES = {  # llama-quantize --tensor-type for the IQ files, for tensors the importance matrix cannot serve:
     # llama-imatrix records nothing for the HC head's fn nor for the compressors' position biases (added, not
@@ -158,6 +183,9 @@ def pool(rows, scores):
     w = [[math.exp(s - max(col)) for s in col] for col in zip(*scores)]
     return [sum(r[c] * w[c][i] for i, r in enumerate(rows)) / sum(w[c]) for c in range(len(w))]
 '''}
+PROMPTS["laguna"] = PROMPTS["laguna-gate-elem"] = TEXT + (  # 204 tokens in llama.cpp: past the 32-token
+    "A sliding-window layer sees only the last 32 positions; a full layer sees them all.\n")  # window and 128
+SEEDS = {"laguna": 1}  # seed 0 left a token whose 2nd and 3rd experts tie within 6e-8, which rounding decides
 MTP = ("qwen3.5-moe", "qwen3-next")  # models whose checkpoints carry a multi-token-prediction block
 CONVERT = '''import runpy, sys
 src = sys.argv.pop(1)
@@ -215,7 +243,7 @@ def checkpoint(name: str, directory: Path) -> None:
         return
     config = getattr(transformers, config_cls)(**({"vocab_size": VOCAB, "bos_token_id": end, "eos_token_id": end,
                                                    "initializer_range": 0.1} | args))
-    torch.manual_seed(0)
+    torch.manual_seed(SEEDS.get(name, 0))
     model = getattr(transformers, model_cls)(config).float()
     with torch.no_grad():
         for key, p in model.named_parameters():
