@@ -52,19 +52,25 @@ def test_attention_sums(T):
                                atol=1e-5)
 
 
-def test_attention_paths_agree(monkeypatch):
-    """Short attention sums in ggml's order, long attention uses BLAS: same result to float rounding."""
+def test_attention_is_masked_softmax_attention():
+    """Causal, windowed, with sinks and grouped KV heads: a float64 statement of it."""
     from swapmoe.runtime import layers
 
-    T, S, H, Hkv, d = 5, 9, 4, 2, 64
+    T, S, H, Hkv, d, window, scale = 5, 9, 4, 2, 64, 3, 0.125
     q = RNG.standard_normal((T, H, d)).astype(np.float32)
     k = RNG.standard_normal((S, Hkv, d)).astype(np.float32)
     v = RNG.standard_normal((S, Hkv, d)).astype(np.float32)
     sinks = RNG.standard_normal(H).astype(np.float32)
-    exact = layers.attention(q, k, v, np.arange(S - T, S), 0.125, window=3, sinks=sinks)
-    monkeypatch.setattr(layers, "EXACT_ORDER_LIMIT", 0)
-    blas = layers.attention(q, k, v, np.arange(S - T, S), 0.125, window=3, sinks=sinks)
-    np.testing.assert_allclose(exact, blas, rtol=1e-5, atol=1e-6)
+    q_pos, k_pos = np.arange(S - T, S), np.arange(S)
+    kv_head = np.arange(H) // (H // Hkv)
+    scores = np.einsum("thd,shd->hts", q.astype(np.float64), k[:, kv_head]) * scale
+    scores[:, (k_pos[None, :] > q_pos[:, None]) | (q_pos[:, None] - k_pos[None, :] >= window)] = -np.inf
+    top = np.maximum(scores.max(axis=-1, keepdims=True), sinks[:, None, None])
+    e = np.exp(scores - top)
+    p = e / (e.sum(axis=-1, keepdims=True) + np.exp(sinks[:, None, None] - top))
+    expected = np.einsum("hts,shd->thd", p, v[:, kv_head]).reshape(T, H * d)
+    got = layers.attention(q, k, v, q_pos, scale, window=window, sinks=sinks)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("neox", [False, True])

@@ -13,9 +13,6 @@ import numpy as np
 from swapmoe.runtime.kernels import ggml_math
 
 F32 = np.float32
-# Multiply-adds per attention call up to which q.k and p.v are summed in ggml's order (exact but
-# scalar); beyond it (long prompts and contexts) BLAS does it in a few milliseconds.
-EXACT_ORDER_LIMIT = 1 << 24
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray | None, eps: float) -> np.ndarray:
@@ -176,19 +173,13 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_pos: np.ndarray, sc
     if window is not None:
         masked |= (q_pos[:, None] - k_pos[None, :]) >= window
     head_sinks = None if sinks is None else np.repeat(sinks, T)
-    if T * S * H * max(q.shape[2], dv) <= EXACT_ORDER_LIMIT:
-        # dot products summed in ggml's order: a 1-ulp difference here can move an activation
-        # across a rounding boundary of the next 8-bit quantization (docs/benchmarks.md, parity)
-        scores = ggml_math.attention_scores(q, k) * F32(scale)  # [H, T, S]
-        scores[:, masked] = -np.inf
-        p = ggml_math.softmax(scores, head_sinks, padded=True)  # llama.cpp pads the KV rows to 256
-        return ggml_math.attention_values(p, v).reshape(T, H * dv)
-    # long prompts and contexts: BLAS, equal to the above but for the order of float additions
-    kv_head = np.arange(H) // (H // Hkv)
-    scores = np.matmul(q.transpose(1, 0, 2), k[:, kv_head].transpose(1, 2, 0)) * F32(scale)  # [H, T, S]
+    # dot products summed in ggml's order: a 1-ulp difference here can move an activation across a
+    # rounding boundary of the next 8-bit quantization (docs/benchmarks.md, parity); these kernels
+    # were also as fast as numpy's BLAS or faster at every size measured (docs/kernels.md)
+    scores = ggml_math.attention_scores(q, k) * F32(scale)  # [H, T, S]
     scores[:, masked] = -np.inf
-    p = ggml_math.softmax(scores, head_sinks, padded=True)
-    return np.matmul(p, v[:, kv_head].transpose(1, 0, 2)).transpose(1, 0, 2).reshape(T, H * dv)
+    p = ggml_math.softmax(scores, head_sinks, padded=True)  # llama.cpp pads the KV rows to 256
+    return ggml_math.attention_values(p, v).reshape(T, H * dv)
 
 
 # --- mixture of experts routing -----------------------------------------------------------
