@@ -3,6 +3,7 @@ tools/make_tokenizer_fixtures.py with llama-completion --jinja)."""
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime
 
 import pytest
@@ -15,7 +16,9 @@ from swapmoe.runtime.tokenizer import Tokenizer
 from conftest import DATA, read_zst
 
 PROMPTS = json.loads(read_zst(DATA / "tokenizer" / "templates.json.zst"))
-CASES = PROMPTS["cases"]  # Qwen3.5's template: conversations and the text transformers renders
+# Qwen3.5's and poolside Laguna's templates: conversations and the text transformers renders
+CASES = PROMPTS["cases"]
+LAGUNA = ["poolside-Laguna-XS.2", "poolside-Laguna-XS-2.1", "poolside-Laguna-S-2.1"]
 MESSAGES = [{"role": "system", "content": "You are helpful."}, {"role": "user", "content": "Hi!"},
             {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "2+2?"}]
 
@@ -154,19 +157,32 @@ def openai_arguments(messages: list[dict]) -> list[dict]:
     return [{**m, "tool_calls": [call(c) for c in m["tool_calls"]]} if m.get("tool_calls") else m for m in messages]
 
 
-def test_cases_cover_qwen35():
+def test_cases_cover_qwen35_and_laguna():
     assert {"Qwen3.5-4B:thinking", "Qwen3.5-4B:no-thinking", "Qwen3.5-4B:tool-call"} <= set(CASES)
     assert "enable_thinking" in PROMPTS["case_sources"]["Qwen3.5-4B.jinja"]
+    names = {name.split(":")[1] for name in CASES}
+    assert len(names) >= 13 and {f"{template}:{name}" for template in LAGUNA for name in names} <= set(CASES)
+    # every case's text is transformers' own (apply_chat_template's steps, in another Python) where that was run
+    assert PROMPTS["case_check"]["differ"] == []
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_case_renders_as_hugging_face(vocab, name):
-    """swapmoe's prompt is the text transformers renders the template to, and llama.cpp's chat layer's."""
+    """swapmoe's prompt is the text transformers renders the template to, and llama.cpp's chat layer's,
+    with tool-call arguments as dicts and as JSON strings; where the template raises, all three do."""
     case = CASES[name]
-    text = render_case(vocab("qwen35"), case)
+    tok = vocab("qwen35")
+    if case["text"] is None:
+        assert case["llama_cpp"] is None
+        with pytest.raises(ChatTemplateError, match=re.escape(case["error"])):
+            render_case(tok, case)
+        return
+    text = render_case(tok, case)
     assert text == case["text"]
     if case["llama_cpp"] is not None:
         assert text == case["llama_cpp"]
+    if case["tools"] and any(m.get("tool_calls") for m in case["messages"]):
+        assert render_case(tok, case, openai_arguments(case["messages"])) == text
 
 
 def test_qwen35_thinking_on_and_off(vocab):
@@ -223,3 +239,49 @@ def test_string_arguments_parsed_only_for_templates_that_read_objects(synthetic)
     either = loop.replace("{{ c.function.arguments %s }}",
                           "{% set f = c.function if c.function is defined else c %}{{ f.arguments.a }}")
     assert apply_chat_template(synthetic, bare, template=either) == "1"
+
+
+def test_laguna_cases():
+    """What the Laguna templates do with the cases (each text checked against transformers and
+    llama.cpp above): a leading 〈|EOS|〉, thinking, a default system message, tool calls."""
+    for template in LAGUNA:
+        for name, case in CASES.items():
+            if name.startswith(template + ":"):
+                assert case["text"].startswith("〈|EOS|〉") and case["llama_cpp"] == case["text"], name
+    xs, s = "poolside-Laguna-XS.2", "poolside-Laguna-S-2.1"
+    assert CASES[f"{xs}:thinking"]["text"].endswith("<assistant>\n<think>")
+    assert CASES[f"{xs}:no-thinking"]["text"].endswith("<assistant>\n</think>")
+    assert CASES[f"{s}:thinking"]["text"].endswith("<assistant><think>")
+    default_system = "You are a helpful, conversationally-fluent assistant made by Poolside."
+    assert default_system in CASES[f"{xs}:no-system"]["text"] and default_system in CASES[f"{s}:no-system"]["text"]
+    assert "<system>" not in CASES["poolside-Laguna-XS-2.1:no-system"]["text"]  # XS-2.1 has no default
+    assert "<system>" not in CASES[f"{s}:empty-system"]["text"]  # an empty system message opts out
+    call = "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n<arg_key>days</arg_key>"
+    assert call in CASES[f"{xs}:tool-call"]["text"]
+    assert ("<tool_call>get_weather<arg_key>city</arg_key><arg_value>東京</arg_value><arg_key>days</arg_key>"
+            "<arg_value>2</arg_value></tool_call></assistant>") in CASES[f"{s}:tool-call"]["text"]
+    # S-2.1 drops earlier turns' reasoning when thinking is off, unless preserve_thinking
+    reasoning = "<think>17·20 = 340, 17·3 = 51: 391.</think>"
+    assert reasoning not in CASES[f"{s}:multi-turn-no-thinking"]["text"]
+    assert reasoning in CASES[f"{s}:preserve-thinking"]["text"]
+
+
+@pytest.mark.parametrize("template", ["poolside-Laguna-XS.2", "poolside-Laguna-XS-2.1"])
+def test_laguna_thinking_default_is_llama_cpps(vocab, template):
+    """The XS templates default enable_thinking to false; llama.cpp's chat layer (and so swapmoe)
+    always passes it, true unless asked otherwise: the prompt ends in <think>, not </think>."""
+    tok = vocab("qwen35")
+    on, off = CASES[f"{template}:thinking"], CASES[f"{template}:no-thinking"]
+    source = PROMPTS["case_sources"][f"{template}.jinja"]
+    assert ChatTemplate(tok, source).render(on["messages"]) == on["text"]
+    assert render_template(source, on["messages"]) == off["text"]  # the template alone, as transformers
+
+
+def test_laguna_reads_arguments_as_an_object(vocab):
+    """The Laguna templates iterate the arguments (`.items()`): OpenAI-style JSON strings are parsed
+    first, as llama.cpp does; given to the template as they are they fail, as in transformers."""
+    case = CASES["poolside-Laguna-S-2.1:tool-call"]
+    openai = openai_arguments(case["messages"])
+    assert render_case(vocab("qwen35"), case, openai) == case["text"]
+    with pytest.raises(ChatTemplateError, match="items"):
+        render_template(PROMPTS["case_sources"][case["template"]], openai, tools=case["tools"])

@@ -12,7 +12,7 @@ import pytest
 
 from swapmoe.errors import SwapmoeError
 from swapmoe.gguf_file import open_gguf
-from swapmoe.runtime.tokenizer import Tokenizer
+from swapmoe.runtime.tokenizer import _RULES, Tokenizer, _WordSplitter
 
 from conftest import DATA, read_zst
 
@@ -73,8 +73,8 @@ def test_every_run_configurations_exist():
 
 @pytest.mark.parametrize("config", CONFIGS)
 def test_matches_llama_cpp(vocab_dir, config):
-    """Ids of every corpus string (two ways), its detokenization, and for the vocabularies as
-    they are: special ids, BOS/EOS rules, end-of-generation set, attributes, every token's piece."""
+    """Ids of every corpus string (two ways), its detokenization, special ids, BOS/EOS rules and
+    end-of-generation set, and for the vocabularies as they are: attributes, every token's piece."""
     tok = _tokenizer(vocab_dir, config)
     expected = EXPECTED[config]
     wrong_plain = [s for s, ids in zip(CORPUS, expected["ids_plain"])
@@ -92,14 +92,38 @@ def test_matches_llama_cpp(vocab_dir, config):
             round_trips += 1
     assert round_trips > len(CORPUS) // 2
 
-    if expected["pre"]:  # the vocabulary's own facts are checked with its own configuration
-        return
-    assert tok.n_vocab == expected["n_vocab"]
+    # special ids and BOS/EOS rules (whose defaults depend on the pre-tokenizer, e.g. Laguna's: no BOS)
     assert (tok.bos_id, tok.eos_id, tok.add_bos, tok.add_eos) == \
         (expected["bos"], expected["eos"], expected["add_bos"], expected["add_eos"])
     assert tok.eot_ids == expected["eog"]
+    if expected["pre"]:  # the vocabulary's own facts are checked with its own configuration
+        return
+    assert tok.n_vocab == expected["n_vocab"]
     assert {str(t): a for t, a in enumerate(tok.attrs) if a != 4} == expected["attrs"]
     assert pieces_sha256(tok) == expected["pieces_sha256"]
+
+
+def test_laguna_splits_lines_first():
+    """Laguna's rules (llama.cpp's LLAMA_VOCAB_PRE_TYPE_LAGUNA): runs of newlines and of other
+    characters first, then Qwen2's rules inside each; so, unlike Qwen2, "\\r\\n", "!!!\\n", "}\\n"
+    and "  \\n" are cut before the newline."""
+    text = "x = 1  \r\n\ty\n\nDON'T 12345 東京!!!\n}\n"
+    assert _WordSplitter(_RULES["laguna"])(text) == [
+        "x", " =", " ", "1", "  \r", "\n", "\ty", "\n\n", "DON", "'T", " ", "1", "2", "3", "4", "5", " 東京", "!!!",
+        "\n", "}", "\n"]
+    assert _WordSplitter(_RULES["qwen2"])(text)[4:6] == ["  \r\n", "\ty"]
+
+
+def test_laguna_case_exercises_both_passes():
+    """On the same vocabulary llama.cpp's Laguna ids differ from its Qwen2 ids for the strings
+    where the newline pass matters: test_matches_llama_cpp[laguna@qwen2] does see its effect."""
+    laguna, qwen2 = EXPECTED["laguna@qwen2"], EXPECTED["qwen2"]
+    differ = [s for s, a, b in zip(CORPUS, laguna["ids_special"], qwen2["ids_special"]) if a != b]
+    assert len(differ) >= 20
+    for needle in ("\r\n", "}\n", "  \n", "〈|EOS|〉<system>\n", "<assistant><think>"):
+        assert any(needle in s for s in differ), needle
+    for needle in ("12345678901234567890", "DON'T", "Don'T", "你好", "한국어", "\n\n\n"):  # the Qwen2 pass's cases
+        assert any(needle in s for s in CORPUS), needle
 
 
 def test_add_special_and_parse_special(vocab_dir):

@@ -22,12 +22,16 @@ It writes, under tests/data/tokenizer/:
   templates.json.zst   the chat templates of llama.cpp's models/templates/ and, for each, the
                        prompt ids llama.cpp's chat layer (llama-completion --jinja) makes of a
                        system + user message with a synthetic model's vocabulary; and "cases":
-                       conversations (thinking on/off, tool calls with `tools`) through the
-                       templates of CASE_TEMPLATES, each with the text the template renders to
-                       as Hugging Face transformers' apply_chat_template renders it (plain
-                       jinja2, set up here independently of swapmoe) and the text llama.cpp's
-                       chat layer (common_chat_templates_apply, through a small C++ driver
-                       built against the reference build) makes of the same conversation
+                       conversations (thinking on/off, tool calls with `tools`, multi-turn
+                       reasoning, no/empty/later system messages, ...: CHAT_CASES) through the
+                       templates of CASE_TEMPLATES (Qwen3.5's, poolside Laguna's), each with the
+                       text the template renders to as Hugging Face transformers'
+                       apply_chat_template renders it (plain jinja2, set up here independently
+                       of swapmoe; or the template's error) and the text llama.cpp's chat layer
+                       (common_chat_templates_apply, through a small C++ driver built against
+                       the reference build) makes of the same conversation; "case_check" says
+                       for which cases transformers itself (run in --hf-python, default
+                       /tmp/hfvenv/bin/python, if there) renders another text than jinja2 here
 A configuration is a vocabulary from llama.cpp's models/ folder, possibly with its
 tokenizer.ggml.pre replaced, which runs another pre-tokenizer's rules over a real vocabulary
 (for the pre-tokenizers that have no vocab-only GGUF there).
@@ -228,6 +232,14 @@ SPECIAL_STRINGS = [
     "[CLS] [SEP] [MASK] [PAD]",
     "<fim_prefix>x<fim_suffix>y<fim_middle>",
     "ends with special <|endoftext|>",
+    # poolside Laguna's chat formats (XS.2 / XS-2.1 and S-2.1): tags between newlines, or run together
+    ("〈|EOS|〉<system>\n\nYou are helpful.\n</system>\n<user>\nWeather in 東京?\r\n</user>\n<assistant>\n<think>\n"
+     "One call.\n</think>\nLet me check.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n"
+     "<arg_value>東京</arg_value>\n<arg_key>days</arg_key>\n<arg_value>2</arg_value>\n</tool_call>\n</assistant>\n"
+     "<tool_response>\n{\"temp\": [18, 20]}\n</tool_response>\n<assistant>\n</think>"),
+    ("〈|EOS|〉<system>You are helpful.</system>\n<user>What's 17*23?</user>\n<assistant><think>17·20=340"
+     "</think>391.<tool_call>calc<arg_key>expr</arg_key><arg_value>\"17*23\"</arg_value></tool_call></assistant>\n"
+     "<assistant><think>"),
 ]
 
 # code point pools for random strings
@@ -428,7 +440,11 @@ def llama_cpp_chat_prompts(binary: Path, templates: Path, model: Path) -> dict[s
 
 
 # --- chat template cases: Hugging Face's rendering as the reference -----------------------------
-CASE_TEMPLATES = ["Qwen3.5-4B.jinja"]  # the Qwen3.5 family's template (the MoE models' too)
+CASE_TEMPLATES = [
+    "Qwen3.5-4B.jinja",  # the Qwen3.5 family's template (the MoE models' too)
+    # poolside's Laguna MoE models: XS.2 (and XS-2.1, thinking off by default), S-2.1 (thinking on)
+    "poolside-Laguna-XS.2.jinja", "poolside-Laguna-XS-2.1.jinja", "poolside-Laguna-S-2.1.jinja",
+]
 CASE_TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "Get the weather forecast for a city.",
     "parameters": {"type": "object", "properties": {
@@ -450,12 +466,40 @@ _TOOL_TURNS = [
     {"role": "tool", "tool_call_id": "call_1", "content": '{"temp": [18, 20], "wind": "light"}'},
     {"role": "tool", "tool_call_id": "call_2", "content": "晴れ, 25°C"},
 ]
+_REASONING_TURNS = [
+    {"role": "system", "content": TEMPLATE_SYSTEM},
+    {"role": "user", "content": "What is 17 * 23?"},
+    {"role": "assistant", "content": "17 × 23 = 391.", "reasoning_content": "17·20 = 340, 17·3 = 51: 391."},
+    {"role": "user", "content": "And 391 / 17?"},
+]
+_ANSWER = {"role": "assistant", "content": "391 / 17 = 23.", "reasoning_content": "The inverse: 23."}
+# the reasoning written into the content, as some clients send it back
+_THINK_IN_CONTENT = [
+    *_REASONING_TURNS[:2],
+    {"role": "assistant", "content": "<think>\n17·20 = 340, 17·3 = 51: 391.\n</think>\n\n17 × 23 = 391."},
+    _REASONING_TURNS[3],
+]
 # name -> (messages, tools, add_generation_prompt, template variables). Tool-call arguments are
 # dicts, as transformers expects them (it passes an OpenAI-style JSON string through unchanged).
+# The cases after the first three follow the branches of the Laguna templates (a default system
+# message, an empty one that opts out of it, earlier turns' reasoning kept or dropped
+# (preserve_thinking), <think> in the content, later system messages); a template may raise
+# on a case (Qwen3.5's on a system message after the first): then the error is recorded.
 CHAT_CASES: dict[str, tuple[list[dict], list[dict] | None, bool, dict]] = {
     "thinking": (_SYSTEM_USER, None, True, {"enable_thinking": True}),
     "no-thinking": (_SYSTEM_USER, None, True, {"enable_thinking": False}),
     "tool-call": (_TOOL_TURNS, CASE_TOOLS, True, {"enable_thinking": True}),
+    "tool-call-no-thinking": (_TOOL_TURNS, CASE_TOOLS, True, {"enable_thinking": False}),
+    "no-system": (_SYSTEM_USER[1:], None, True, {"enable_thinking": True}),
+    "no-system-tools": (_SYSTEM_USER[1:], CASE_TOOLS, True, {"enable_thinking": False}),
+    "empty-system": ([{"role": "system", "content": ""}, _SYSTEM_USER[1]], None, True, {"enable_thinking": False}),
+    "multi-turn": (_REASONING_TURNS, None, True, {"enable_thinking": True}),
+    "multi-turn-no-thinking": (_REASONING_TURNS, None, True, {"enable_thinking": False}),
+    "preserve-thinking": (_REASONING_TURNS, None, True, {"enable_thinking": False, "preserve_thinking": True}),
+    "think-in-content": (_THINK_IN_CONTENT, None, True, {"enable_thinking": True}),
+    "no-generation-prompt": ([*_REASONING_TURNS, _ANSWER], None, False, {"enable_thinking": True}),
+    "later-system": ([*_REASONING_TURNS[:3], {"role": "system", "content": "Answer briefly."}, _REASONING_TURNS[3]],
+                     None, True, {"enable_thinking": True}),
 }
 
 
@@ -572,32 +616,93 @@ def llama_cpp_chat_renders(src: Path, bin_dir: Path, jobs: list[dict], tmp: Path
     return out + [None] * (len(jobs) - len(out))
 
 
-def chat_cases(models: Path, bin_dir: Path) -> tuple[dict[str, str], dict[str, dict]]:
-    """({template name: source}, {case name: case}) for every CASE_TEMPLATES x CHAT_CASES: the
-    conversation, the text transformers renders ("text") and llama.cpp's ("llama_cpp", from the
-    same conversation with OpenAI-style JSON-string arguments; None if it cannot be had)."""
+def hf_worker() -> None:
+    """Reads {"source", "messages", "tools", "add_generation_prompt", "variables"} lines, answers
+    {"text"} or {"error"}, and "version": transformers' own apply_chat_template steps
+    (_normalize_chat_messages, render_jinja_template), in a Python that has transformers."""
+    import transformers
+    from transformers.utils.chat_template_utils import _normalize_chat_messages, render_jinja_template
+
+    for line in sys.stdin:
+        job = json.loads(line)
+        try:
+            rendered, _ = render_jinja_template(
+                conversations=[_normalize_chat_messages(job["messages"])], tools=job["tools"],
+                chat_template=job["source"], add_generation_prompt=job["add_generation_prompt"], **job["variables"])
+            answer = {"text": rendered[0]}
+        except Exception as e:  # noqa: BLE001 - reported to the caller, who compares
+            answer = {"error": f"{type(e).__name__}: {e}"}
+        print(json.dumps({**answer, "version": transformers.__version__}, ensure_ascii=False), flush=True)
+
+
+def transformers_renders(python: str, jobs: list[dict]) -> tuple[str | None, list[dict]]:
+    """(transformers' version, its answer to each job) from hf_worker in `python`; (None, [])
+    when that Python cannot run it."""
+    if not Path(python).exists():
+        print(f"  {python} not found: the rendering is not checked against transformers itself")
+        return None, []
+    lines = "".join(json.dumps(job, ensure_ascii=False) + "\n" for job in jobs)
+    run = subprocess.run([python, __file__, "--hf-worker"], input=lines, capture_output=True, text=True,
+                         encoding="utf-8")
+    answers = [json.loads(line) for line in run.stdout.splitlines()]
+    if run.returncode or len(answers) != len(jobs):
+        print(f"  transformers' renderer failed in {python}; not checked against it:\n{run.stderr[-2000:]}")
+        return None, []
+    return answers[0]["version"], answers
+
+
+def chat_cases(models: Path, bin_dir: Path, hf_python: str) -> tuple[dict[str, str], dict[str, dict], dict]:
+    """({template name: source}, {case name: case}, check) for every CASE_TEMPLATES x CHAT_CASES:
+    the conversation, the text transformers renders ("text"; None where the template raises, with
+    the message in "error") and llama.cpp's ("llama_cpp", from the same conversation with
+    OpenAI-style JSON-string arguments; None where it raises or cannot be had). `check` says
+    which cases transformers itself (run in `hf_python`) renders otherwise than hf_render."""
+    import jinja2
+
     sources = {name: (models / "templates" / name).read_text(encoding="utf-8") for name in CASE_TEMPLATES}
-    cases, jobs = {}, []
+    cases, jobs, hf_jobs = {}, [], []
     for template, source in sources.items():
         for case, (messages, tools, add_generation_prompt, variables) in CHAT_CASES.items():
             name = f"{Path(template).stem}:{case}"
-            text = hf_render(source, messages, tools=tools, add_generation_prompt=add_generation_prompt, **variables)
+            try:
+                text, error = hf_render(source, messages, tools=tools, add_generation_prompt=add_generation_prompt,
+                                        **variables), None
+            except jinja2.TemplateError as e:
+                text, error = None, str(e)
             cases[name] = {"template": template, "messages": messages, "tools": tools,
                            "add_generation_prompt": add_generation_prompt, "variables": variables, "text": text}
+            if error is not None:
+                cases[name]["error"] = error
+                print(f"  the template raises for {name}: {error}")
             job = {"name": name, "template": source, "messages": openai_messages(messages),
                    "add_generation_prompt": add_generation_prompt,
                    "enable_thinking": variables.get("enable_thinking", True), "kwargs": variables}
             if tools:
                 job["tools"] = tools
             jobs.append(job)
+            hf_jobs.append({"source": source, "messages": messages, "tools": tools,
+                            "add_generation_prompt": add_generation_prompt, "variables": variables})
     with tempfile.TemporaryDirectory() as tmp:
         renders = llama_cpp_chat_renders(models.parent, bin_dir, jobs, Path(tmp))
     for case, render in zip(cases.values(), renders):
         case["llama_cpp"] = render
-    differ = [name for name, case in cases.items() if case["llama_cpp"] not in (None, case["text"])]
-    print(f"chat cases: {len(cases)} rendered as transformers does; llama.cpp's text differs for {differ or 'none'}"
-          f"{'' if all(renders) else ' (some not rendered by llama.cpp)'}")
-    return sources, cases
+    differ = [name for name, case in cases.items() if case["llama_cpp"] != case["text"]
+              and (case["llama_cpp"] is not None or case["text"] is None)]
+    missing = [name for name, case in cases.items() if case["llama_cpp"] is None and case["text"] is not None]
+    print(f"chat cases: {len(cases)} rendered as transformers does ({sum(c['text'] is None for c in cases.values())} "
+          f"raise); llama.cpp's text differs for {differ or 'none'}"
+          f"{f', is missing for {missing}' if missing else ''}")
+
+    version, answers = transformers_renders(hf_python, hf_jobs)
+    check = {"transformers": version, "differ": []}
+    for (name, case), answer in zip(cases.items(), answers):
+        same = answer.get("text") == case["text"] and (case["text"] is not None
+                                                        or case["error"] in answer.get("error", ""))
+        if not same:
+            check["differ"].append(name)
+    if version:
+        print(f"chat cases: transformers {version}'s apply_chat_template differs for {check['differ'] or 'none'}")
+    return sources, cases, check
 
 
 def compare_chat_cases(sources: dict[str, str], cases: dict[str, dict]) -> list[str]:
@@ -614,12 +719,13 @@ def compare_chat_cases(sources: dict[str, str], cases: dict[str, dict]) -> list[
         for name, case in cases.items():
             template = ChatTemplate(tok, sources[case["template"]])
             extra = {"tools": case["tools"]} if case["tools"] else {}
+            want = case["text"] if case["text"] is not None else case["error"]
             for messages in (case["messages"], openai_messages(case["messages"])):
                 try:
                     ours = template.render(messages, case["add_generation_prompt"], **extra, **case["variables"])
                 except swapmoe.SwapmoeError as e:
                     ours = str(e)
-                if ours != case["text"]:
+                if ours != want:
                     differ.append(name)
                     break
     print(f"chat cases: swapmoe's text differs for {differ or 'none'}")
@@ -665,23 +771,28 @@ def main() -> None:
     ap.add_argument("--only", nargs="*", help="configurations to run (default all)")
     ap.add_argument("--chat-cases", action="store_true",
                     help="only the chat template cases: (re)write the \"cases\" of templates.json.zst, keep the rest")
+    ap.add_argument("--hf-python", default="/tmp/hfvenv/bin/python",
+                    help="a Python with transformers, to check the chat cases' rendering against it (optional)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--hf-worker", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker:
         return worker()
+    if a.hf_worker:
+        return hf_worker()
 
     import zstandard
 
     from swapmoe.gguf_file import open_gguf
     from swapmoe.runtime.tokenizer import Tokenizer
 
-    case_sources, cases = chat_cases(a.models, a.llama_completion.parent)
+    case_sources, cases, case_check = chat_cases(a.models, a.llama_completion.parent, a.hf_python)
     compare_chat_cases(case_sources, cases)
     if a.chat_cases:
         if not a.check:
             target = OUT / "templates.json.zst"
             blob = json.loads(zstandard.ZstdDecompressor().decompress(target.read_bytes()))
-            blob.update(case_sources=case_sources, cases=cases)
+            blob.update(case_sources=case_sources, cases=cases, case_check=case_check)
             blob = json.dumps(blob, ensure_ascii=False).encode()
             target.write_bytes(zstandard.ZstdCompressor(level=19).compress(blob))
             print(f"wrote {target}")
@@ -740,7 +851,8 @@ def main() -> None:
     blob = json.dumps(expected_all, separators=(",", ":")).encode()
     (OUT / "expected.json.zst").write_bytes(zstandard.ZstdCompressor(level=19).compress(blob))
     blob = json.dumps({"date": today, "system": TEMPLATE_SYSTEM, "user": TEMPLATE_USER, "templates": prompts,
-                       "differ": differ, "case_sources": case_sources, "cases": cases}, ensure_ascii=False).encode()
+                       "differ": differ, "case_sources": case_sources, "cases": cases, "case_check": case_check},
+                      ensure_ascii=False).encode()
     (OUT / "templates.json.zst").write_bytes(zstandard.ZstdCompressor(level=19).compress(blob))
     for stem in sorted({stem for name, (stem, _) in CONFIGS.items() if name in expected_all}):
         target = OUT / "vocab" / f"ggml-vocab-{stem}.gguf.zst"
