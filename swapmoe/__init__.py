@@ -7,6 +7,7 @@ Public API (each name is imported lazily so `import swapmoe` stays cheap):
     swapmoe.repack(in_path, out_path, ...)    page-aligned copy of a GGUF plus its sidecar index
     swapmoe.index.load(gguf_path)             the sidecar index: where every expert slice lives
     swapmoe.load(path, **options)             a model ready to score and generate text (Model)
+    swapmoe.serve(path, host=, port=, ...)    an OpenAI-compatible HTTP server (swapmoe.server)
     swapmoe.Tokenizer.from_gguf(path)         llama.cpp-exact tokenizer of a GGUF
 Each name also imports as `from swapmoe import load, repack, synth, ...`; `swapmoe.index` and
 `swapmoe.repack` are submodules too (`import swapmoe.index`, `from swapmoe.index import load`).
@@ -24,6 +25,7 @@ _LAZY = {
     "load": ("swapmoe.runtime.model", "load"),
     "Model": ("swapmoe.runtime.model", "Model"),
     "Tokenizer": ("swapmoe.runtime.tokenizer", "Tokenizer"),
+    "serve": ("swapmoe.server", "serve"),
 }
 
 __all__ = ["default_model_path", *_LAZY]

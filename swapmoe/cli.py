@@ -85,6 +85,48 @@ def inspect(model, as_json, page_size):
     click.echo(json.dumps(summary, indent=2) if as_json else format_summary(summary))
 
 
+_MODEL_OPTIONS = [
+    click.option("--ctx", type=int, help="Context length (default: the model's, at most 4096)."),
+    click.option("--threads", type=int, help="Compute threads (default: all cores). On a machine busy with other "
+                                             "work, use fewer, or set OMP_WAIT_POLICY=passive."),
+    click.option("--expert-streaming/--no-expert-streaming", default=None,
+                 help="Read routed experts only when needed (default: on for repacked files or when the experts "
+                      "do not fit in RAM). Env SWAPMOE_EXPERT_STREAMING."),
+    click.option("--expert-cache-size", type=int, metavar="MiB",
+                 help="RAM budget for resident experts, enforced (default: what is left after the rest of the "
+                      "model). Env SWAPMOE_EXPERT_CACHE_SIZE."),
+    click.option("--expert-keep-recent", type=int, metavar="N",
+                 help="Keep only the N most recently used experts of each layer after every token. "
+                      "Env SWAPMOE_EXPERT_KEEP_RECENT."),
+    click.option("--expert-fixation", type=int, metavar="N",
+                 help="While decoding, reuse each layer's experts for N tokens (faster from disk, slightly "
+                      "different output). Env SWAPMOE_EXPERT_FIXATION."),
+    click.option("--expert-prefetch", type=click.Choice(["off", "previous", "lookahead", "both"]), is_flag=False,
+                 flag_value="both",
+                 help="Start reading experts before they are needed: the previous token's, and/or the next "
+                      "layer's predicted by its router (alone: both). Env SWAPMOE_EXPERT_PREFETCH."),
+    click.option("--expert-hash-prefetch/--no-expert-hash-prefetch", default=None,
+                 help="Hash-routed layers (DeepSeek-V4): start reading the experts a token's table row names as "
+                      "soon as the token is known; exact, so on by default. Env SWAPMOE_EXPERT_HASH_PREFETCH."),
+    click.option("--io", type=click.Choice(["auto", "mmap", "pread"]),
+                 help="How experts are read: mapped file or explicit reads into owned buffers. Env SWAPMOE_IO."),
+]
+_MODEL_KEYS = ("ctx", "threads", "expert_streaming", "expert_cache_size", "expert_keep_recent", "expert_fixation",
+               "expert_prefetch", "expert_hash_prefetch", "io")
+
+
+def model_options(command):
+    """The options of `swapmoe.load` (context, threads, expert streaming) as flags; the command
+    receives them together as `options`, a dict for swapmoe.load."""
+    @functools.wraps(command)
+    def wrapper(*args, **kwargs):
+        kwargs["options"] = {key: kwargs.pop(key) for key in _MODEL_KEYS}
+        return command(*args, **kwargs)
+    for option in reversed(_MODEL_OPTIONS):
+        wrapper = option(wrapper)
+    return wrapper
+
+
 @main.command()
 @click.argument("model", required=False, type=click.Path(dir_okay=False, path_type=Path))
 @click.option("-p", "--prompt", help="Prompt text.")
@@ -98,37 +140,13 @@ def inspect(model, as_json, page_size):
 @click.option("--min-p", type=float, default=0.05, show_default=True, help="Drop tokens below min-p × the best.")
 @click.option("--repeat-penalty", type=float, default=1.0, show_default=True, help="Penalty for recent tokens.")
 @click.option("--seed", type=int, help="Random seed for sampling.")
-@click.option("--ctx", type=int, help="Context length (default: the model's, at most 4096).")
-@click.option("--threads", type=int, help="Compute threads (default: all cores). On a machine busy with other "
-                                          "work, use fewer, or set OMP_WAIT_POLICY=passive.")
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-text tokens.")
-@click.option("--expert-streaming/--no-expert-streaming", default=None,
-              help="Read routed experts only when needed (default: on for repacked files or when the experts do "
-                   "not fit in RAM). Env SWAPMOE_EXPERT_STREAMING.")
-@click.option("--expert-cache-size", type=int, metavar="MiB",
-              help="RAM budget for resident experts, enforced (default: what is left after the rest of the "
-                   "model). Env SWAPMOE_EXPERT_CACHE_SIZE.")
-@click.option("--expert-keep-recent", type=int, metavar="N",
-              help="Keep only the N most recently used experts of each layer after every token. "
-                   "Env SWAPMOE_EXPERT_KEEP_RECENT.")
-@click.option("--expert-fixation", type=int, metavar="N",
-              help="While decoding, reuse each layer's experts for N tokens (faster from disk, slightly "
-                   "different output). Env SWAPMOE_EXPERT_FIXATION.")
-@click.option("--expert-prefetch", type=click.Choice(["off", "previous", "lookahead", "both"]), is_flag=False,
-              flag_value="both",
-              help="Start reading experts before they are needed: the previous token's, and/or the next layer's "
-                   "predicted by its router (alone: both). Env SWAPMOE_EXPERT_PREFETCH.")
-@click.option("--expert-hash-prefetch/--no-expert-hash-prefetch", default=None,
-              help="Hash-routed layers (DeepSeek-V4): start reading the experts a token's table row names as soon "
-                   "as the token is known; exact, so on by default. Env SWAPMOE_EXPERT_HASH_PREFETCH.")
-@click.option("--io", type=click.Choice(["auto", "mmap", "pread"]),
-              help="How experts are read: mapped file or explicit reads into owned buffers. Env SWAPMOE_IO.")
+@model_options
 @click.option("--stats", "show_stats", is_flag=True,
               help="Print what the expert store chose and why, and its counters.")
 @user_errors
-def run(model, prompt, prompt_file, chat, max_tokens, temp, top_k, top_p, min_p, repeat_penalty, seed, ctx,
-        threads, ignore_eos, expert_streaming, expert_cache_size, expert_keep_recent, expert_fixation,
-        expert_prefetch, expert_hash_prefetch, io, show_stats):
+def run(model, prompt, prompt_file, chat, max_tokens, temp, top_k, top_p, min_p, repeat_penalty, seed, ignore_eos,
+        options, show_stats):
     """Generate text with a GGUF MoE model (default: the embedded tiny model).
 
     \b
@@ -145,10 +163,7 @@ def run(model, prompt, prompt_file, chat, max_tokens, temp, top_k, top_p, min_p,
         prompt = prompt_file.read_text(encoding="utf-8")
     if prompt is None and not chat:
         raise SwapmoeError("give a prompt with -p TEXT or -f FILE (or --chat to chat)")
-    m = swapmoe.load(model or swapmoe.default_model_path(), ctx=ctx, threads=threads, io=io,
-                     expert_streaming=expert_streaming, expert_cache_size=expert_cache_size,
-                     expert_keep_recent=expert_keep_recent, expert_fixation=expert_fixation,
-                     expert_prefetch=expert_prefetch, expert_hash_prefetch=expert_hash_prefetch)
+    m = swapmoe.load(model or swapmoe.default_model_path(), **options)
     if show_stats:
         for reason in m.plan.reasons:
             click.echo(f"swapmoe: {reason}", err=True)
@@ -197,6 +212,33 @@ def run(model, prompt, prompt_file, chat, max_tokens, temp, top_k, top_p, min_p,
         messages.append({"role": "user", "content": user})
         answer = reply(template.render(messages, add_generation_prompt=True), add_special=False)
         messages.append({"role": "assistant", "content": answer})
+
+
+@main.command()
+@click.argument("model", required=False, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on (0.0.0.0: every interface; then set --api-key).")
+@click.option("--port", type=click.IntRange(1, 65535), default=8080, show_default=True, help="Port to listen on.")
+@click.option("--api-key", envvar="SWAPMOE_API_KEY",
+              help="Require `Authorization: Bearer KEY` on every route but /health. Env SWAPMOE_API_KEY.")
+@model_options
+@user_errors
+def serve(model, host, port, api_key, options):
+    """Serve a GGUF MoE model over OpenAI's HTTP API (default: the embedded tiny model).
+
+    \b
+    Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health,
+    POST /tokenize, POST /detokenize, GET /metrics. Requests run one at a time, in order.
+    \b
+    Examples:
+      swapmoe serve model.gguf --port 8080
+      curl http://127.0.0.1:8080/v1/chat/completions -H 'Content-Type: application/json' \\
+           -d '{"messages": [{"role": "user", "content": "Hello"}]}'
+    Any OpenAI client works with base_url http://127.0.0.1:8080/v1 (docs/server.md).
+    """
+    from swapmoe.server import serve as run_server
+
+    run_server(model, host=host, port=port, api_key=api_key, **options)
 
 
 def _page_size(ctx, param, value):

@@ -1,5 +1,6 @@
 """Choosing the next token from logits: greedy, or temperature with top-k / top-p / min-p,
-and a repetition penalty, in llama.cpp's order (penalties, top-k, top-p, min-p, temperature)."""
+and repetition, presence and frequency penalties, in llama.cpp's order (penalties, top-k,
+top-p, min-p, temperature)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -14,6 +15,8 @@ class Sampling:
     top_p: float = 0.95  # 1: off
     min_p: float = 0.05  # 0: off
     repeat_penalty: float = 1.0  # 1: off
+    presence_penalty: float = 0.0  # subtracted once from a token seen in the last repeat_last_n
+    frequency_penalty: float = 0.0  # ... and this times its count there
     repeat_last_n: int = 64
     seed: int | None = None
 
@@ -26,10 +29,11 @@ class Sampler:
     def __call__(self, logits: np.ndarray, history: list[int]) -> int:
         p = self.p
         logits = logits.astype(np.float64)
-        if p.repeat_penalty != 1.0 and history:
-            recent = np.unique(history[-p.repeat_last_n:])
+        if (p.repeat_penalty != 1.0 or p.presence_penalty or p.frequency_penalty) and history:
+            recent, counts = np.unique(history[-p.repeat_last_n:], return_counts=True)
             chosen = logits[recent]
-            logits[recent] = np.where(chosen > 0, chosen / p.repeat_penalty, chosen * p.repeat_penalty)
+            chosen = np.where(chosen > 0, chosen / p.repeat_penalty, chosen * p.repeat_penalty)
+            logits[recent] = chosen - counts * p.frequency_penalty - p.presence_penalty
         if p.temperature <= 0:
             return int(np.argmax(logits))
         order = np.argsort(-logits, kind="stable")

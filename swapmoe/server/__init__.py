@@ -1,0 +1,31 @@
+"""`swapmoe serve`: an OpenAI-compatible HTTP server (chat and text completions, streaming,
+tokenize, metrics) on Starlette and uvicorn.
+
+    swapmoe.serve(path, host="127.0.0.1", port=8080, api_key=None, **load_options)
+    create_app(load, name, api_key) -> the ASGI app, for embedding in another server
+
+Requests run one at a time in arrival order on a worker thread that owns the model
+(docs/server.md)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from swapmoe.server.app import create_app
+
+__all__ = ["create_app", "serve"]
+
+
+def serve(model: str | os.PathLike | None = None, host: str = "127.0.0.1", port: int = 8080,
+          api_key: str | None = None, **options) -> None:
+    """Serve the GGUF at `model` (default: the embedded tiny model) until interrupted. The
+    header is read first, so a file that is not a GGUF fails here; the rest loads while the
+    server already answers /health with 503. options: those of swapmoe.load."""
+    import uvicorn
+
+    import swapmoe
+
+    path = Path(model or swapmoe.default_model_path())
+    swapmoe.open_gguf(path)  # a missing or damaged file: one clear error before anything listens
+    app = create_app(lambda: swapmoe.load(path, **options), name=path.stem, api_key=api_key)
+    uvicorn.run(app, host=host, port=port, log_level="info")

@@ -1,0 +1,183 @@
+"""`swapmoe serve` on 127.0.0.1 with the tiny model, driven by the official openai client (and raw
+HTTP for what a client library would not send)."""
+import concurrent.futures
+import json
+import socket
+import threading
+import time
+import urllib.request
+
+import openai
+import pytest
+import uvicorn
+
+import swapmoe
+from swapmoe.runtime.chat import ChatTemplate
+from swapmoe.server import create_app
+
+GREEDY = dict(temperature=0, top_p=1, extra_body={"top_k": 0, "min_p": 0})
+MESSAGES = [{"role": "system", "content": "You are helpful."}, {"role": "user", "content": "Write a loop."}]
+
+
+def _start(api_key=None):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    path = swapmoe.default_model_path()
+    app = create_app(lambda: swapmoe.load(path), name="tiny-moe", api_key=api_key)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    threading.Thread(target=server.run, daemon=True).start()
+    base = f"http://127.0.0.1:{port}"
+    for _ in range(600):
+        try:
+            with urllib.request.urlopen(base + "/health") as r:
+                if r.status == 200:
+                    return server, base
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError("server did not become ready")
+
+
+@pytest.fixture(scope="module")
+def served():
+    server, base = _start()
+    yield base
+    server.should_exit = True
+
+
+@pytest.fixture(scope="module")
+def client(served):
+    return openai.OpenAI(base_url=served + "/v1", api_key="unused", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return swapmoe.load(swapmoe.default_model_path())
+
+
+def solo(model, messages, max_tokens):
+    """What `swapmoe run --chat` generates greedily for these messages."""
+    text = ChatTemplate(model.tokenizer).render(messages, add_generation_prompt=True)
+    return "".join(model.generate(model.tokenize(text, add_special=False), max_tokens, temperature=0))
+
+
+def post(base, path, body: bytes, headers=None):
+    request = urllib.request.Request(base + path, data=body, headers={"Content-Type": "application/json",
+                                                                      **(headers or {})})
+    try:
+        with urllib.request.urlopen(request) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def metric(base, name):
+    with urllib.request.urlopen(base + "/metrics") as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(f"swapmoe:{name} "):
+                return float(line.split()[1])
+
+
+def test_chat_is_run_chats_greedy_output(client, model):
+    reply = client.chat.completions.create(model="tiny-moe", messages=MESSAGES, max_tokens=24, **GREEDY)
+    assert reply.choices[0].message.content == solo(model, MESSAGES, 24)
+    assert reply.choices[0].finish_reason == "length"
+    assert reply.usage.completion_tokens == 24
+    prompt = model.tokenize(ChatTemplate(model.tokenizer).render(MESSAGES), add_special=False)
+    assert reply.usage.prompt_tokens == len(prompt) and reply.usage.total_tokens == len(prompt) + 24
+
+
+def test_streaming_gives_the_same_text_and_usage(client):
+    whole = client.completions.create(model="tiny-moe", prompt="def main():", max_tokens=20, **GREEDY)
+    chunks = list(client.completions.create(model="tiny-moe", prompt="def main():", max_tokens=20, stream=True,
+                                            stream_options={"include_usage": True}, **GREEDY))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == whole.choices[0].text
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 20
+    chat = list(client.chat.completions.create(model="tiny-moe", messages=MESSAGES, max_tokens=5, stream=True,
+                                               **GREEDY))
+    assert chat[0].choices[0].delta.role == "assistant"
+    assert chat[-1].choices[0].finish_reason == "length" and all(c.usage is None for c in chat)
+
+
+def test_stop_strings_end_the_text_and_are_not_in_it(client):
+    free = client.completions.create(model="tiny-moe", prompt="def main():", max_tokens=30, **GREEDY)
+    text = free.choices[0].text
+    stop = text[10:13]  # three characters the greedy text reaches
+    cut = client.completions.create(model="tiny-moe", prompt="def main():", max_tokens=30, stop=[stop, "zzz"],
+                                    **GREEDY)
+    assert cut.choices[0].text == text[:text.index(stop)]
+    assert cut.choices[0].finish_reason == "stop"
+    streamed = client.completions.create(model="tiny-moe", prompt="def main():", max_tokens=30, stop=stop,
+                                         stream=True, **GREEDY)
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == text[:text.index(stop)]
+
+
+def test_concurrent_clients_each_get_their_solo_output(client, model):
+    prompts = [[{"role": "user", "content": f"Count to {n}."}] for n in range(4)]
+
+    def ask(messages):
+        stream = client.chat.completions.create(model="tiny-moe", messages=messages, max_tokens=16, stream=True,
+                                                **GREEDY)
+        return "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(ask, prompts))
+    assert answers == [solo(model, m, 16) for m in prompts]
+
+
+def test_a_dropped_stream_frees_the_model(served, client):
+    before = metric(served, "tokens_predicted_total")
+    stream = client.completions.create(model="tiny-moe", prompt="def main():", max_tokens=3000, stream=True,
+                                       **GREEDY)
+    for i, _ in enumerate(stream):
+        if i == 2:
+            break
+    stream.close()
+    reply = client.completions.create(model="tiny-moe", prompt="x", max_tokens=4, **GREEDY)
+    assert reply.usage.completion_tokens == 4
+    assert metric(served, "tokens_predicted_total") - before < 500  # the dropped one stopped early
+
+
+@pytest.mark.parametrize("body, status, param", [
+    (b"{not json", 400, None),
+    (b'{"model": "other", "messages": [{"role": "user", "content": "hi"}]}', 404, "model"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": -1}', 400, "max_tokens"),
+    (b'{"messages": []}', 400, "messages"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "n": 2}', 400, "n"),
+    (b'{"messages": [{"role": "wizard", "content": "hi"}]}', 400, "messages[0]"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}', 400, "temperature"),
+    (b'[1, 2]', 400, None),
+])
+def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(served, client, body, status, param):
+    code, error = post(served, "/v1/chat/completions", body)
+    assert code == status and error["error"]["param"] == param and error["error"]["message"]
+    assert client.completions.create(model="tiny-moe", prompt="x", max_tokens=1, **GREEDY).usage.completion_tokens
+
+
+def test_prompt_longer_than_the_context_is_refused(client, model):
+    with pytest.raises(openai.BadRequestError, match="context"):
+        client.completions.create(model="tiny-moe", prompt="word " * (model.n_ctx + 10), max_tokens=4)
+
+
+def test_tokenize_round_trip(served, model):
+    code, out = post(served, "/tokenize", json.dumps({"content": "Hello world"}).encode())
+    assert code == 200 and out["tokens"] == model.tokenize("Hello world", add_special=False)
+    code, back = post(served, "/detokenize", json.dumps({"tokens": out["tokens"]}).encode())
+    assert code == 200 and back["content"] == "Hello world"
+    assert post(served, "/detokenize", b'{"tokens": [-1]}')[0] == 400
+
+
+def test_api_key_guards_every_route_but_health():
+    server, base = _start(api_key="sekret")
+    try:
+        wrong = openai.OpenAI(base_url=base + "/v1", api_key="nope", max_retries=0)
+        with pytest.raises(openai.AuthenticationError):
+            wrong.models.list()
+        right = openai.OpenAI(base_url=base + "/v1", api_key="sekret", max_retries=0)
+        assert [m.id for m in right.models.list()] == ["tiny-moe"]
+        assert post(base, "/tokenize", b'{"content": "x"}')[0] == 401
+        with urllib.request.urlopen(base + "/health") as r:
+            assert r.status == 200
+    finally:
+        server.should_exit = True
