@@ -181,3 +181,16 @@ def test_api_key_guards_every_route_but_health():
             assert r.status == 200
     finally:
         server.should_exit = True
+
+
+def test_a_second_turn_reuses_the_first(client):
+    first = client.chat.completions.create(model="tiny-moe", messages=MESSAGES, max_tokens=12, **GREEDY)
+    turn = [*MESSAGES, {"role": "assistant", "content": first.choices[0].message.content},
+            {"role": "user", "content": "And another."}]
+    second = client.chat.completions.create(model="tiny-moe", messages=turn, max_tokens=4, **GREEDY)
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    # the first turn's prompt and all but its last reply token were fed to the caches
+    assert cached >= first.usage.prompt_tokens + first.usage.completion_tokens - 1
+    unrelated = client.chat.completions.create(model="tiny-moe", messages=[{"role": "user", "content": "Zebra?"}],
+                                               max_tokens=2, **GREEDY)
+    assert unrelated.usage.prompt_tokens_details.cached_tokens < unrelated.usage.prompt_tokens

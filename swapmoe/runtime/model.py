@@ -17,6 +17,7 @@ from swapmoe.errors import SwapmoeError
 from swapmoe.gguf_file import GGUFFile, open_gguf
 from swapmoe.memcap import available_memory
 from swapmoe.repack import index as expert_index
+from swapmoe.runtime import layers
 from swapmoe.runtime.experts import options as streaming_options
 from swapmoe.runtime.experts.io import MmapEngine, PreadEngine, slot_need
 from swapmoe.runtime.experts.store import ExpertStore
@@ -31,7 +32,8 @@ BATCH = 256  # prompt tokens per forward pass: each expert is read once per batc
 class Stats:
     """What the last logits() or generate() call did: tokens and seconds of each phase, and the
     expert store's counters over the call (`as_dict()` for the dict form)."""
-    prompt_tokens: int = 0
+    prompt_tokens: int = 0  # prompt tokens processed (not those a Conversation already held)
+    cached_tokens: int = 0  # prompt tokens a Conversation's cache already held
     prompt_seconds: float = 0.0
     decode_tokens: int = 0
     decode_seconds: float = 0.0
@@ -52,6 +54,16 @@ class Stats:
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+@dataclass
+class Conversation:
+    """Caches kept between generate_ids calls: the tokens they hold and the per-layer caches. A
+    call given the same Conversation processes only the tokens after the longest prefix its
+    prompt shares with `tokens` — all of them where the caches cannot be cut back (a recurrent
+    or compressed cache that has moved past that prefix)."""
+    tokens: list[int] = dataclasses.field(default_factory=list)
+    cache: list | None = None
 
 
 class Model:
@@ -167,9 +179,10 @@ class Model:
         return out
 
     def generate_ids(self, prompt_ids: list[int], max_tokens: int = 128, ignore_eos: bool = False,
-                     **sampling) -> Iterator[int]:
+                     conversation: Conversation | None = None, **sampling) -> Iterator[int]:
         """Yield the ids of the continuation of `prompt_ids`: one batched prompt pass, then one
-        forward pass per new token. Sampling options: see Sampling (default greedy)."""
+        forward pass per new token. Sampling options: see Sampling (default greedy).
+        conversation: reuse (and keep) its caches for the prompt's prefix it already holds."""
         ids = np.asarray(prompt_ids, dtype=np.int64).reshape(-1)
         self._check_ids(ids)
         if not ids.size:
@@ -179,11 +192,17 @@ class Model:
                                f"{self.n_ctx}; use a larger --ctx or fewer tokens")
         sampler = Sampler(Sampling(**sampling))
         stop = set() if ignore_eos else set(self.tokenizer.eot_ids)
-        cache = self.net.new_cache(len(ids) + max_tokens)
+        if conversation is None:
+            conversation, reused = Conversation(cache=self.net.new_cache(len(ids) + max_tokens)), 0
+        else:
+            reused = self._reuse(conversation, ids)
+        cache = conversation.cache
         self._start_stats()
         start = time.perf_counter()
-        logits = self._prefill(ids, cache, all_logits=False)[-1]
-        self.stats.prompt_tokens, self.stats.prompt_seconds = len(ids), time.perf_counter() - start
+        logits = self._prefill(ids[reused:], cache, all_logits=False)[-1]
+        conversation.tokens.extend(ids[reused:].tolist())
+        self.stats.prompt_tokens, self.stats.cached_tokens = len(ids) - reused, reused
+        self.stats.prompt_seconds = time.perf_counter() - start
         history = ids.tolist()
         start = time.perf_counter()
         decode_before = self.store.summary()
@@ -199,10 +218,28 @@ class Model:
                 yield token
                 if n + 1 < max_tokens:
                     logits = self.net.forward(np.array([token]), cache)[-1]
+                    conversation.tokens.append(token)
         finally:
             self.stats.decode_seconds = time.perf_counter() - start
             self._finish_stats()
             self.stats.decode_layers = _layer_counts(decode_before, self.store.summary())
+
+    def _reuse(self, conversation: Conversation, ids: np.ndarray) -> int:
+        """How many of the prompt's tokens the conversation's caches already hold (cut back to the
+        shared prefix, leaving at least one token to process), after making them ready for the rest."""
+        held, prompt = conversation.tokens, ids.tolist()
+        shared = 0
+        while shared < min(len(held), len(prompt) - 1) and held[shared] == prompt[shared]:
+            shared += 1
+        cache = conversation.cache
+        rewindable = cache is not None and all(isinstance(c, layers.KVCache) for c in cache)
+        if cache is None or (shared < len(held) and not rewindable):
+            conversation.cache, conversation.tokens = self.net.new_cache(self.n_ctx), []
+            return 0
+        for c in cache:
+            c.length = shared  # what lies past it is overwritten as the new tokens come
+        del held[shared:]
+        return shared
 
     def generate(self, prompt: str | list[int], max_tokens: int = 128, ignore_eos: bool = False,
                  **sampling) -> Iterator[str]:

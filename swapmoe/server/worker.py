@@ -1,5 +1,7 @@
 """The thread that owns the model: requests wait in a first-come queue and run one at a time;
-each streams events (text pieces, then the end) back to the request's event loop."""
+each streams events (text pieces, then the end) back to the request's event loop. The caches of
+the last request are kept (a Conversation), so the next turn of a chat processes only its new
+tokens."""
 from __future__ import annotations
 
 import asyncio
@@ -10,6 +12,7 @@ from dataclasses import dataclass, field
 
 from swapmoe.errors import SwapmoeError
 from swapmoe.runtime.chat import ChatTemplate
+from swapmoe.runtime.model import Conversation
 from swapmoe.server.protocol import APIError, Generation
 
 
@@ -41,6 +44,7 @@ class Worker:
         self.template = ChatTemplate(model.tokenizer)
         self.jobs: queue.Queue[Job | None] = queue.Queue()
         self.totals = Totals()
+        self.conversation = Conversation()  # the caches of the last request: a follow-up reuses its prefix
         self.busy = False
         self.thread = threading.Thread(target=self._run, name="swapmoe-worker", daemon=True)
         self.thread.start()
@@ -95,7 +99,7 @@ class Worker:
         decoder = model.tokenizer.decoder()
         text, sent, finish, n_generated = "", 0, "length", 0
         start = time.perf_counter()
-        tokens = model.generate_ids(ids, max_tokens, **request.sampling)
+        tokens = model.generate_ids(ids, max_tokens, conversation=self.conversation, **request.sampling)
         try:
             for token in tokens:
                 n_generated += 1
@@ -128,5 +132,5 @@ class Worker:
         totals.decode_seconds += stats.decode_seconds
         job.send("done", finish, {"prompt_tokens": len(ids), "completion_tokens": n_generated,
                                   "total_tokens": len(ids) + n_generated,
-                                  "prompt_tokens_details": {"cached_tokens": 0}},
+                                  "prompt_tokens_details": {"cached_tokens": stats.cached_tokens}},
                  time.perf_counter() - start)
