@@ -315,6 +315,7 @@ class GGUFFile:
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
+        self._overrides: dict[str, Any] = {}
         self._headers = [_open_shard(p, index) for index, p in enumerate(shard_paths(self.path))]
         self.shards: list[Shard] = [header.shard for header in self._headers]
         self.tensors: dict[str, TensorInfo] = {}
@@ -332,9 +333,21 @@ class GGUFFile:
                                "(name them NAME-00001-of-0000N.gguf)")
 
     # --- metadata -------------------------------------------------------------------
+    def override(self, values: dict[str, Any]) -> None:
+        """Answer these keys with these values from now on (llama.cpp's --override-kv); a key the
+        file has must keep its type (int, float, bool or str)."""
+        for key, value in values.items():
+            current = self.get(key)
+            if current is not None and type(current) is not type(value):
+                raise SwapmoeError(f"{self.path}: cannot override {key} ({type(current).__name__} in the file) "
+                                   f"with a {type(value).__name__}")
+        self._overrides.update(values)
+
     def get(self, key: str, default: Any = None) -> Any:
-        """Value of a metadata key of the first shard: str, int, float, bool, or for an array a
-        list (a new one on every call, so callers may change it)."""
+        """Value of a metadata key of the first shard (or its override): str, int, float, bool, or
+        for an array a list (a new one on every call, so callers may change it)."""
+        if key in self._overrides:
+            return self._overrides[key]
         metadata = self._headers[0].metadata
         if key not in metadata:
             return default
@@ -344,7 +357,7 @@ class GGUFFile:
         return list(value) if isinstance(value, list) else value
 
     def keys(self) -> list[str]:
-        return list(self._headers[0].metadata)
+        return list(dict.fromkeys([*self._headers[0].metadata, *self._overrides]))
 
     def metadata(self) -> dict[str, Any]:
         """All metadata of the first shard, key -> value as get() gives it."""

@@ -1,5 +1,5 @@
 """Model.generate_ids with a Conversation: the caches kept between calls, cut back to the prefix a
-new prompt shares where they can be, and only the rest of the prompt processed."""
+new prompt shares where they can be, and only the rest of the prompt processed; and override_kv."""
 import swapmoe
 from swapmoe.runtime.model import Conversation
 
@@ -30,3 +30,29 @@ def test_recurrent_caches_are_reused_only_when_extended(synth_model):
     assert m.stats.cached_tokens == len(prompt) + len(out) - 1  # extends what the state has seen
     list(m.generate_ids(prompt[:5] + [50, 51], 2, conversation=conv, temperature=0, ignore_eos=True))
     assert m.stats.cached_tokens == 0  # a DeltaNet state cannot go back to token 5
+
+
+def test_override_kv_routes_to_more_experts():
+    import pytest
+
+    from swapmoe.errors import SwapmoeError
+    from swapmoe.runtime.model import parse_overrides
+
+    path = swapmoe.default_model_path()
+    base = swapmoe.load(path)
+    wide = swapmoe.load(path, override_kv=["qwen3moe.expert_used_count=int:4"])
+    assert (base.hparams.n_expert_used, wide.hparams.n_expert_used) == (2, 4)
+    prompt = base.tokenize("def main():")
+    base.logits(prompt)
+    asked = base.stats.requests
+    wide.logits(prompt)
+    assert wide.stats.requests > asked  # more experts per token and layer were asked for
+    assert parse_overrides(["a=int:3", "b=float:0.5", "c=bool:true", "d=str:x=y"]) == {"a": 3, "b": 0.5, "c": True,
+                                                                                      "d": "x=y"}
+    for bad in (["a=int:x"], ["a:int=3"], ["a=bool:yes"], ["=int:3"]):
+        with pytest.raises(SwapmoeError, match="KEY=TYPE:VALUE"):
+            parse_overrides(bad)
+    with pytest.raises(SwapmoeError, match="must be 1..16"):
+        swapmoe.load(path, override_kv={"qwen3moe.expert_used_count": 0})
+    with pytest.raises(SwapmoeError, match="int in the file"):
+        swapmoe.load(path, override_kv={"qwen3moe.expert_used_count": "four"})

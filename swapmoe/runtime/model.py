@@ -7,7 +7,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import numba
 import numpy as np
@@ -70,10 +70,12 @@ class Model:
     """A loaded model. `stats` (a Stats) describes the last call of logits() or generate()."""
 
     def __init__(self, path: str | os.PathLike, ctx: int | None = None, threads: int | None = None,
-                 **streaming):
+                 override_kv: dict[str, Any] | list[str] | None = None, **streaming):
         self.options = streaming_options.StreamingOptions.from_env(**streaming)
         self.path = Path(path)
         self.gguf = open_gguf(self.path)
+        if override_kv:
+            self.gguf.override(override_kv if isinstance(override_kv, dict) else parse_overrides(override_kv))
         arch = self.gguf.arch
         if arch not in ARCHITECTURES:
             raise SwapmoeError(f"{self.path}: architecture {arch} is not supported yet "
@@ -82,6 +84,9 @@ class Model:
             numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
         self.index = _index_for(self.gguf)
         self.hparams = ARCHITECTURES[arch].hparams(self.gguf)
+        if self.index.n_expert and not 1 <= self.hparams.n_expert_used <= self.index.n_expert:
+            raise SwapmoeError(f"{self.path}: {self.gguf.arch_key(Keys.LLM.EXPERT_USED_COUNT)} is "
+                               f"{self.hparams.n_expert_used}; it must be 1..{self.index.n_expert}")
         self._resident = self.index.resident_tensors(self.hparams.n_layer)  # what stays in RAM
         self.n_ctx = ctx or min(int(self.gguf.arch_get(Keys.LLM.CONTEXT_LENGTH) or 4096), 4096)
         self.plan = self._plan()
@@ -106,7 +111,7 @@ class Model:
         per_expert = idx.part_length[:n_layer].sum(axis=2)  # [layer, expert]
         nonexpert_bytes = sum(t.length for t in self._resident)
         kv = ARCHITECTURES[self.gguf.arch].cache_bytes(self.gguf, self.hparams, self.n_ctx)
-        min_cache = int(per_expert.max(initial=0)) * max(idx.n_expert_used, 1) * 2
+        min_cache = int(per_expert.max(initial=0)) * max(idx.n_expert_used, self.hparams.n_expert_used, 1) * 2
         return streaming_options.plan(self.options, int(per_expert.sum()), nonexpert_bytes, kv, min_cache,
                                       repacked=idx.layout != "original", available=available_memory())
 
@@ -267,6 +272,27 @@ def _layer_counts(before: dict, now: dict) -> dict[int, tuple[int, int]]:
     return dict(sorted(counts.items()))
 
 
+def parse_overrides(specs: list[str]) -> dict[str, Any]:
+    """llama.cpp's --override-kv KEY=TYPE:VALUE strings (TYPE int, float, bool or str) as a dict."""
+    out = {}
+    for spec in specs:
+        key, _, typed = spec.partition("=")
+        kind, _, value = typed.partition(":")
+        try:
+            if not key or not _ or kind not in ("int", "float", "bool", "str"):
+                raise ValueError
+            if kind == "bool":
+                if value not in ("true", "false"):
+                    raise ValueError
+                out[key] = value == "true"
+            else:
+                out[key] = {"int": int, "float": float, "str": str}[kind](value)
+        except ValueError:
+            raise SwapmoeError(f"--override-kv {spec!r}: expected KEY=TYPE:VALUE with TYPE int, float, bool "
+                               "(true/false) or str, e.g. qwen3moe.expert_used_count=int:10") from None
+    return out
+
+
 def _proc_read_bytes() -> int:
     """Bytes this process caused to be read from storage (/proc/self/io), or 0 where unavailable."""
     try:
@@ -305,7 +331,8 @@ def expert_regions(idx) -> list[tuple[int, int, int]]:
 def load(path: str | os.PathLike, **options) -> Model:
     """Open a GGUF MoE model for inference.
 
-    Options: ctx (context length), threads, and the expert-streaming options io ("auto",
+    Options: ctx (context length), threads, override_kv (metadata values to use instead of the
+    file's: a dict, or llama.cpp's "KEY=TYPE:VALUE" strings), and the expert-streaming options io ("auto",
     "mmap", "pread"), expert_streaming, expert_cache_size (MiB), expert_keep_recent,
     expert_fixation, expert_prefetch ("off", "previous", "lookahead", "both"),
     expert_hash_prefetch (read hash-routed layers' experts as soon as a token is known; on); unset ones
