@@ -194,3 +194,22 @@ def test_a_second_turn_reuses_the_first(client):
     unrelated = client.chat.completions.create(model="tiny-moe", messages=[{"role": "user", "content": "Zebra?"}],
                                                max_tokens=2, **GREEDY)
     assert unrelated.usage.prompt_tokens_details.cached_tokens < unrelated.usage.prompt_tokens
+
+
+def test_logprobs_are_the_models_distribution(client, model):
+    import numpy as np
+
+    reply = client.chat.completions.create(model="tiny-moe", messages=MESSAGES, max_tokens=3, logprobs=True,
+                                           top_logprobs=2, **GREEDY)
+    steps = reply.choices[0].logprobs.content
+    assert len(steps) == 3 and "".join(s.token for s in steps) == reply.choices[0].message.content
+    prompt = model.tokenize(ChatTemplate(model.tokenizer).render(MESSAGES), add_special=False)
+    z = model.logits(prompt)[-1].astype(np.float64)
+    log_p = z - z.max() - np.log(np.exp(z - z.max()).sum())
+    assert abs(steps[0].logprob - log_p.max()) < 1e-4  # greedy: the most likely token
+    assert [t.logprob for t in steps[0].top_logprobs] == sorted((t.logprob for t in steps[0].top_logprobs),
+                                                                 reverse=True)
+    text = client.completions.create(model="tiny-moe", prompt="def main():", max_tokens=2, logprobs=1, **GREEDY)
+    assert len(text.choices[0].logprobs.token_logprobs) == 2
+    with pytest.raises(openai.BadRequestError, match="stream"):
+        client.completions.create(model="tiny-moe", prompt="x", max_tokens=2, logprobs=1, stream=True)

@@ -67,7 +67,8 @@ class Conversation:
 
 
 class Model:
-    """A loaded model. `stats` (a Stats) describes the last call of logits() or generate()."""
+    """A loaded model. `stats` (a Stats) describes the last call of logits() or generate();
+    `step_logits` holds the logits the token generate_ids yielded last was sampled from."""
 
     def __init__(self, path: str | os.PathLike, ctx: int | None = None, threads: int | None = None,
                  override_kv: dict[str, Any] | list[str] | None = None, **streaming):
@@ -213,6 +214,7 @@ class Model:
         decode_before = self.store.summary()
         try:
             for n in range(max_tokens):
+                self.step_logits = logits
                 token = sampler(logits, history)
                 if token in stop:
                     break

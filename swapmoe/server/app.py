@@ -95,7 +95,7 @@ def create_app(load, name: str, api_key: str | None = None) -> Starlette:
             return StreamingResponse(_stream(request, job), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
         try:
-            text, finish, usage = [], None, None
+            text, finish, usage, logprobs = [], None, None, None
             while True:
                 try:
                     event = await asyncio.wait_for(job.events.get(), 1.0)
@@ -108,11 +108,14 @@ def create_app(load, name: str, api_key: str | None = None) -> Starlette:
                 elif event[0] == "error":
                     raise event[1]
                 else:
-                    finish, usage = event[1], event[2]
+                    finish, usage, logprobs = event[1], event[2], event[4]
                     break
         finally:
             job.cancelled.set()  # a client gone mid-request frees the worker at its next token
-        return JSONResponse(_response(generation, "".join(text), finish, usage, server.name))
+        reply = _response(generation, "".join(text), finish, usage, server.name)
+        if logprobs is not None:
+            reply["choices"][0]["logprobs"] = _logprobs(worker.model.tokenizer, logprobs, generation.chat)
+        return JSONResponse(reply)
 
     async def _stream(request: Request, job: Job) -> AsyncIterator[str]:
         generation, ident, created = job.request, _ident(job.request), int(time.time())
@@ -230,6 +233,27 @@ async def _json(request: Request) -> dict:
     if not isinstance(body, dict):
         raise APIError(400, "the request body must be a JSON object")
     return body
+
+
+def _logprobs(tokenizer, steps: list, chat: bool) -> dict:
+    """OpenAI's logprobs object: chat's per-token `content` list, or the completions' parallel lists."""
+    def piece(token: int) -> bytes:
+        return tokenizer.token_bytes(token)
+
+    if chat:
+        return {"content": [
+            {"token": piece(t).decode("utf-8", "replace"), "logprob": lp, "bytes": list(piece(t)),
+             "top_logprobs": [{"token": piece(a).decode("utf-8", "replace"), "logprob": alp, "bytes": list(piece(a))}
+                              for a, alp in top]}
+            for t, lp, top in steps]}
+    offsets, at = [], 0
+    for t, _, _ in steps:
+        offsets.append(at)
+        at += len(piece(t).decode("utf-8", "replace"))
+    return {"tokens": [piece(t).decode("utf-8", "replace") for t, _, _ in steps],
+            "token_logprobs": [lp for _, lp, _ in steps],
+            "top_logprobs": [{piece(a).decode("utf-8", "replace"): alp for a, alp in top} for _, _, top in steps],
+            "text_offset": offsets}
 
 
 def _ident(generation: Generation) -> str:

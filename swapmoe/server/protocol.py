@@ -28,6 +28,7 @@ class Generation:
     stop: list[str]
     stream: bool
     include_usage: bool
+    logprobs: int | None = None  # None: none; else how many alternatives per token (top_logprobs)
     sampling: dict[str, Any] = field(default_factory=dict)
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     messages: list[dict[str, Any]] = field(default_factory=list)
@@ -66,9 +67,18 @@ def _text_content(content: Any, where: str) -> str:
 def _common(body: dict, chat: bool) -> dict[str, Any]:
     if body.get("n", 1) != 1:
         raise APIError(400, "only n = 1 is supported", "n")
-    for unsupported in ("logprobs", "top_logprobs"):
-        if body.get(unsupported) not in (None, False, 0):
-            raise APIError(400, f"'{unsupported}' is not supported yet", unsupported)
+    if chat:
+        wanted = body.get("logprobs", False)
+        if not isinstance(wanted, bool):
+            raise APIError(400, "'logprobs' must be true or false", "logprobs")
+        top = _number(body, "top_logprobs", int, 0, 20, 0)
+        if top and not wanted:
+            raise APIError(400, "'top_logprobs' needs 'logprobs': true", "top_logprobs")
+        logprobs = top if wanted else None
+    else:
+        logprobs = _number(body, "logprobs", int, 0, 5)
+    if logprobs is not None and body.get("stream"):
+        raise APIError(400, "logprobs are not supported with stream yet", "logprobs")
     max_tokens = _number(body, "max_completion_tokens" if chat and "max_completion_tokens" in body else "max_tokens",
                          int, low=1)
     stop = body.get("stop")
@@ -100,7 +110,7 @@ def _common(body: dict, chat: bool) -> dict[str, Any]:
     if sampling["repeat_penalty"] == 0.0:
         raise APIError(400, "'repeat_penalty' must be above 0", "repeat_penalty")
     return dict(max_tokens=max_tokens, stop=[s for s in stops if s], stream=stream,
-                include_usage=bool(options.get("include_usage", False)), sampling=sampling)
+                include_usage=bool(options.get("include_usage", False)), logprobs=logprobs, sampling=sampling)
 
 
 def chat_request(body: dict) -> Generation:

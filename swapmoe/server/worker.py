@@ -10,6 +10,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from swapmoe.errors import SwapmoeError
 from swapmoe.runtime.chat import ChatTemplate
 from swapmoe.runtime.model import Conversation
@@ -98,6 +100,7 @@ class Worker:
         hold = max((len(s) for s in stops), default=1) - 1  # text that may be the start of a stop string
         decoder = model.tokenizer.decoder()
         text, sent, finish, n_generated = "", 0, "length", 0
+        logprobs = []  # (token, its log-probability, the top alternatives) while the text is kept
         start = time.perf_counter()
         tokens = model.generate_ids(ids, max_tokens, conversation=self.conversation, **request.sampling)
         try:
@@ -111,6 +114,8 @@ class Worker:
                 if cut >= 0:
                     text, finish = text[:cut], "stop"
                     break
+                if request.logprobs is not None:
+                    logprobs.append(_token_logprobs(model.step_logits, token, request.logprobs))
                 safe = len(text) - hold if stops else len(text)
                 if safe > sent:
                     job.send("text", text[sent:safe])
@@ -133,4 +138,13 @@ class Worker:
         job.send("done", finish, {"prompt_tokens": len(ids), "completion_tokens": n_generated,
                                   "total_tokens": len(ids) + n_generated,
                                   "prompt_tokens_details": {"cached_tokens": stats.cached_tokens}},
-                 time.perf_counter() - start)
+                 time.perf_counter() - start, logprobs if request.logprobs is not None else None)
+
+
+def _token_logprobs(logits, token: int, top: int) -> tuple[int, float, list[tuple[int, float]]]:
+    """The token's log-probability under the model's distribution, and the `top` most likely tokens'."""
+    z = logits.astype(np.float64)
+    z = z - z.max()
+    log_p = z - np.log(np.exp(z).sum())
+    best = np.argsort(-log_p, kind="stable")[:top]
+    return token, float(log_p[token]), [(int(t), float(log_p[t])) for t in best]
