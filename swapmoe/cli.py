@@ -110,12 +110,14 @@ _MODEL_OPTIONS = [
                       "soon as the token is known; exact, so on by default. Env SWAPMOE_EXPERT_HASH_PREFETCH."),
     click.option("--io", type=click.Choice(["auto", "mmap", "pread"]),
                  help="How experts are read: mapped file or explicit reads into owned buffers. Env SWAPMOE_IO."),
+    click.option("--trace", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
+                 help="Write every layer's expert choice to FILE as JSON lines, for tools/replay_trace.py."),
     click.option("--override-kv", multiple=True, metavar="KEY=TYPE:VALUE",
                  help="Use this metadata value instead of the file's (TYPE int, float, bool, str; repeatable), as "
                       "llama.cpp's flag: e.g. qwen3moe.expert_used_count=int:10 routes each token to 10 experts."),
 ]
 _MODEL_KEYS = ("ctx", "threads", "expert_streaming", "expert_cache_size", "expert_keep_recent", "expert_fixation",
-               "expert_prefetch", "expert_hash_prefetch", "io", "override_kv")
+               "expert_prefetch", "expert_hash_prefetch", "io", "trace", "override_kv")
 
 
 def model_options(command):

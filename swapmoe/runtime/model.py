@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import mmap
 import os
 import time
@@ -71,7 +72,8 @@ class Model:
     `step_logits` holds the logits the token generate_ids yielded last was sampled from."""
 
     def __init__(self, path: str | os.PathLike, ctx: int | None = None, threads: int | None = None,
-                 override_kv: dict[str, Any] | list[str] | None = None, **streaming):
+                 override_kv: dict[str, Any] | list[str] | None = None, trace: str | os.PathLike | None = None,
+                 **streaming):
         self.options = streaming_options.StreamingOptions.from_env(**streaming)
         self.path = Path(path)
         self.gguf = open_gguf(self.path)
@@ -102,6 +104,8 @@ class Model:
         routing.hash_prefetch = self.plan.hash_prefetch
         if not self.plan.streaming:
             self.store.preload()
+        if trace is not None:
+            routing.trace = RoutingTrace(trace, self)
         self.tokenizer = Tokenizer.from_gguf(self.gguf)
         self.stats = Stats()
 
@@ -274,6 +278,33 @@ def _layer_counts(before: dict, now: dict) -> dict[int, tuple[int, int]]:
     return dict(sorted(counts.items()))
 
 
+class RoutingTrace:
+    """Every layer's expert choice, as JSON lines: a header (the model, expert sizes, the plan),
+    then one line per forward pass and MoE layer: {"pass", "phase" ("prompt"/"decode"), "layer",
+    "ids": [[k ids] per token], "hash": chosen by the hash table}. tools/replay_trace.py replays
+    them through the expert store's policies without computing anything."""
+
+    VERSION = 1
+
+    def __init__(self, path: str | os.PathLike, model: "Model"):
+        idx, plan = model.index, model.plan
+        self.file = open(path, "w", encoding="utf-8")
+        self.routing = model.net.routing
+        header = {"format": "swapmoe-trace", "version": self.VERSION, "model": str(model.path),
+                  "arch": model.gguf.arch, "n_layer": model.hparams.n_layer, "n_expert": idx.n_expert,
+                  "n_expert_used": model.hparams.n_expert_used,
+                  "expert_bytes": idx.part_length[:model.hparams.n_layer].sum(axis=2).tolist(),
+                  "budget_bytes": plan.budget_bytes, "keep_recent": plan.keep_recent, "fixation": plan.fixation,
+                  "prefetch": plan.prefetch, "hash_layers": idx.hash_layers()}
+        self.file.write(json.dumps(header) + "\n")
+
+    def __call__(self, layer: int, ids: np.ndarray, hashed: bool) -> None:
+        line = {"pass": self.routing.passes, "phase": "decode" if self.routing._decoding else "prompt", "layer": layer,
+                "ids": ids.tolist(), "hash": hashed}
+        self.file.write(json.dumps(line) + "\n")
+        self.file.flush()
+
+
 def parse_overrides(specs: list[str]) -> dict[str, Any]:
     """llama.cpp's --override-kv KEY=TYPE:VALUE strings (TYPE int, float, bool or str) as a dict."""
     out = {}
@@ -334,7 +365,8 @@ def load(path: str | os.PathLike, **options) -> Model:
     """Open a GGUF MoE model for inference.
 
     Options: ctx (context length), threads, override_kv (metadata values to use instead of the
-    file's: a dict, or llama.cpp's "KEY=TYPE:VALUE" strings), and the expert-streaming options io ("auto",
+    file's: a dict, or llama.cpp's "KEY=TYPE:VALUE" strings), trace (a file: every layer's expert
+    choice as JSON lines, RoutingTrace), and the expert-streaming options io ("auto",
     "mmap", "pread"), expert_streaming, expert_cache_size (MiB), expert_keep_recent,
     expert_fixation, expert_prefetch ("off", "previous", "lookahead", "both"),
     expert_hash_prefetch (read hash-routed layers' experts as soon as a token is known; on); unset ones

@@ -288,6 +288,8 @@ class Routing:
         self.hash_tables: dict[int, np.ndarray] = dict(store.index.tables)
         self.fixation, self.prefetch_previous, self.lookahead = 0, False, False  # set by Model from its plan
         self.hash_prefetch = True
+        self.trace = None  # a callable(layer, ids [T, k], hashed) told every layer's choice (Model's --trace)
+        self.passes = 0  # forward passes begun
         self._decoding = False
         self._tokens = np.zeros(0, np.int64)  # the pass's input tokens
         self._passes = 0  # decoding passes since the fixation window opened
@@ -304,6 +306,7 @@ class Routing:
             self.store.prefetch(layer, np.unique(table[tokens]), evict=len(tokens) == 1, certain=True)
 
     def begin_pass(self, decoding: bool, tokens: np.ndarray) -> None:
+        self.passes += 1
         self._decoding = decoding
         self._tokens = tokens
         self.expect(tokens)
@@ -331,6 +334,8 @@ class Routing:
         pinned ids under fixation."""
         ids = self.hash_ids(layer)
         if ids is not None:
+            if self.trace:
+                self.trace(layer, ids, True)
             return ids
         if self._decoding and self.fixation and layer in self._pinned:
             ids = self._pinned[layer][None, :]
@@ -339,6 +344,8 @@ class Routing:
             if self._decoding and self.fixation:
                 self._pinned[layer] = ids[0]
         self._last[layer] = np.unique(ids)
+        if self.trace:
+            self.trace(layer, ids, False)
         return ids
 
     def prefetch(self, layer: int, ids) -> None:
