@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -40,19 +41,38 @@ def main():
     """
 
 
+class Finite(click.FloatRange):
+    """A finite float in a range (click's FloatRange lets nan through)."""
+
+    def convert(self, value, param, ctx):
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
+
+
+FINITE_POSITIVE = Finite(0, None, min_open=True)
+SEED = click.IntRange(0, 2**63 - 1)
+
+def _page_size(ctx, param, value):
+    if value < 4096 or value > 1 << 30 or value & (value - 1):
+        raise click.BadParameter("must be a power of two from 4096 to 1 GiB")
+    return value
+
+
 @main.command()
 @click.argument("out", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--arch", help="Architecture (default: the preset's, else qwen3moe): qwen3moe, qwen2moe, olmoe, "
               "llama, deepseek2, deepseek4, minimax-m2, gpt-oss, qwen35moe, qwen3next, laguna.")
 @click.option("--preset", help="Shape of a real model, e.g. qwen3-30b-a3b, deepseek-v4-flash (default: tiny-ARCH).")
-@click.option("--size-gb", type=float, help="Scale the layer count so the file is about this many GB.")
+@click.option("--size-gb", type=FINITE_POSITIVE, help="Scale the layer count so the file is about this many GB.")
 @click.option("--type", "type_name", default="Q8_0", show_default=True,
               help="ggml type of every weight matrix (F32, F16, Q8_0, Q4_K, IQ2_XXS, MXFP4, ...), or the "
                    "mix llama-quantize makes of that name: Q4_K_M, or Q2_K (Q2_K most places, Q3_K/Q4_K where "
                    "it hurts).")
-@click.option("--layers", type=int, help="Override the layer count.")
-@click.option("--experts", type=int, help="Override the number of experts per layer.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Random seed for the weights.")
+@click.option("--layers", type=click.IntRange(1, 10_000), help="Override the layer count.")
+@click.option("--experts", type=click.IntRange(1, 65_536), help="Override the number of experts per layer.")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Random seed for the weights.")
 @click.option("--force", is_flag=True, help="Overwrite OUT if it exists.")
 @user_errors
 def synth(out, arch, preset, size_gb, type_name, layers, experts, seed, force):
@@ -74,7 +94,8 @@ def synth(out, arch, preset, size_gb, type_name, layers, experts, seed, force):
 @main.command()
 @click.argument("model", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON object instead of text.")
-@click.option("--page-size", type=int, default=16384, show_default=True, help="Page size for the alignment summary.")
+@click.option("--page-size", type=int, default=16384, show_default=True, callback=_page_size,
+              help="Page size for the alignment summary.")
 @user_errors
 def inspect(model, as_json, page_size):
     """Show experts, slice sizes, RAM needs and alignment of a GGUF."""
@@ -86,19 +107,21 @@ def inspect(model, as_json, page_size):
 
 
 _MODEL_OPTIONS = [
-    click.option("--ctx", type=int, help="Context length (default: the model's, at most 4096)."),
-    click.option("--threads", type=int, help="Compute threads (default: all cores). On a machine busy with other "
-                                             "work, use fewer, or set OMP_WAIT_POLICY=passive."),
+    click.option("--ctx", type=click.IntRange(1, 1 << 24),
+                 help="Context length (default: the model's, at most 4096)."),
+    click.option("--threads", type=click.IntRange(1, 4096),
+                 help="Compute threads (default: all cores). On a machine busy with other work, use fewer, or set "
+                      "OMP_WAIT_POLICY=passive."),
     click.option("--expert-streaming/--no-expert-streaming", default=None,
                  help="Read routed experts only when needed (default: on for repacked files or when the experts "
                       "do not fit in RAM). Env SWAPMOE_EXPERT_STREAMING."),
-    click.option("--expert-cache-size", type=int, metavar="MiB",
+    click.option("--expert-cache-size", type=click.IntRange(1), metavar="MiB",
                  help="RAM budget for resident experts, enforced (default: what is left after the rest of the "
                       "model). Env SWAPMOE_EXPERT_CACHE_SIZE."),
-    click.option("--expert-keep-recent", type=int, metavar="N",
+    click.option("--expert-keep-recent", type=click.IntRange(1), metavar="N",
                  help="Keep only the N most recently used experts of each layer after every token. "
                       "Env SWAPMOE_EXPERT_KEEP_RECENT."),
-    click.option("--expert-fixation", type=int, metavar="N",
+    click.option("--expert-fixation", type=click.IntRange(0), metavar="N",
                  help="While decoding, reuse each layer's experts for N tokens (faster from disk, slightly "
                       "different output). Env SWAPMOE_EXPERT_FIXATION."),
     click.option("--expert-prefetch", type=click.Choice(["off", "previous", "lookahead", "both"]), is_flag=False,
@@ -138,13 +161,17 @@ def model_options(command):
 @click.option("-f", "--file", "prompt_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Read the prompt from a file.")
 @click.option("--chat", is_flag=True, help="Apply the model's chat template; without -p/-f, chat interactively.")
-@click.option("-n", "--max-tokens", type=int, default=128, show_default=True, help="Tokens to generate.")
-@click.option("--temp", type=float, default=0.0, show_default=True, help="Temperature; 0 is greedy.")
-@click.option("--top-k", type=int, default=40, show_default=True, help="Keep the k most likely tokens (0: off).")
-@click.option("--top-p", type=float, default=0.95, show_default=True, help="Nucleus sampling mass (1: off).")
-@click.option("--min-p", type=float, default=0.05, show_default=True, help="Drop tokens below min-p × the best.")
-@click.option("--repeat-penalty", type=float, default=1.0, show_default=True, help="Penalty for recent tokens.")
-@click.option("--seed", type=int, help="Random seed for sampling.")
+@click.option("-n", "--max-tokens", type=click.IntRange(1), default=128, show_default=True,
+              help="Tokens to generate.")
+@click.option("--temp", type=Finite(0, 100), default=0.0, show_default=True, help="Temperature; 0 is greedy.")
+@click.option("--top-k", type=click.IntRange(0), default=40, show_default=True,
+              help="Keep the k most likely tokens (0: off).")
+@click.option("--top-p", type=Finite(0, 1), default=0.95, show_default=True, help="Nucleus sampling mass (1: off).")
+@click.option("--min-p", type=Finite(0, 1), default=0.05, show_default=True,
+              help="Drop tokens below min-p × the best (0: off).")
+@click.option("--repeat-penalty", type=Finite(0, 100, min_open=True), default=1.0, show_default=True,
+              help="Penalty for recent tokens (1: off).")
+@click.option("--seed", type=SEED, help="Random seed for sampling.")
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-text tokens.")
 @model_options
 @click.option("--stats", "show_stats", is_flag=True,
@@ -165,7 +192,10 @@ def run(model, prompt, prompt_file, chat, max_tokens, temp, top_k, top_p, min_p,
     if prompt is not None and prompt_file is not None:
         raise SwapmoeError("give either -p or -f, not both")
     if prompt_file is not None:
-        prompt = prompt_file.read_text(encoding="utf-8")
+        try:
+            prompt = prompt_file.read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:
+            raise SwapmoeError(f"{prompt_file}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     if prompt is None and not chat:
         raise SwapmoeError("give a prompt with -p TEXT or -f FILE (or --chat to chat)")
     m = swapmoe.load(model or swapmoe.default_model_path(), **options)
@@ -244,12 +274,6 @@ def serve(model, host, port, api_key, options):
     from swapmoe.server import serve as run_server
 
     run_server(model, host=host, port=port, api_key=api_key, **options)
-
-
-def _page_size(ctx, param, value):
-    if value < 4096 or value & (value - 1):
-        raise click.BadParameter("must be a power of two of at least 4096")
-    return value
 
 
 @main.command()

@@ -71,3 +71,31 @@ def test_run_default_model(tmp_path):
 def test_run_refuses_context_overflow():
     result = run_cli("run", "-p", "x", "-n", "100", "--ctx", "16")
     assert result.exit_code == 1 and "exceed the context of 16" in result.output
+
+
+@pytest.mark.parametrize("args, option", [
+    (["run", "-p", "x", "-n", "-5"], "--max-tokens"), (["run", "-p", "x", "--temp", "nan"], "--temp"),
+    (["run", "-p", "x", "--temp", "-1"], "--temp"), (["run", "-p", "x", "--seed", "-1"], "--seed"),
+    (["run", "-p", "x", "--threads", "0"], "--threads"), (["run", "-p", "x", "--ctx", "0"], "--ctx"),
+    (["run", "-p", "x", "--top-p", "2"], "--top-p"), (["run", "-p", "x", "--top-k", "-5"], "--top-k"),
+    (["run", "-p", "x", "--min-p", "nan"], "--min-p"), (["run", "-p", "x", "--repeat-penalty", "0"],
+                                                        "--repeat-penalty"),
+    (["run", "-p", "x", "--expert-cache-size", "0"], "--expert-cache-size"),
+    (["inspect", "MODEL", "--page-size", "3"], "--page-size"),
+    (["repack", "MODEL", "OUT", "--page-size", str(1 << 40)], "--page-size"),
+    (["synth", "OUT", "--size-gb", "-1"], "--size-gb"), (["synth", "OUT", "--layers", "0"], "--layers"),
+    (["serve", "--port", "0"], "--port"),
+])
+def test_options_are_checked_before_anything_runs(args, option, tmp_path):
+    model = swapmoe.default_model_path()
+    args = [model if a == "MODEL" else str(tmp_path / "out.gguf") if a == "OUT" else a for a in args]
+    result = run_cli(*args)
+    assert result.exit_code == 2 and option in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "out.gguf").exists()
+
+
+def test_a_prompt_file_that_is_not_utf8_is_named(tmp_path):
+    bad = tmp_path / "prompt.txt"
+    bad.write_bytes(b"\xff\xfe bad")
+    result = run_cli("run", "-f", bad, "-n", "2")
+    assert result.exit_code == 1 and str(bad) in result.output and "not UTF-8" in result.output
