@@ -99,3 +99,19 @@ def test_a_prompt_file_that_is_not_utf8_is_named(tmp_path):
     bad.write_bytes(b"\xff\xfe bad")
     result = run_cli("run", "-f", bad, "-n", "2")
     assert result.exit_code == 1 and str(bad) in result.output and "not UTF-8" in result.output
+
+
+@pytest.mark.slow
+def test_run_with_an_unwritable_cache_home(tmp_path):
+    """A read-only home: the kernels' cache falls back to the temp dir, with one warning line."""
+    import os
+
+    blocked = tmp_path / "not-a-dir"
+    blocked.write_text("")
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
+    env.update(XDG_CACHE_HOME=str(blocked), TMPDIR=str(tmp_path))
+    run = subprocess.run(cli_command("run", "-p", "def f():", "-n", "3"), env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr
+    warnings = [line for line in run.stderr.splitlines() if "warning" in line]
+    assert len(warnings) == 1 and str(tmp_path) in warnings[0]

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
+import tempfile
 from pathlib import Path
 from typing import Callable, NamedTuple
 
@@ -36,21 +38,35 @@ def _configure_numba() -> None:
 
     numba checks a cached function against its own source file only, not the helpers it inlines
     from other modules (simd.py, _jit.py): after an upgrade that changed only those, it would run
-    stale machine code.  A NUMBA_CACHE_DIR the user set is left alone, and so is numba's default
-    when the directory cannot be made.  Both go through the
-    environment: numba re-reads every NUMBA_* variable whenever one of them changed, resetting
-    values set only on numba.config (which once turned the vectorizer off mid-session)."""
+    stale machine code.  A NUMBA_CACHE_DIR the user set is left alone.  Where the home cache
+    cannot be written (a read-only install with an unwritable home: numba's own fallback, the
+    package directory, fails with "no locator"), a directory in the system's temp dir is used,
+    with one warning line.  Both go through the environment: numba re-reads every NUMBA_*
+    variable whenever one of them changed, resetting values set only on numba.config (which
+    once turned the vectorizer off mid-session)."""
     os.environ["NUMBA_SLP_VECTORIZE"] = "1"
     if not os.environ.get("NUMBA_CACHE_DIR"):
         sources = b"".join(p.read_bytes() for p in sorted(Path(__file__).parent.glob("*.py")))
-        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "swapmoe" / "numba"
-        path = base / hashlib.sha256(sources).hexdigest()[:16]
-        try:
-            path.mkdir(parents=True, exist_ok=True)
-            os.environ["NUMBA_CACHE_DIR"] = str(path)
-        except OSError:  # no writable home: numba's own choice (next to the sources, or none)
-            pass
+        version = hashlib.sha256(sources).hexdigest()[:16]
+        home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "swapmoe" / "numba"
+        temp = Path(tempfile.gettempdir()) / f"swapmoe-numba-{os.getuid() if hasattr(os, 'getuid') else 0}"
+        for base in (home, temp):
+            if _writable(base / version):
+                if base is temp:
+                    print(f"swapmoe: warning: {home} is not writable; compiled kernels are cached in {temp}",
+                          file=sys.stderr)
+                os.environ["NUMBA_CACHE_DIR"] = str(base / version)
+                break
     numba.config.reload_config()
+
+
+def _writable(path: Path) -> bool:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path):
+            return True
+    except OSError:
+        return False
 
 
 _configure_numba()
