@@ -35,22 +35,40 @@ def check_free_space(out: Path, needed: int) -> None:
 @contextlib.contextmanager
 def atomic_output(out: str | os.PathLike) -> Iterator[Path]:
     """Yield a temp path next to `out`; on success fsync it and rename it onto `out`."""
-    out = Path(out)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    try:
+    with atomic_pair(out) as (tmp,):
         yield tmp
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, out)
-        dir_fd = os.open(out.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+
+
+@contextlib.contextmanager
+def atomic_pair(out: str | os.PathLike, companion: str | os.PathLike | None = None) -> Iterator[tuple[Path, ...]]:
+    """Yield temp paths next to `out` (and `companion`, a file that describes it: a sidecar); on
+    success fsync them and publish in an order that never pairs an old `out` with a new companion
+    or leaves a companion without its `out`: the old companion is removed, then `out` renamed
+    into place, then the companion. An interruption between the steps leaves `out` without a
+    companion (old or new), which the runtime reports as such."""
+    targets = [Path(out)] + ([Path(companion)] if companion is not None else [])
+    tmps = [t.with_name(f".{t.name}.tmp-{os.getpid()}") for t in targets]
+    try:
+        yield tuple(tmps)
+        for tmp in tmps:
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+        if len(targets) > 1:
+            with contextlib.suppress(FileNotFoundError):
+                targets[1].unlink()
+        for tmp, target in zip(tmps, targets):
+            os.replace(tmp, target)
+        for directory in {t.parent for t in targets}:
+            dir_fd = os.open(directory, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
     except OSError as e:
         if e.errno == errno.ENOSPC:
             raise SwapmoeError(f"{out}: disk full while writing; nothing was written") from None
         raise SwapmoeError(f"{out}: write failed ({e.strerror or e}); nothing was written") from None
     finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
+        for tmp in tmps:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()

@@ -5,6 +5,7 @@ import functools
 import json
 import math
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -14,16 +15,33 @@ from swapmoe import __version__
 from swapmoe.errors import SwapmoeError
 
 
+class Stopped(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, raised where the main thread is, so that it unwinds as Ctrl-C does."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _stop(signum, frame):
+    raise Stopped(signum)
+
+
 def user_errors(fn):
     """Report SwapmoeError as one line and Ctrl-C as 'interrupted', never as a traceback."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        for signum in (signal.SIGTERM, signal.SIGHUP):  # as Ctrl-C: unwind, remove temp files
+            signal.signal(signum, _stop)
         try:
             return fn(*args, **kwargs)
         except SwapmoeError as e:
             click.echo(f"swapmoe: error: {e}", err=True)
             sys.exit(1)
+        except Stopped as e:
+            click.echo(f"swapmoe: stopped by {signal.Signals(e.signum).name}", err=True)
+            sys.exit(128 + e.signum)
         except KeyboardInterrupt:
             click.echo("swapmoe: interrupted", err=True)
             sys.exit(130)

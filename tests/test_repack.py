@@ -366,8 +366,12 @@ def test_disk_full_leaves_nothing(models, tmp_path, monkeypatch):
     assert len(calls) > 3 and list(tmp_path.iterdir()) == [] and sha256_file(src) == before
 
 
-def test_interrupt_leaves_nothing(tmp_path):
-    """Ctrl-C for real: SIGINT to a repack running in its own process, once its temp file exists."""
+@pytest.mark.parametrize("signum, code, said", [(signal.SIGINT, 130, "interrupted"),
+                                                 (signal.SIGTERM, 143, "stopped by SIGTERM"),
+                                                 (signal.SIGHUP, 129, "stopped by SIGHUP")])
+def test_interrupt_leaves_nothing(tmp_path, signum, code, said):
+    """Ctrl-C for real, and SIGTERM/SIGHUP (timeout, systemd, docker stop, a closed terminal):
+    the signal to a repack running in its own process, once its temp file exists."""
     src = swapmoe.synth(tmp_path / "src.gguf", preset="qwen3-30b-a3b", type="Q4_K", n_layer=1, progress=False)
     before = sha256_file(src)
     out_dir = tmp_path / "out"
@@ -381,10 +385,34 @@ def test_interrupt_leaves_nothing(tmp_path):
     while not any(".tmp-" in p.name for p in out_dir.iterdir()):
         assert proc.poll() is None and time.monotonic() < deadline, "repack ended before it could be interrupted"
         time.sleep(0.01)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signum)
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130 and "interrupted" in err and "Traceback" not in err
+    assert proc.returncode == code and said in err and "Traceback" not in err
     assert list(out_dir.iterdir()) == [] and sha256_file(src) == before
+
+
+def test_publishing_never_pairs_an_old_file_with_a_new_sidecar(models, tmp_path, monkeypatch):
+    """With --force over an existing pair: the old sidecar goes first, then OUT, then the new
+    sidecar; a failure after OUT leaves OUT alone, never beside the old sidecar."""
+    from swapmoe import atomic
+
+    out, src = tmp_path / "out.gguf", models("qwen2moe")
+    swapmoe.repack(models("qwen3moe"), out)
+    old_side = (tmp_path / "out.gguf.swapidx").read_bytes()
+    real, renamed = os.replace, []
+
+    def fail_second(src, dst):
+        renamed.append(Path(dst).name)
+        if len(renamed) == 2:
+            raise OSError(errno.EIO, "simulated failure")
+        return real(src, dst)
+
+    monkeypatch.setattr(atomic.os, "replace", fail_second)
+    with pytest.raises(swapmoe.SwapmoeError):
+        swapmoe.repack(src, out, force=True)
+    assert renamed == ["out.gguf", "out.gguf.swapidx"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.gguf"]  # the new OUT; no sidecar, no temp
+    assert old_side
 
 
 def test_disk_full_at_preallocation(models, tmp_path, monkeypatch):

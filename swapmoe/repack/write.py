@@ -5,7 +5,7 @@ import errno
 import os
 from pathlib import Path
 
-from swapmoe.atomic import atomic_output, check_free_space, check_output_path
+from swapmoe.atomic import atomic_pair, check_free_space, check_output_path
 from swapmoe.errors import SwapmoeError
 from swapmoe.gguf_file import open_gguf
 from swapmoe.repack import stream
@@ -45,7 +45,7 @@ def repack(in_path: str | os.PathLike, out_path: str | os.PathLike, layout: str 
     plan = plan_repack(g, layout, page_size)
     check_free_space(out_path, plan.size + (64 << 20))
     side = sidecar_path(out_path)
-    with atomic_output(out_path) as tmp, atomic_output(side) as tmp_side:
+    with atomic_pair(out_path, side) as (tmp, tmp_side):
         create(tmp, plan.size, [(0, plan.header([DIGEST_PLACEHOLDER] * len(plan.sources)))])
         digests, _ = stream.run(plan.pieces, plan.sources, [tmp], mode="copy", progress=progress,
                                 desc=f"repack {out_path.name}", n_slots=sum(len(t.ranges) for t in plan.tensors))
