@@ -1,0 +1,179 @@
+"""tools/replay_trace.py: its `store` replay reproduces the counters of the run that recorded the
+trace, and its MIN is the optimum (brute force on small traces) and never reads more than the others."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import swapmoe
+
+TOOL = Path(__file__).resolve().parents[1] / "tools" / "replay_trace.py"
+
+
+@pytest.fixture(scope="module")
+def rt():
+    spec = importlib.util.spec_from_file_location("replay_trace", TOOL)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["replay_trace"] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    yield module
+    del sys.modules["replay_trace"]
+
+
+def record(path: Path, n_tokens: int, sampled: bool, **options) -> dict:
+    """Generate on the tiny model with a routing trace; the run's store counters."""
+    model = swapmoe.load(swapmoe.default_model_path(), trace=path, expert_prefetch="off", **options)
+    sampling = {"temperature": 0.8, "seed": 3} if sampled else {}
+    for _ in model.generate("import os\n\ndef main(", max_tokens=n_tokens, ignore_eos=True, **sampling):
+        pass
+    model.net.routing.trace.file.close()
+    return {"misses": model.stats.misses, "bytes_read": model.stats.bytes_read, "requests": model.stats.requests,
+            "plan": model.plan}
+
+
+RUNS = {  # name: (tokens, sampled, load options)
+    "greedy-1MiB": (32, False, {"expert_cache_size": 1, "io": "mmap"}),
+    "sampled-keep2": (32, True, {"expert_cache_size": 2, "io": "mmap", "expert_keep_recent": 2}),
+    "sampled-pread": (32, True, {"expert_cache_size": 2, "io": "pread"}),
+}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("traces")
+    out = {}
+    for name, (n, sampled, options) in RUNS.items():
+        out[name] = (folder / f"{name}.jsonl", record(folder / f"{name}.jsonl", n, sampled, **options))
+    return out
+
+
+@pytest.mark.parametrize("name", list(RUNS))
+def test_store_replay_reproduces_the_recorded_run(rt, runs, name):
+    path, counters = runs[name]
+    trace = rt.read_trace(path)
+    assert trace.header["prefetch"] == "off" and trace.header["hash_layers"] == []
+    s = rt.setup(trace, io=counters["plan"].engine)
+    assert s.source == "model" and s.keep_recent == counters["plan"].keep_recent
+    result = rt.replay(trace, s, trace.header["budget_bytes"], "store")
+    assert (result.misses, result.bytes_read, result.requests) == (
+        counters["misses"], counters["bytes_read"], counters["requests"])
+    assert counters["misses"] < counters["requests"]  # the budget made it evict, and not everything missed
+
+
+@pytest.mark.parametrize("name", ["greedy-1MiB", "sampled-keep2"])
+def test_min_never_reads_more_than_the_others(rt, runs, name):
+    trace = rt.read_trace(runs[name][0])
+    s = rt.setup(trace)
+    assert len(set(s.sizes.values())) == 1  # equal sizes: MIN is optimal, not a heuristic
+    total = sum(s.sizes.values())
+    budgets = rt.default_budgets(trace, s, (0.1, 0.2, 0.3, 0.5, 0.8, 1.0))
+    feasible = 0
+    for budget in budgets:
+        best = rt.replay(trace, s, budget, "min")
+        if best.misses is None:
+            assert budget < rt.largest_visit(trace, s.sizes)
+            continue
+        feasible += 1
+        for policy in ("store", "lru", "lfu", "stale", "forecast"):
+            other = rt.replay(trace, s, budget, policy)
+            assert other.requests == best.requests == trace.requests
+            assert best.bytes_read <= other.bytes_read and best.misses <= other.misses, (budget, policy)
+        if budget >= total:  # everything fits: one read per expert ever used
+            assert best.misses == len({(layer, e) for _, layer, ids in trace.visits for e in ids})
+    assert feasible >= 4
+
+
+def write_trace(path: Path, visits, expert_bytes, n_expert_used=1, budget=None) -> Path:
+    """A hand-made trace: visits as (pass, layer, [[ids of a token]...])."""
+    n_layer, n_expert = np.shape(expert_bytes)
+    header = {"format": "swapmoe-trace", "version": 1, "model": "/nonexistent/hand.gguf", "arch": "qwen3moe",
+              "n_layer": n_layer, "n_expert": n_expert, "n_expert_used": n_expert_used,
+              "expert_bytes": expert_bytes, "budget_bytes": budget, "keep_recent": None, "fixation": 0,
+              "prefetch": "off", "hash_layers": []}
+    lines = [header] + [{"pass": p, "phase": "decode", "layer": layer, "ids": ids, "hash": False}
+                        for p, layer, ids in visits]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+def brute_force_misses(requests: list, capacity: int) -> int:
+    """Fewest misses of any demand policy holding `capacity` equal-size items (every eviction choice tried)."""
+    states = {frozenset(): 0}
+    for key in requests:
+        after: dict = {}
+        for held, misses in states.items():
+            if key in held:
+                options = [held]
+            elif len(held) < capacity:
+                options = [held | {key}]
+            else:
+                options = [(held - {out}) | {key} for out in held]
+            cost = misses + (key not in held)
+            for state in options:
+                after[state] = min(after.get(state, cost), cost)
+        states = after
+    return min(states.values())
+
+
+def test_min_on_a_cycle_is_the_known_optimum(rt, tmp_path):
+    # a b c a b c a b c with room for two: LRU misses all 9; the optimum misses 6 (3 first reads, then
+    # every other request, keeping one of the two it just had)
+    visits = [(t + 1, 0, [[e]]) for t, e in enumerate([0, 1, 2] * 3)]
+    trace = rt.read_trace(write_trace(tmp_path / "cycle.jsonl", visits, [[1000, 1000, 1000]]))
+    s = rt.setup(trace)
+    assert s.source == "header"
+    assert rt.replay(trace, s, 2000, "min").misses == 6 == brute_force_misses([0, 1, 2] * 3, 2)
+    assert rt.replay(trace, s, 2000, "lru").misses == 9
+    assert rt.replay(trace, s, 2000, "store").misses == 9  # all three layers' worth in one layer: no layer order
+    assert rt.replay(trace, s, 3000, "min").misses == 3
+    too_small = rt.replay(trace, s, 999, "min")
+    assert too_small.misses is None and too_small.note.startswith("too small")
+
+
+def test_min_matches_brute_force_on_random_traces(rt, tmp_path):
+    rng = np.random.default_rng(7)
+    for case in range(12):
+        n_layer, n_expert, k = 2, 5, 2
+        visits = []
+        for p in range(1, 8):
+            for layer in range(n_layer):
+                choice = rng.choice(n_expert, size=k, replace=False, p=rng.dirichlet(np.ones(n_expert) * 0.7))
+                visits.append((p, layer, [choice.tolist()]))
+        path = write_trace(tmp_path / f"r{case}.jsonl", visits, [[4096] * n_expert] * n_layer, n_expert_used=k)
+        trace = rt.read_trace(path)
+        s = rt.setup(trace)
+        requests = [(layer, e) for _, layer, ids in trace.visits for e in ids]
+        for capacity in (2, 3, 4, 6):
+            best = rt.replay(trace, s, capacity * 4096, "min")
+            assert best.misses == brute_force_misses(requests, capacity), (case, capacity)
+            for policy in ("store", "lru", "lfu", "stale", "forecast"):
+                assert rt.replay(trace, s, capacity * 4096, policy).misses >= best.misses
+
+
+def test_a_visit_is_needed_together(rt, tmp_path):
+    # layer 0 chooses experts 0 and 1 together: the budget of one expert is too small for the
+    # policies; the store reads them one by one
+    visits = [(1, 0, [[0, 1]]), (2, 0, [[1, 2]])]
+    trace = rt.read_trace(write_trace(tmp_path / "pair.jsonl", visits, [[10, 10, 10]], n_expert_used=2))
+    s = rt.setup(trace)
+    assert rt.largest_visit(trace, s.sizes) == 20
+    assert rt.replay(trace, s, 10, "lru").misses is None
+    assert rt.replay(trace, s, 20, "min").misses == 3
+    assert rt.replay(trace, s, 10, "store").misses == 3
+
+
+def test_command_line(rt, runs, capsys):
+    path = runs["greedy-1MiB"][0]
+    assert rt.main([str(path), "--budgets", "1.5,3", "--policies", "store,lru,min"]) == 0
+    out = capsys.readouterr().out
+    assert "tiny-moe.gguf" in out and "32 passes" in out
+    assert out.count("| store |") == 3 and "1.00 MiB (10.5 %) *" in out  # the recorded budget added, marked
+    assert rt.main([str(path), "--wide", "--budget-fractions", "0.5"]) == 0
+    wide = capsys.readouterr().out
+    assert "| budget | store | lru | lfu | stale | forecast | min: misses, MiB |" in wide
+    assert len([line for line in wide.splitlines() if line.startswith("| 1.00 MiB")]) == 1
