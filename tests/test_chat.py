@@ -285,3 +285,25 @@ def test_laguna_reads_arguments_as_an_object(vocab):
     assert render_case(vocab("qwen35"), case, openai) == case["text"]
     with pytest.raises(ChatTemplateError, match="items"):
         render_template(PROMPTS["case_sources"][case["template"]], openai, tools=case["tools"])
+
+
+@pytest.mark.parametrize("template, message", [
+    ("{{ 'x' * 10**10 }}", "computes 10 \\*\\* 10|repeated"),
+    ("{{ 'x' * 100000000 }}", "repeated string"),
+    ("{% for i in range(10**9) %}{% endfor %}", "computes|range"),
+    ("{% for i in range(1000000) %}{% endfor %}", "range"),
+    ("{{ 'x' | center(10**9) }}", "centered"),
+    ("{{ messages | tojson(indent=100000) }}", "indent"),
+    ("{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}", "recursed"),
+])
+def test_hostile_templates_are_bounded(template, message):
+    with pytest.raises(ChatTemplateError, match=message):
+        render_template(template, [{"role": "user", "content": "hi"}])
+
+
+def test_template_errors_name_the_model_file(vocab_dir):
+    path = vocab_dir / "ggml-vocab-qwen2.gguf"
+    tokenizer = Tokenizer.from_gguf(path)
+    with pytest.raises(ChatTemplateError, match=f"^{re.escape(str(path))}: chat template: boom") as caught:
+        apply_chat_template(tokenizer, [{"role": "user", "content": "hi"}], template="{{ raise_exception('boom') }}")
+    assert caught.value.reason == "boom"

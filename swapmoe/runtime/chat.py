@@ -24,6 +24,7 @@ of the gpt-oss and Mistral templates are patched out here too.
 from __future__ import annotations
 
 import json
+import time
 from datetime import datetime
 from functools import lru_cache
 from typing import Any, Iterable
@@ -32,7 +33,31 @@ from swapmoe.errors import SwapmoeError
 
 
 class ChatTemplateError(SwapmoeError):
-    """The template called raise_exception(), or cannot be parsed or rendered."""
+    """The template called raise_exception(), or cannot be parsed or rendered. `reason` is the
+    message without the model file's name (for clients of a server, who should not see paths)."""
+
+    def __init__(self, reason: str, source: str | None = None):
+        super().__init__(f"{source}: chat template: {reason}" if source else reason)
+        self.reason = reason
+
+
+# Templates come from strangers' files: bounds on what one rendering may build and how long it
+# may run (a real template renders a conversation in milliseconds and a few hundred kB)
+MAX_TEXT = 1 << 24  # characters in the prompt, and in any string or list the template builds
+MAX_RANGE = 1 << 16  # items in one range()
+MAX_SECONDS = 10.0
+
+
+def _bounded_range(*args):
+    items = range(*args)
+    if len(items) > MAX_RANGE:
+        raise ChatTemplateError(f"the chat template asks for range() of {len(items)} items (at most {MAX_RANGE})")
+    return items
+
+
+def _bounded_size(size: int, what: str) -> None:
+    if size > MAX_TEXT:
+        raise ChatTemplateError(f"the chat template builds {what} of {size} items (at most {MAX_TEXT})")
 
 
 def _raise_exception(message: str):
@@ -45,7 +70,16 @@ def _strftime_now(format: str) -> str:
 
 def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, separators=None,
             sort_keys: bool = False) -> str:
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    if isinstance(indent, int) and not 0 <= indent <= 64:
+        raise ChatTemplateError(f"the chat template asks tojson for an indent of {indent} (0..64)")
+    text = json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    _bounded_size(len(text), "a JSON text")
+    return text
+
+
+def _center(value: Any, width: int = 80) -> str:
+    _bounded_size(int(width), "a centered string")
+    return str(value).center(int(width))
 
 
 @lru_cache(maxsize=16)
@@ -63,8 +97,22 @@ def _compile(source: str):
             next(parser.stream)
             return parser.parse_statements(("name:endgeneration",), drop_needle=True)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[loopcontrols, GenerationBlock])
+    class BoundedEnvironment(ImmutableSandboxedEnvironment):
+        """The sandbox, and no string or list repeated past MAX_TEXT, no huge powers."""
+        intercepted_binops = frozenset(["*", "**"])
+
+        def call_binop(self, context, operator, left, right):
+            if operator == "*":
+                for seq, count in ((left, right), (right, left)):
+                    if isinstance(seq, (str, list, tuple)) and isinstance(count, int):
+                        _bounded_size(len(seq) * count, "a repeated string or list")
+            elif isinstance(right, int) and isinstance(left, int) and abs(right) > 4096 and abs(left) > 1:
+                raise ChatTemplateError(f"the chat template computes {left} ** {right}")
+            return super().call_binop(context, operator, left, right)
+
+    env = BoundedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols, GenerationBlock])
+    env.globals["range"] = _bounded_range
+    env.filters["center"] = _center
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
@@ -81,10 +129,21 @@ def render_template(source: str, messages: Iterable[dict[str, Any]], add_generat
 
     template = _compile(source)
     try:
-        return template.render(messages=list(messages), add_generation_prompt=add_generation_prompt,
-                               bos_token=bos_token, eos_token=eos_token, **variables)
+        pieces, size, deadline = [], 0, time.monotonic() + MAX_SECONDS
+        for piece in template.generate(messages=list(messages), add_generation_prompt=add_generation_prompt,
+                                       bos_token=bos_token, eos_token=eos_token, **variables):
+            pieces.append(piece)
+            size += len(piece)
+            _bounded_size(size, "a prompt")
+            if time.monotonic() > deadline:
+                raise ChatTemplateError(f"the chat template ran for over {MAX_SECONDS:.0f} s")
+        return "".join(pieces)
     except ChatTemplateError:
         raise
+    except RecursionError:
+        raise ChatTemplateError("the chat template recursed too deeply") from None
+    except MemoryError:
+        raise ChatTemplateError("the chat template ran out of memory") from None
     except TemplateError as e:
         raise ChatTemplateError(f"cannot render the chat template: {e}") from None
     except (TypeError, ValueError, LookupError, ArithmeticError) as e:  # e.g. `|items` of a string
@@ -137,7 +196,11 @@ def apply_chat_template(tokenizer, messages: Iterable[dict[str, Any]], add_gener
     variables = {"enable_thinking": True, "date_string": now.strftime("%d %b %Y"),
                  "datetime": now.strftime("%b %d %Y"), **variables}
     messages = _adapt_messages(source, list(messages))
-    prompt = render_template(source, messages, add_generation_prompt, bos_token=bos, eos_token=eos, **variables)
+    try:
+        prompt = render_template(source, messages, add_generation_prompt, bos_token=bos, eos_token=eos,
+                                 **variables)
+    except ChatTemplateError as e:
+        raise ChatTemplateError(e.reason, getattr(tokenizer, "source", None)) from None
     if tokenizer.add_bos and bos and prompt.startswith(bos):
         prompt = prompt[len(bos):]
     if tokenizer.add_eos and eos and prompt.endswith(eos):

@@ -65,7 +65,7 @@ class Worker:
             else:
                 ids = self.model.tokenize(request.prompt)
         except SwapmoeError as e:
-            raise APIError(400, str(e), "messages" if request.chat else "prompt") from None
+            raise APIError(400, getattr(e, "reason", str(e)), "messages" if request.chat else "prompt") from None
         if len(ids) >= self.model.n_ctx:
             raise APIError(400, f"the prompt is {len(ids)} tokens; the context holds {self.model.n_ctx} "
                                 "(start the server with a larger --ctx)", "messages" if request.chat else "prompt",
