@@ -147,6 +147,7 @@ _U32, _U64 = struct.Struct("<I"), struct.Struct("<Q")
 _ARRAY_HEADER = struct.Struct("<IQ")  # item type, item count
 _TENSOR_TYPE_AND_OFFSET = struct.Struct("<IQ")  # ggml type, offset in the data section
 _MAX_DIMS = 4  # GGML_MAX_DIMS
+_MAX_STRING = 64 << 20  # bytes of one metadata string: chat templates are ~100 kB, tokens a few bytes
 # The fixed-size value types: struct formats that are also numpy dtypes, for arrays of them.
 _SCALAR_FORMATS = {GGUFValueType.UINT8: "<B", GGUFValueType.INT8: "<b", GGUFValueType.UINT16: "<H",
                    GGUFValueType.INT16: "<h", GGUFValueType.UINT32: "<I", GGUFValueType.INT32: "<i",
@@ -264,8 +265,9 @@ def _read_string(data: mmap.mmap, pos: int) -> tuple[bytes, int]:
     """The bytes of the length-prefixed string at `pos`, and the position after it."""
     (size,) = _U64.unpack_from(data, pos)
     end = pos + 8 + size
-    if end > len(data):
-        raise ValueError(f"string at byte {pos:,} runs past the end of the file")
+    if end > len(data) or size > _MAX_STRING:
+        raise ValueError(f"string at byte {pos:,} claims {size:,} bytes" +
+                         (", past the end of the file" if end > len(data) else f" (at most {_MAX_STRING:,})"))
     return data[pos + 8:end], end
 
 
@@ -300,9 +302,12 @@ def _read_strings(data: mmap.mmap, pos: int, count: int) -> tuple[list[str], int
         raise ValueError(f"string array at byte {pos:,} runs past the end of the file")
     strings: list[str] = []
     append, unpack_size = strings.append, _U64.unpack_from
+    limit = min(len(data), pos + count * (8 + _MAX_STRING))
     for _ in range(count):  # the hot loop (150k tokens and as many merges): kept minimal
         (size,) = unpack_size(data, pos)
         pos += 8
+        if size > _MAX_STRING or pos + size > limit:  # a damaged length: no copy of the file behind it
+            raise ValueError(f"string at byte {pos - 8:,} of an array claims {size:,} bytes")
         append(data[pos:pos + size].decode("utf-8", "surrogateescape"))
         pos += size
     if pos > len(data):

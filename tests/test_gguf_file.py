@@ -158,3 +158,19 @@ def test_truncated_header_is_reported(tmp_path, synth_model, keep):
     path.write_bytes(synth_model().read_bytes()[:keep])
     with pytest.raises(SwapmoeError, match=r"m\.gguf: (corrupt or truncated GGUF header|truncated)"):
         open_gguf(path)
+
+
+def test_a_damaged_string_length_is_refused_before_any_copy(tmp_path, monkeypatch):
+    """A string of a token array that claims more than a metadata string may hold (the bytes
+    behind it are in the file): one line naming the file, no copy of the rest of the file."""
+    from swapmoe import gguf_file
+
+    data = bytearray(open(swapmoe.default_model_path(), "rb").read())
+    key = b"tokenizer.ggml.tokens"
+    first_length = data.index(key) + len(key) + 4 + 4 + 8  # value type, item type, count
+    data[first_length:first_length + 8] = np.uint64(5000).tobytes()
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(bytes(data))
+    monkeypatch.setattr(gguf_file, "_MAX_STRING", 1000)
+    with pytest.raises(SwapmoeError, match=f"{bad}: corrupt or truncated GGUF header.*claims 5,000 bytes"):
+        gguf_file.open_gguf(bad)
