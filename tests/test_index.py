@@ -121,3 +121,20 @@ def test_ranges_pickle_with_their_file(tiny):
     r = pickle.loads(pickle.dumps(index.slice(1, 1)[0]))
     p = pickle.loads(pickle.dumps(index.projection(1, 1, "up")))
     assert r == index.slice(1, 1)[0] and r.file == 0 and p == index.projection(1, 1, "up") and p.file == 0
+
+
+@pytest.mark.parametrize("count", [10**7, 2**32 - 1])
+def test_a_damaged_block_count_is_refused_not_allocated(tmp_path, count):
+    """block_count sizes the index's arrays: a count beyond the file's layers is refused."""
+    from conftest import run_cli
+
+    data = bytearray(open(swapmoe.default_model_path(), "rb").read())
+    key = b"qwen3moe.block_count"
+    at = data.index(key) + len(key) + 4  # the value after the key and its uint32 type
+    data[at:at + 4] = np.uint32(count).tobytes()
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(bytes(data))
+    for command in (["inspect", bad], ["index", bad], ["run", bad, "-p", "x", "-n", "1"]):
+        result = run_cli(*command)
+        assert result.exit_code == 1, (command, result.output)
+        assert f"block_count is {count}, but the file has tensors for 6 layers" in result.output

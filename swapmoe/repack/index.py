@@ -379,8 +379,11 @@ def build(g: GGUFFile, piece_digests: np.ndarray | None = None, page_size: int =
     layout = layout_of(g)
     page_size = int(g.get(KEY_PAGE_SIZE)) if layout != "original" else page_size
     routed = [t for t in tensors if t.routed]
-    n_layer = int(g.arch_get(Keys.LLM.BLOCK_COUNT) or 0)
-    n_layer = max([n_layer] + [t.cls.layer + 1 for t in routed])
+    n_layer = max((t.cls.layer + 1 for t in tensors if t.cls.layer is not None), default=0)
+    claimed = int(g.arch_get(Keys.LLM.BLOCK_COUNT) or 0)
+    if claimed > n_layer:  # arrays below are sized by the layers: a damaged count must not size them
+        raise SwapmoeError(f"{g.path}: {g.arch_key(Keys.LLM.BLOCK_COUNT)} is {claimed}, but the file has tensors "
+                           f"for {n_layer} layers")
     n_expert = max((t.ne[-1] for t in routed), default=0)
     parts = [p for p in PARTS if any(part_name(t.cls) == p for t in routed)]
     headers = []
