@@ -138,3 +138,25 @@ def test_a_damaged_block_count_is_refused_not_allocated(tmp_path, count):
         result = run_cli(*command)
         assert result.exit_code == 1, (command, result.output)
         assert f"block_count is {count}, but the file has tensors for 6 layers" in result.output
+
+
+def test_a_section_claiming_more_than_its_shape_is_refused(tmp_path):
+    """A sidecar whose section declares a huge decompressed size (a zstd bomb with a valid
+    checksum) is refused before anything is decompressed."""
+    src = tmp_path / "m.gguf"
+    src.write_bytes(open(swapmoe.default_model_path(), "rb").read())
+    from swapmoe.repack.write import index_gguf
+
+    side, _ = index_gguf(src, digests=False)
+    blob = bytearray(side.read_bytes())
+    name = b"part_offset"
+    at = blob.index(name) + len(name)
+    n = blob[at + 1]  # after the kind byte: the dtype name's length
+    ndim_at = at + 2 + n
+    ndim = blob[ndim_at]
+    raw_at = ndim_at + 1 + 8 * ndim
+    blob[raw_at:raw_at + 8] = np.uint64(1 << 40).tobytes()
+    blob[-32:] = hashlib.sha256(bytes(blob[:-32])).digest()  # a valid checksum: crafted, not damaged
+    side.write_bytes(bytes(blob))
+    with pytest.raises(SwapmoeError, match="part_offset claims 1,099,511,627,776 bytes"):
+        swapmoe.index.load(src)

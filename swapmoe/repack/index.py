@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import struct
 from dataclasses import dataclass, field
@@ -40,6 +41,8 @@ from swapmoe.repack.tensors import (
 SIDECAR_SUFFIX = ".swapidx"
 MAGIC = b"SWAPIDX\0"
 FORMAT_VERSION = 1
+# decompressed bytes one index may claim: a 1000-layer, 1024-expert model's arrays are ~0.3 GB
+MAX_RAW_BYTES = 1 << 30
 _HEADER = struct.Struct("<8sIIQ")  # magic, version, section count, reserved
 
 FLAG_PAGE_ALIGNED = 1  # every range slice() returns starts on a page boundary
@@ -251,6 +254,7 @@ class ExpertIndex:
         if hashlib.sha256(memoryview(blob)[:-32]).digest() != blob[-32:]:
             raise SwapmoeError(f"{where}: index checksum mismatch (damaged file); rebuild it with `swapmoe index`")
         decompressor, values, pos, view = zstandard.ZstdDecompressor(), {}, _HEADER.size, memoryview(blob)
+        total = 0
         for _ in range(n_sections):
             (n,) = struct.unpack_from("<H", blob, pos)
             name = blob[pos + 2:pos + 2 + n].decode()
@@ -262,7 +266,13 @@ class ExpertIndex:
             shape = struct.unpack_from(f"<{ndim}Q", blob, pos + 1)
             raw_len, stored_len = struct.unpack_from("<QQ", blob, pos + 1 + 8 * ndim)
             pos += 1 + 8 * ndim + 16
+            total += raw_len
+            if (kind != 0 and raw_len != math.prod(shape) * np.dtype(dtype).itemsize) or total > MAX_RAW_BYTES:
+                raise SwapmoeError(f"{where}: index section {name} claims {raw_len:,} bytes "
+                                   f"(shape {list(shape)}); damaged file, rebuild it with `swapmoe index`")
             raw = decompressor.decompress(view[pos:pos + stored_len], max_output_size=raw_len)
+            if len(raw) != raw_len:
+                raise SwapmoeError(f"{where}: index section {name} is damaged; rebuild it with `swapmoe index`")
             pos += stored_len
             values[name] = raw if kind == 0 else np.frombuffer(raw, dtype=np.dtype(dtype)).reshape(shape)
         meta = json.loads(values.pop("meta"))
