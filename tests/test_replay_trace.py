@@ -155,15 +155,16 @@ def test_min_matches_brute_force_on_random_traces(rt, tmp_path):
                 assert rt.replay(trace, s, capacity * 4096, policy).misses >= best.misses
 
 
-def test_a_visit_is_needed_together(rt, tmp_path):
-    # layer 0 chooses experts 0 and 1 together: the budget of one expert is too small for the
-    # policies; the store reads them one by one
+def test_a_visit_is_needed_together_unless_it_cannot_fit(rt, tmp_path):
+    # layer 0 chooses experts 0 and 1 together: with room for both, the policies keep them; with
+    # room for one they stream them one by one, as the store reads them; below one expert: too small
     visits = [(1, 0, [[0, 1]]), (2, 0, [[1, 2]])]
     trace = rt.read_trace(write_trace(tmp_path / "pair.jsonl", visits, [[10, 10, 10]], n_expert_used=2))
     s = rt.setup(trace)
     assert rt.largest_visit(trace, s.sizes) == 20
-    assert rt.replay(trace, s, 10, "lru").misses is None
+    assert rt.replay(trace, s, 9, "lru").misses is None
     assert rt.replay(trace, s, 20, "min").misses == 3
+    assert rt.replay(trace, s, 10, "min").misses == 3  # 0, 1 (evicting 0), then 2: 1 is kept in between
     assert rt.replay(trace, s, 10, "store").misses == 3
 
 

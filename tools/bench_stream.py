@@ -18,7 +18,11 @@ The model is a synthetic qwen3moe of the Qwen3-30B-A3B shape at Q4_K_M (or --pre
 prompt tok/s, GB read from storage per token, the expert read bandwidth over the run as a
 share of the disk's sequential read bandwidth (measured right before and right after that
 configuration and averaged: a shared disk's speed drifts), that disk bandwidth, the share of
-the run spent waiting for reads, peak memory of the cgroup, and OOM kills; for models with
+the run spent waiting for reads, peak memory of the cgroup, and OOM kills; the run's bound
+(unless --no-bound): MIN's bytes read while decoding (the configuration's routing trace replayed
+at its budget by tools/replay_trace.py), the decode tok/s of max(the compute-only time of the
+same tokens with every expert in RAM, measured once without a cap; MIN's bytes at the disk's
+sequential speed), and the configuration's share of it; for models with
 hash-routed layers, how many of those layers' expert requests while decoding found the expert
 resident or already in flight. Decoding samples
 (temperature 1, seed 0) so that the routing keeps moving. llama.cpp runs on the original file with --no-repack (its CPU
@@ -129,6 +133,21 @@ def run_swapmoe(model: Path, options: dict, args) -> dict:
     return row
 
 
+def bound_of(trace: Path, row: dict, compute: dict, disk_gbps: float) -> tuple[int, float]:
+    """The run's physical limit: MIN's bytes read while decoding (its routing trace replayed at
+    its budget, tools/replay_trace.py) and the decode tok/s of max(compute time, those bytes at
+    the disk's sequential speed)."""
+    import replay_trace
+
+    recorded = replay_trace.read_trace(trace)
+    setup = replay_trace.setup(recorded, io=row["engine"])
+    budget = row["budget"] if row["budget"] is not None else sum(setup.sizes.values())
+    result = replay_trace.replay(recorded, setup, budget, "min")
+    min_bytes = result.decode_bytes if result.decode_bytes is not None else row["bytes_read"]
+    seconds = max(compute["decode_seconds"], min_bytes / (disk_gbps * 1e9))
+    return min_bytes, row["decode_tokens"] / seconds
+
+
 def run_llama(llama_bin: Path, model: Path, args) -> dict:
     drop_caches()
     prompt = " ".join(["hello"] * args.prompt)
@@ -161,6 +180,8 @@ def main():
     ap.add_argument("--decode", type=int, default=32)
     ap.add_argument("--dir", type=Path, default=Path("/tmp/swapmoe-bench"))
     ap.add_argument("--configs", nargs="*", default=[c for c in CONFIGS if c != "streaming-off" and "256" not in c])
+    ap.add_argument("--no-bound", action="store_true",
+                    help="skip the compute-only run and the MIN replay that give each configuration's bound")
     ap.add_argument("--cached", action="store_true",
                     help="no cap and a warm page cache: compare e.g. --configs default streaming-off")
     default_bin = os.environ.get("SWAPMOE_LLAMA_BIN", str(Path.home() / ".cache/swapmoe-ref/llama-build/bin"))
@@ -192,11 +213,22 @@ def main():
     print(f"model {packed.name}: {size / 1e9:.2f} GB, "
           f"{'no cap, file cached' if args.cached else f'cap {args.cap_mib} MiB'}, prompt {args.prompt}, "
           f"decode {args.decode}; disk sequential read {disk_before:.2f} GB/s (O_DIRECT, 16 MiB reads)")
+    compute = None
+    if not args.cached and not args.no_bound:  # the same tokens with every expert in RAM: compute alone
+        compute = run_swapmoe(packed, {"expert_streaming": False}, argparse.Namespace(**{**vars(args), "cached": True}))
+        if "error" in compute:
+            print(f"compute-only run failed: {compute['error']}; no bound")
+            compute = None
+        else:
+            print(f"compute only (every expert in RAM, no cap): decode "
+                  f"{compute['decode_tokens'] / compute['decode_seconds']:.2f} tok/s")
     print(f"{'configuration':30} {'decode tok/s':>12} {'prompt tok/s':>12} {'GB read/tok':>11} {'read BW/disk':>12} "
-          f"{'disk GB/s':>9} {'I/O wait':>8} {'peak MiB':>9} {'OOM':>4}")
+          f"{'disk GB/s':>9} {'I/O wait':>8} {'peak MiB':>9} {'OOM':>4}" +
+          (f" {'MIN GB':>7} {'bound tok/s':>11} {'of bound':>8}" if compute else ""))
     rows = {}
     for name in args.configs:
-        row = run_swapmoe(packed, CONFIGS[name], args)
+        trace = args.dir / f"trace-{name}.jsonl"
+        row = run_swapmoe(packed, {**CONFIGS[name], "trace": str(trace)}, args)
         disk_after = disk_bandwidth(packed)
         row["disk_gbps"] = disk = (disk_before + disk_after) / 2
         disk_before = disk_after
@@ -209,8 +241,13 @@ def main():
         per_token = row["storage_read_bytes"] / max(1, row["prompt_tokens"] + row["decode_tokens"])
         seconds = row["prompt_seconds"] + row["decode_seconds"]
         bandwidth = row["bytes_read"] / seconds / 1e9
+        bound = ""
+        if compute:
+            row["min_decode_bytes"], row["bound_tps"] = bound_of(trace, row, compute, disk)
+            bound = (f" {row['min_decode_bytes'] / 1e9:7.2f} {row['bound_tps']:11.2f} "
+                     f"{tg / row['bound_tps']:8.2f}")
         print(f"{name:30} {tg:12.2f} {pp:12.1f} {per_token / 1e9:11.3f} {bandwidth / disk:12.2f} {disk:9.2f} "
-              f"{row['wait_seconds'] / seconds:8.0%} {row['peak'] / 2**20:9.0f} {row['oom']:4d}")
+              f"{row['wait_seconds'] / seconds:8.0%} {row['peak'] / 2**20:9.0f} {row['oom']:4d}" + bound)
         if row["hash_layers"]:
             print(f"{'':30} hash-routed layers while decoding, resident or in flight when asked: " + ", ".join(
                 f"layer {layer} {row['decode_layers'][str(layer)][0]}/{row['decode_layers'][str(layer)][1]}"

@@ -35,9 +35,9 @@ Policies:
             fewer bytes.
 
 lru..min evict only when a missing expert does not fit, and never an expert of the current visit
-that the visit still has to use.  A budget below the largest visit's bytes cannot hold one layer's
-chosen experts: those policies report it as too small (the store is still run; it then reads a
-visit's experts one by one, and raises if even that does not fit).
+that the visit still has to use, unless the visit's experts do not fit together (a prompt's layer
+may choose more than the budget holds): then they go through one by one, as the store reads them.
+A budget below the largest expert is too small for those policies (the store is still run).
 
 Sizes: the bytes the store charges for each expert: the sum of its slice's ranges (the mmap engine)
 or its pread slot need (--io pread: ranges widened to 4 KiB for O_DIRECT; the store's pread
@@ -273,17 +273,20 @@ class Result:
     bytes_read: int | None = None
     requests: int = 0
     note: str = ""
+    decode_bytes: int | None = None  # of bytes_read, those read while decoding (a bound on decode speed)
 
 
 def replay_store(trace: Trace, s: Setup, budget: int) -> Result:
     """The real ExpertStore, fed the calls Transformer.routed_experts and Routing.end_pass make."""
     store = ExpertStore(s.index, s.engine(budget), budget, s.keep_recent)
-    previous = None
+    previous, before_decode = None, None
     try:
         for n, layer, ids in trace.visits:
             if previous is not None and n != previous:
                 store.end_pass()
             previous = n
+            if before_decode is None and trace.phases.get(n) == "decode":
+                before_decode = store.stats.bytes_loaded
             store.start_reads(layer, np.asarray(ids, dtype=np.int64))
             for e in ids:
                 store.expert(layer, e)
@@ -292,7 +295,9 @@ def replay_store(trace: Trace, s: Setup, budget: int) -> Result:
         return Result("store", budget, requests=store.stats.requests, note=f"raised: {e}")
     finally:
         store.close()
-    return Result("store", budget, store.stats.misses, store.stats.bytes_loaded, store.stats.requests)
+    loaded = store.stats.bytes_loaded
+    return Result("store", budget, store.stats.misses, loaded, store.stats.requests,
+                  decode_bytes=loaded - (loaded if before_decode is None else before_decode))
 
 
 class _Lazy:
@@ -459,14 +464,15 @@ def largest_visit(trace: Trace, sizes: dict) -> int:
 
 def replay_policy(trace: Trace, s: Setup, budget: int, name: str) -> Result:
     sizes = s.sizes
-    need = largest_visit(trace, sizes)
+    need = max(sizes.values(), default=0)
     if budget < need:
         return Result(name, budget, requests=trace.requests,
-                      note=f"too small: a layer visit chose {need / MiB:.2f} MiB of experts")
+                      note=f"too small: an expert takes {need / MiB:.2f} MiB")
     policy = SIMULATED[name](trace, s)
     resident: dict = {}
-    used = misses = read = t = 0
-    for _, layer, ids in trace.visits:
+    used = misses = read = decode_read = t = 0
+    for n_pass, layer, ids in trace.visits:
+        decoding = trace.phases.get(n_pass) == "decode"
         policy.visit(layer, ids)
         pinned = {(layer, e) for e in ids}  # still to be used in this visit
         for e in ids:
@@ -476,16 +482,20 @@ def replay_policy(trace: Trace, s: Setup, budget: int, name: str) -> Result:
             if not hit:
                 n = sizes[key]
                 while used + n > budget:
-                    victim = policy.victim(pinned)
+                    try:
+                        victim = policy.victim(pinned)
+                    except (StopIteration, IndexError):  # the visit alone does not fit: stream it
+                        victim = policy.victim(set())
                     used -= resident.pop(victim)
                     policy.evicted(victim)
                 resident[key] = n
                 used += n
                 misses += 1
                 read += n
+                decode_read += n if decoding else 0
             policy.used(key, t, hit)
             t += 1
-    return Result(name, budget, misses, read, t)
+    return Result(name, budget, misses, read, t, decode_bytes=decode_read)
 
 
 def replay(trace: Trace, s: Setup, budget: int, policy: str) -> Result:
