@@ -1,5 +1,7 @@
 """Model.generate_ids with a Conversation: the caches kept between calls, cut back to the prefix a
 new prompt shares where they can be, and only the rest of the prompt processed; and override_kv."""
+import numpy as np
+
 import swapmoe
 from swapmoe.runtime.model import Conversation
 
@@ -30,6 +32,23 @@ def test_recurrent_caches_are_reused_only_when_extended(synth_model):
     assert m.stats.cached_tokens == len(prompt) + len(out) - 1  # extends what the state has seen
     list(m.generate_ids(prompt[:5] + [50, 51], 2, conversation=conv, temperature=0, ignore_eos=True))
     assert m.stats.cached_tokens == 0  # a DeltaNet state cannot go back to token 5
+
+
+def test_recurrent_state_restarts_from_the_last_prompts_end(synth_model):
+    """The next turn of a chat whose template re-renders the reply differently (a thinking
+    model's reasoning dropped) goes back to the checkpoint at the end of the previous prompt, and
+    generates what a fresh run generates."""
+    m = swapmoe.load(synth_model(preset="tiny-qwen35moe", seed=1))
+    conv = Conversation()
+    prompt = list(range(10, 30))
+    list(m.generate_ids(prompt, 6, conversation=conv, temperature=0, ignore_eos=True))
+    assert conv.checkpoint[0] == len(prompt)
+    turn = prompt + [7, 8, 9] + [40, 41]  # not the reply the caches hold
+    again = list(m.generate_ids(turn, 5, conversation=conv, temperature=0, ignore_eos=True))
+    assert m.stats.cached_tokens == len(prompt) and m.stats.prompt_tokens == 5
+    last = m.step_logits
+    assert again == list(m.generate_ids(turn, 5, temperature=0, ignore_eos=True))
+    assert np.array_equal(last, m.step_logits)
 
 
 def test_override_kv_routes_to_more_experts():

@@ -9,6 +9,7 @@ import pytest
 import swapmoe
 from swapmoe.runtime.kernels import hyper
 from swapmoe.runtime.models import deepseek4
+from swapmoe.runtime.models.base import Routing
 
 from conftest import cli_command
 
@@ -110,14 +111,14 @@ def test_compressed_rows_one_per_completed_block(synth_model):
                                                     for k in ("kv", "score", "rows"))))
 
 
-def test_hash_layers_take_the_table_rows_and_ignore_fixation(synth_model):
+def test_hash_layers_take_the_table_rows_and_ignore_fixation(synth_model, monkeypatch):
     m = swapmoe.load(synth_model(**TINY), expert_fixation=4)
     table = m.index.hash_table(0)
     assert m.index.hash_layers() == [0] and table.shape == (m.net.n_vocab, m.hparams.n_expert_used)
     chosen = []
-    select = m.net.routing.select
-    m.net.routing.select = lambda layer, selection, k: chosen.append((layer, select(layer, selection, k))) or \
-        chosen[-1][1]
+    select = Routing.select
+    monkeypatch.setattr(Routing, "select", lambda routing, layer, selection, k: chosen.append(
+        (layer, select(routing, layer, selection, k))) or chosen[-1][1])
     prompt = [5, 17, 99]
     out = list(m.generate_ids(prompt, 4, ignore_eos=True))
     inputs = prompt + out[:-1]

@@ -11,6 +11,7 @@ import pytest
 import swapmoe
 from swapmoe.errors import SwapmoeError
 from swapmoe.runtime.experts.options import StreamingOptions, plan
+from swapmoe.runtime.models.base import Routing
 
 PROMPT = [5, 60, 7, 300, 41, 42, 9, 120, 200, 11, 3, 77]
 
@@ -134,17 +135,17 @@ def test_keep_recent_evicts_older_experts(model_path):
         assert sorted(e for _, e in resident) == sorted(last)
 
 
-def test_fixation_pins_ids_for_the_window(model_path):
+def test_fixation_pins_ids_for_the_window(model_path, monkeypatch):
     seen = []
     m = swapmoe.load(model_path, expert_fixation=3)
-    select = m.net.routing.select
+    select = Routing.select
 
-    def spy(layer, selection, k):
-        ids = select(layer, selection, k)
-        seen.append((m.net.routing._decoding, layer, tuple(ids[0]) if len(ids) == 1 else None))
+    def spy(routing, layer, selection, k):
+        ids = select(routing, layer, selection, k)
+        seen.append((routing._decoding, layer, tuple(ids[0]) if len(ids) == 1 else None))
         return ids
 
-    m.net.routing.select = spy
+    monkeypatch.setattr(Routing, "select", spy)
     list(m.generate_ids(PROMPT, max_tokens=7, ignore_eos=True))
     decode = [(layer, ids) for decoding, layer, ids in seen if decoding]
     n_layer = len(m.index.moe_layers())

@@ -2,15 +2,16 @@
 import json
 
 import swapmoe
+from swapmoe.runtime.models.base import Routing
 
 
-def test_trace_records_every_layers_choice(tmp_path):
+def test_trace_records_every_layers_choice(tmp_path, monkeypatch):
     path = tmp_path / "t.jsonl"
     m = swapmoe.load(swapmoe.default_model_path(), trace=path, expert_cache_size=1)
     chosen = []
-    select = m.net.routing.select
-    m.net.routing.select = lambda layer, selection, k: chosen.append((layer, select(layer, selection, k))) or \
-        chosen[-1][1]
+    select = Routing.select
+    monkeypatch.setattr(Routing, "select", lambda self, layer, selection, k: chosen.append(
+        (layer, select(self, layer, selection, k))) or chosen[-1][1])
     prompt = m.tokenize("def main():")
     out = list(m.generate_ids(prompt, 5, temperature=0))
     header, *lines = [json.loads(line) for line in path.read_text().splitlines()]

@@ -1,6 +1,7 @@
 """`swapmoe.load(path)`: a GGUF MoE model ready to score and generate text."""
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import mmap
@@ -61,10 +62,34 @@ class Stats:
 class Conversation:
     """Caches kept between generate_ids calls: the tokens they hold and the per-layer caches. A
     call given the same Conversation processes only the tokens after the longest prefix its
-    prompt shares with `tokens` — all of them where the caches cannot be cut back (a recurrent
-    or compressed cache that has moved past that prefix)."""
+    prompt shares with `tokens`. Attention caches are cut back to that prefix; recurrent states
+    cannot be, so they are copied at the end of each prompt (`checkpoint`: the token count and
+    the copies) and a prompt that leaves the held tokens after that point restarts from there.
+    A cache that can do neither (DeepSeek-V4's compressed rows) is rebuilt from the start."""
     tokens: list[int] = dataclasses.field(default_factory=list)
     cache: list | None = None
+    checkpoint: tuple[int, list] | None = None
+
+
+@dataclass
+class Sequence:
+    """One generation in progress (Model.start, then Model.advance until `finished`): `token` is
+    its newest token, sampled from `logits` and not yet fed back; None when the sample was an
+    end-of-generation token. `finished`: "stop" (such a token) or "length" (max_tokens reached,
+    `token` being the last); None while more may come."""
+    conversation: Conversation
+    routing: Any  # its own routing state (base.Routing)
+    sampler: Sampler
+    stop: set
+    max_tokens: int
+    history: list[int]  # prompt and generated tokens, for the repetition penalties
+    token: int | None = None
+    logits: np.ndarray | None = None
+    finished: str | None = None
+    generated: int = 0
+    prompt_tokens: int = 0  # prompt tokens processed (not those the conversation already held)
+    cached_tokens: int = 0  # prompt tokens the conversation already held
+    prompt_seconds: float = 0.0
 
 
 class Model:
@@ -73,7 +98,7 @@ class Model:
 
     def __init__(self, path: str | os.PathLike, ctx: int | None = None, threads: int | None = None,
                  override_kv: dict[str, Any] | list[str] | None = None, trace: str | os.PathLike | None = None,
-                 **streaming):
+                 parallel: int = 1, **streaming):
         self.options = streaming_options.StreamingOptions.from_env(**streaming)
         self.path = Path(path)
         self.gguf = open_gguf(self.path)
@@ -92,12 +117,13 @@ class Model:
                                f"{self.hparams.n_expert_used}; it must be 1..{self.index.n_expert}")
         self._resident = self.index.resident_tensors(self.hparams.n_layer)  # what stays in RAM
         self.n_ctx = ctx or min(int(self.gguf.arch_get(Keys.LLM.CONTEXT_LENGTH) or 4096), 4096)
+        self.parallel = parallel
         self.plan = self._plan()
         if self.plan.streaming:
             self._load_nonexpert()
         self.store = self._store()
         self.net = ARCHITECTURES[arch](self.gguf, self.store, self.hparams)
-        routing = self.net.routing  # the policies this plan asks for, on the network's own router hook
+        routing = self._routing = self.net.routing  # the policies this plan asks for; each sequence forks it
         routing.fixation = self.plan.fixation
         routing.prefetch_previous = self.plan.prefetch in ("previous", "both")
         routing.lookahead = self.plan.prefetch in ("lookahead", "both")
@@ -115,7 +141,7 @@ class Model:
         idx, n_layer = self.index, self.hparams.n_layer
         per_expert = idx.part_length[:n_layer].sum(axis=2)  # [layer, expert]
         nonexpert_bytes = sum(t.length for t in self._resident)
-        kv = ARCHITECTURES[self.gguf.arch].cache_bytes(self.gguf, self.hparams, self.n_ctx)
+        kv = ARCHITECTURES[self.gguf.arch].cache_bytes(self.gguf, self.hparams, self.n_ctx) * self.parallel
         min_cache = int(per_expert.max(initial=0)) * max(idx.n_expert_used, self.hparams.n_expert_used, 1) * 2
         return streaming_options.plan(self.options, int(per_expert.sum()), nonexpert_bytes, kv, min_cache,
                                       repacked=idx.layout != "original", available=available_memory())
@@ -154,8 +180,9 @@ class Model:
         if ids.size and (ids.min() < 0 or ids.max() >= self.net.n_vocab):
             raise SwapmoeError(f"token id out of range 0..{self.net.n_vocab - 1}")
 
-    def _prefill(self, ids: np.ndarray, cache, all_logits: bool) -> np.ndarray:
-        self.net.routing.expect(ids)  # every hash-routed layer's experts for the whole prompt are known now
+    def _prefill(self, ids: np.ndarray, cache, all_logits: bool, routing) -> np.ndarray:
+        self.net.routing = routing
+        routing.expect(ids)  # every hash-routed layer's experts for the whole prompt are known now
         outs = [self.net.forward(ids[i:i + BATCH], cache, all_logits) for i in range(0, len(ids), BATCH)]
         return np.concatenate(outs) if all_logits else outs[-1]
 
@@ -183,16 +210,16 @@ class Model:
             raise SwapmoeError(f"{len(ids)} tokens exceed the context of {self.n_ctx}")
         self._start_stats()
         start = time.perf_counter()
-        out = self._prefill(ids, self.net.new_cache(len(ids)), all_logits=True)
+        out = self._prefill(ids, self.net.new_cache(len(ids)), True, self._routing.fork())
         self.stats.prompt_tokens, self.stats.prompt_seconds = len(ids), time.perf_counter() - start
         self._finish_stats()
         return out
 
-    def generate_ids(self, prompt_ids: list[int], max_tokens: int = 128, ignore_eos: bool = False,
-                     conversation: Conversation | None = None, **sampling) -> Iterator[int]:
-        """Yield the ids of the continuation of `prompt_ids`: one batched prompt pass, then one
-        forward pass per new token. Sampling options: see Sampling (default greedy).
-        conversation: reuse (and keep) its caches for the prompt's prefix it already holds."""
+    def start(self, prompt_ids: list[int], max_tokens: int = 128, ignore_eos: bool = False,
+              conversation: Conversation | None = None, **sampling) -> Sequence:
+        """Process a prompt and sample the first token of its continuation: a Sequence that
+        `advance` takes further, alone or with others. Sampling options: see Sampling (default
+        greedy). conversation: reuse (and keep) its caches for the prompt's prefix it already holds."""
         ids = np.asarray(prompt_ids, dtype=np.int64).reshape(-1)
         self._check_ids(ids)
         if not ids.size:
@@ -200,38 +227,73 @@ class Model:
         if len(ids) + max_tokens > self.n_ctx:
             raise SwapmoeError(f"prompt ({len(ids)} tokens) + {max_tokens} new tokens exceed the context of "
                                f"{self.n_ctx}; use a larger --ctx or fewer tokens")
-        sampler = Sampler(Sampling(**sampling))
-        stop = set() if ignore_eos else set(self.tokenizer.eot_ids)
-        if conversation is None:
-            conversation, reused = Conversation(cache=self.net.new_cache(len(ids) + max_tokens)), 0
-        else:
+        kept = conversation is not None
+        if kept:
             reused = self._reuse(conversation, ids)
-        cache = conversation.cache
-        self._start_stats()
-        start = time.perf_counter()
-        logits = self._prefill(ids[reused:], cache, all_logits=False)[-1]
+        else:
+            conversation, reused = Conversation(cache=self.net.new_cache(len(ids) + max_tokens)), 0
+        seq = Sequence(conversation, self._routing.fork(), Sampler(Sampling(**sampling)),
+                       set() if ignore_eos else set(self.tokenizer.eot_ids), max_tokens, ids.tolist(),
+                       prompt_tokens=len(ids) - reused, cached_tokens=reused)
+        started = time.perf_counter()
+        logits = self._prefill(ids[reused:], conversation.cache, False, seq.routing)[-1]
         conversation.tokens.extend(ids[reused:].tolist())
-        self.stats.prompt_tokens, self.stats.cached_tokens = len(ids) - reused, reused
-        self.stats.prompt_seconds = time.perf_counter() - start
-        history = ids.tolist()
-        start = time.perf_counter()
+        if kept:
+            self._checkpoint(conversation)
+        seq.prompt_seconds = time.perf_counter() - started
+        if max_tokens:
+            self._sample(seq, logits)
+        else:
+            seq.finished = "length"
+        return seq
+
+    def advance(self, sequences: list[Sequence]) -> None:
+        """Feed each unfinished sequence its newest token and sample the next: one decoding pass
+        for all of them together (Transformer.forward_together: each expert read once)."""
+        live = [s for s in sequences if s.token is not None and s.finished is None]
+        if not live:
+            return
+        logits = self.net.forward_together([s.token for s in live], [s.conversation.cache for s in live],
+                                           [s.routing for s in live])
+        for seq, row in zip(live, logits):
+            seq.conversation.tokens.append(seq.token)
+            self._sample(seq, row)
+
+    def _sample(self, seq: Sequence, logits: np.ndarray) -> None:
+        seq.logits = logits
+        token = seq.sampler(logits, seq.history)
+        if token in seq.stop:
+            seq.token, seq.finished = None, "stop"
+            return
+        seq.token = token
+        seq.history.append(token)
+        seq.generated += 1
+        if seq.generated == seq.max_tokens:
+            seq.finished = "length"
+        else:
+            seq.routing.expect(np.array([token]))  # its hash-routed layers' experts: read now
+
+    def generate_ids(self, prompt_ids: list[int], max_tokens: int = 128, ignore_eos: bool = False,
+                     conversation: Conversation | None = None, **sampling) -> Iterator[int]:
+        """Yield the ids of the continuation of `prompt_ids`: one batched prompt pass, then one
+        forward pass per new token. Sampling options: see Sampling (default greedy).
+        conversation: reuse (and keep) its caches for the prompt's prefix it already holds."""
+        self._start_stats()
+        seq = self.start(prompt_ids, max_tokens, ignore_eos, conversation, **sampling)
+        self.stats.prompt_tokens, self.stats.cached_tokens = seq.prompt_tokens, seq.cached_tokens
+        self.stats.prompt_seconds = seq.prompt_seconds
+        started = time.perf_counter()
         decode_before = self.store.summary()
         try:
-            for n in range(max_tokens):
-                self.step_logits = logits
-                token = sampler(logits, history)
-                if token in stop:
-                    break
-                if n + 1 < max_tokens:
-                    self.net.routing.expect(np.array([token]))  # its hash-routed layers' experts: read now
-                history.append(token)
+            while seq.token is not None:
+                self.step_logits = seq.logits
                 self.stats.decode_tokens += 1
-                yield token
-                if n + 1 < max_tokens:
-                    logits = self.net.forward(np.array([token]), cache)[-1]
-                    conversation.tokens.append(token)
+                yield seq.token
+                if seq.finished:
+                    break
+                self.advance([seq])
         finally:
-            self.stats.decode_seconds = time.perf_counter() - start
+            self.stats.decode_seconds = time.perf_counter() - started
             self._finish_stats()
             self.stats.decode_layers = _layer_counts(decode_before, self.store.summary())
 
@@ -242,15 +304,34 @@ class Model:
         shared = 0
         while shared < min(len(held), len(prompt) - 1) and held[shared] == prompt[shared]:
             shared += 1
-        cache = conversation.cache
-        rewindable = cache is not None and all(isinstance(c, layers.KVCache) for c in cache)
-        if cache is None or (shared < len(held) and not rewindable):
-            conversation.cache, conversation.tokens = self.net.new_cache(self.n_ctx), []
+        cache, checkpoint = conversation.cache, conversation.checkpoint
+        if cache is not None and shared < len(held) and not all(isinstance(c, layers.KVCache) for c in cache):
+            if checkpoint is None or checkpoint[0] > shared:
+                conversation.cache, conversation.tokens, conversation.checkpoint = None, [], None
+                cache = None
+            else:  # back to the end of the last prompt
+                shared = checkpoint[0]
+                for c, saved in zip(cache, checkpoint[1]):
+                    if saved is not None:
+                        c.conv[...], c.ssm[...], c.length = saved.conv, saved.ssm, saved.length
+        if cache is None:
+            conversation.cache = self.net.new_cache(self.n_ctx)
             return 0
         for c in cache:
-            c.length = shared  # what lies past it is overwritten as the new tokens come
+            if isinstance(c, layers.KVCache):
+                c.length = shared  # what lies past it is overwritten as the new tokens come
         del held[shared:]
         return shared
+
+    @staticmethod
+    def _checkpoint(conversation: Conversation) -> None:
+        """Copy the recurrent states at the end of a prompt (a turn boundary), for _reuse; only
+        for caches made of attention caches and recurrent states."""
+        cache = conversation.cache
+        if any(isinstance(c, layers.RecurrentState) for c in cache) and \
+                all(isinstance(c, (layers.KVCache, layers.RecurrentState)) for c in cache):
+            conversation.checkpoint = (len(conversation.tokens), [
+                copy.deepcopy(c) if isinstance(c, layers.RecurrentState) else None for c in cache])
 
     def generate(self, prompt: str | list[int], max_tokens: int = 128, ignore_eos: bool = False,
                  **sampling) -> Iterator[str]:
@@ -289,7 +370,7 @@ class RoutingTrace:
     def __init__(self, path: str | os.PathLike, model: "Model"):
         idx, plan = model.index, model.plan
         self.file = open(path, "w", encoding="utf-8")
-        self.routing = model.net.routing
+        self.passes = 0
         header = {"format": "swapmoe-trace", "version": self.VERSION, "model": str(model.path),
                   "arch": model.gguf.arch, "n_layer": model.hparams.n_layer, "n_expert": idx.n_expert,
                   "n_expert_used": model.hparams.n_expert_used,
@@ -298,9 +379,14 @@ class RoutingTrace:
                   "prefetch": plan.prefetch, "hash_layers": idx.hash_layers()}
         self.file.write(json.dumps(header) + "\n")
 
-    def __call__(self, layer: int, ids: np.ndarray, hashed: bool) -> None:
-        line = {"pass": self.routing.passes, "phase": "decode" if self.routing._decoding else "prompt", "layer": layer,
-                "ids": ids.tolist(), "hash": hashed}
+    def new_pass(self) -> int:
+        """The number of a forward pass that begins (1, 2, ...)."""
+        self.passes += 1
+        return self.passes
+
+    def __call__(self, pass_: int, decoding: bool, layer: int, ids: np.ndarray, hashed: bool) -> None:
+        line = {"pass": pass_, "phase": "decode" if decoding else "prompt", "layer": layer, "ids": ids.tolist(),
+                "hash": hashed}
         self.file.write(json.dumps(line) + "\n")
         self.file.flush()
 
@@ -366,7 +452,8 @@ def load(path: str | os.PathLike, **options) -> Model:
 
     Options: ctx (context length), threads, override_kv (metadata values to use instead of the
     file's: a dict, or llama.cpp's "KEY=TYPE:VALUE" strings), trace (a file: every layer's expert
-    choice as JSON lines, RoutingTrace), and the expert-streaming options io ("auto",
+    choice as JSON lines, RoutingTrace), parallel (sequences that will decode together, each
+    with a context's caches: the memory plan reserves them), and the expert-streaming options io ("auto",
     "mmap", "pread"), expert_streaming, expert_cache_size (MiB), expert_keep_recent,
     expert_fixation, expert_prefetch ("off", "previous", "lookahead", "both"),
     expert_hash_prefetch (read hash-routed layers' experts as soon as a token is known; on); unset ones

@@ -19,6 +19,7 @@ memory map; never copied), rows are ggml rows (outputs), cols the row length.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import sys
@@ -202,6 +203,22 @@ def ggml_order(ggml_type: int, rows: int, cols: int, n_tok: int, grouped: bool, 
     return ORDER_DOT
 
 
+_separate_tokens = False  # set by separate_tokens()
+
+
+@contextlib.contextmanager
+def separate_tokens():
+    """Inside, each row of a product is one token of its own sequence: the route is chosen as for
+    a one-token product (ggml_order's n_tok = 1), so sequences decoding together in one product
+    (Transformer.forward_together) each get the bits they get alone."""
+    global _separate_tokens
+    before, _separate_tokens = _separate_tokens, True
+    try:
+        yield
+    finally:
+        _separate_tokens = before
+
+
 def matmul_q(ggml_type: int, W: np.ndarray, rows: int, cols: int, qx: QuantizedActivation,
              group_rows: int | None = None, stacked: bool = False, straight: bool | None = None) -> np.ndarray:
     """Y[T, rows] = X @ W.T with X already passed through quantize_activation.
@@ -224,7 +241,8 @@ def matmul_q(ggml_type: int, W: np.ndarray, rows: int, cols: int, qx: QuantizedA
         raise ValueError(f"{rows} rows in groups of {group_rows} do not match {qx.qs.shape[0]} activation rows")
     out = np.empty((qx.qs.shape[0] // groups, rows), np.float32)
     if rows:
-        order = ggml_order(ggml_type, group_rows, cols, len(out), groups > 1, stacked)
+        n_tok = 1 if _separate_tokens else len(out)
+        order = ggml_order(ggml_type, group_rows, cols, n_tok, groups > 1, stacked)
         if straight is None:
             straight = len(out) <= kernel.straight_tokens
         kernel.matmul(_readonly(W), rows, group_rows, cols, qx.qs, qx.d, qx.extra, out, order, straight)
@@ -257,7 +275,7 @@ def dequantize_rows(ggml_type: int, W: np.ndarray, rows: int, cols: int, row_ids
 
 
 __all__ = [
-    "KERNELS", "Kernel", "QuantizedActivation", "quantize_activation", "ggml_order",
+    "KERNELS", "Kernel", "QuantizedActivation", "quantize_activation", "ggml_order", "separate_tokens",
     "ORDER_DOT", "ORDER_GEMM", "ORDER_GEMV", "ORDER_LANES", "ORDER_TILED",
     "matvec", "matmul", "matvec_q", "matmul_q", "dequantize_rows",
 ]

@@ -29,16 +29,18 @@ experts from the sidecar's token → experts table instead of the router's top-k
 from __future__ import annotations
 
 import enum
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
 
+import greenlet
 import numpy as np
 from gguf import ExpertGatingFuncType, GGMLQuantizationType as T, Keys
 
 from swapmoe.errors import SwapmoeError
 from swapmoe.gguf_file import GGUFFile
-from swapmoe.runtime import layers
+from swapmoe.runtime import kernels, layers
 from swapmoe.runtime.experts.store import Expert
 from swapmoe.runtime.linear import Weight, linear, linear_each, rows_of
 
@@ -288,13 +290,21 @@ class Routing:
         self.hash_tables: dict[int, np.ndarray] = dict(store.index.tables)
         self.fixation, self.prefetch_previous, self.lookahead = 0, False, False  # set by Model from its plan
         self.hash_prefetch = True
-        self.trace = None  # a callable(layer, ids [T, k], hashed) told every layer's choice (Model's --trace)
-        self.passes = 0  # forward passes begun
+        self.trace = None  # told every pass and every layer's choice (Model's --trace: a RoutingTrace)
+        self._pass = 0  # the trace's number of the pass under way
         self._decoding = False
         self._tokens = np.zeros(0, np.int64)  # the pass's input tokens
         self._passes = 0  # decoding passes since the fixation window opened
         self._pinned: dict[int, np.ndarray] = {}
         self._last: dict[int, np.ndarray] = {}
+
+    def fork(self) -> "Routing":
+        """A Routing with these policies and tables and a state of its own: every sequence has one,
+        so sequences decoding together keep their own fixation windows and previous experts."""
+        other = Routing(self.store)
+        other.fixation, other.prefetch_previous, other.lookahead = self.fixation, self.prefetch_previous, self.lookahead
+        other.hash_prefetch, other.trace = self.hash_prefetch, self.trace
+        return other
 
     def expect(self, tokens: np.ndarray) -> None:
         """These tokens are the next input: start reading their hash-routed layers' experts, in
@@ -306,7 +316,8 @@ class Routing:
             self.store.prefetch(layer, np.unique(table[tokens]), evict=len(tokens) == 1, certain=True)
 
     def begin_pass(self, decoding: bool, tokens: np.ndarray) -> None:
-        self.passes += 1
+        if self.trace:
+            self._pass = self.trace.new_pass()
         self._decoding = decoding
         self._tokens = tokens
         self.expect(tokens)
@@ -335,7 +346,7 @@ class Routing:
         ids = self.hash_ids(layer)
         if ids is not None:
             if self.trace:
-                self.trace(layer, ids, True)
+                self.trace(self._pass, self._decoding, layer, ids, True)
             return ids
         if self._decoding and self.fixation and layer in self._pinned:
             ids = self._pinned[layer][None, :]
@@ -345,7 +356,7 @@ class Routing:
                 self._pinned[layer] = ids[0]
         self._last[layer] = np.unique(ids)
         if self.trace:
-            self.trace(layer, ids, False)
+            self.trace(self._pass, self._decoding, layer, ids, False)
         return ids
 
     def prefetch(self, layer: int, ids) -> None:
@@ -375,6 +386,7 @@ class Transformer:
         self.output = self.w.matrix("output.weight") if self.w.has("output.weight") else self.embedding
         self.n_vocab = self.embedding.rows
         self.routing = Routing(store)
+        self._meeting: _ExpertMeeting | None = None  # set while forward_together runs
         self.setup()
         self.blocks = [self.load_block(i) for i in range(self.hp.n_layer)]
         self._check_contract()
@@ -428,6 +440,23 @@ class Transformer:
         if not all_logits:
             h = h[-1:]
         return linear(self.output, self.head(h))
+
+    def forward_together(self, tokens: list[int], caches: list[list], routings: list[Routing]) -> np.ndarray:
+        """Logits [S, n_vocab] of one decoding pass of S sequences: sequence s feeds tokens[s] after
+        caches[s] and chooses experts with routings[s]. Each sequence's pass is forward() itself,
+        run as a greenlet (a coroutine on this thread) that waits at every MoE layer until all
+        passes are there; then each expert any of them chose is read once and applied to all their
+        rows, as one-token products: every sequence gets the bits it gets decoding alone."""
+        before = self.routing
+        try:
+            if len(tokens) == 1:
+                self.routing = routings[0]
+                return self.forward(np.array(tokens[:1]), caches[0])
+            self._meeting = _ExpertMeeting(self, routings)
+            passes = [functools.partial(self.forward, np.array([t]), c) for t, c in zip(tokens, caches)]
+            return np.concatenate(self._meeting.run(passes))
+        finally:
+            self.routing, self._meeting = before, None
 
     def embed(self, tokens: np.ndarray) -> np.ndarray:
         return rows_of(self.embedding, tokens)
@@ -499,7 +528,13 @@ class Transformer:
         """Σ_k weights[t,k] · expert_{ids[t,k]}(x[t]), summed in rank order as llama.cpp does.
 
         Expert-major: each expert any token chose is fetched once and applied to all its tokens.
-        All reads of the layer start at once; each expert is computed as soon as it is in."""
+        All reads of the layer start at once; each expert is computed as soon as it is in. Under
+        forward_together, the tokens of every sequence meet here first."""
+        if self._meeting is not None:
+            return self._meeting.wait(layer, x, ids, weights)
+        return self.mix_experts(layer, x, ids, weights)
+
+    def mix_experts(self, layer: int, x: np.ndarray, ids: np.ndarray, weights: np.ndarray) -> np.ndarray:
         T_, k = ids.shape
         used = np.unique(ids)
         self.store.start_reads(layer, used)
@@ -539,6 +574,45 @@ class Transformer:
             return exact[-1]
         x = layers.rms_norm(h[-1:], b.ffn_norm, self.hp.rms_eps)
         return layers.top_k(linear(b.ffn.router, x), self.hp.n_expert_used)[0]
+
+
+class _ExpertMeeting:
+    """Where the passes of forward_together wait for each other: a pass that reaches a layer's
+    routed experts hands (layer, x, ids, weights) over and suspends; when every pass is suspended
+    or done, the earliest layer's waiters are mixed in one call and resumed with their rows."""
+
+    def __init__(self, net: Transformer, routings: list[Routing]):
+        self.net, self.routings = net, routings
+        self.scheduler = greenlet.getcurrent()
+        self.waiting: dict[int, tuple] = {}  # pass -> (layer, x, ids, weights)
+        self.passes: list[greenlet.greenlet] = []
+
+    def wait(self, layer: int, x: np.ndarray, ids: np.ndarray, weights: np.ndarray) -> np.ndarray:
+        self.waiting[self.passes.index(greenlet.getcurrent())] = (layer, x, ids, weights)
+        return self.scheduler.switch()
+
+    def run(self, passes: list) -> list[np.ndarray]:
+        self.passes = [greenlet.greenlet(p) for p in passes]
+        results: list = [None] * len(passes)
+
+        def resume(s: int, *value) -> None:
+            self.net.routing = self.routings[s]  # the routing state of the pass that runs
+            out = self.passes[s].switch(*value)
+            if self.passes[s].dead:
+                results[s] = out
+
+        for s in range(len(passes)):
+            resume(s)
+        while self.waiting:
+            layer = min(w[0] for w in self.waiting.values())
+            group = sorted(s for s, w in self.waiting.items() if w[0] == layer)
+            parts = [self.waiting.pop(s) for s in group]
+            with kernels.separate_tokens():
+                mixed = self.net.mix_experts(layer, *(np.concatenate([p[i] for p in parts]) for i in (1, 2, 3)))
+            ends = np.cumsum([len(p[1]) for p in parts])
+            for s, rows in zip(group, np.split(mixed, ends[:-1])):
+                resume(s, rows)
+        return results
 
 
 _GATES = {Gating.SOFTMAX: layers.softmax, Gating.SIGMOID: layers.sigmoid, Gating.SOFTMAX_WEIGHT: lambda z: z,
