@@ -274,14 +274,18 @@ def run(model, prompt, prompt_file, chat, max_tokens, temp, top_k, top_p, min_p,
 @click.option("--port", type=click.IntRange(1, 65535), default=8080, show_default=True, help="Port to listen on.")
 @click.option("--api-key", envvar="SWAPMOE_API_KEY",
               help="Require `Authorization: Bearer KEY` on every route but /health. Env SWAPMOE_API_KEY.")
+@click.option("--parallel", "-np", type=click.IntRange(1, 64), default=4, show_default=True,
+              help="Requests decoded together (each with its own context's caches); each step reads an "
+                   "expert once for all of them. More requests wait in order.")
 @model_options
 @user_errors
-def serve(model, host, port, api_key, options):
+def serve(model, host, port, api_key, parallel, options):
     """Serve a GGUF MoE model over OpenAI's HTTP API (default: the embedded tiny model).
 
     \b
     Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health,
-    POST /tokenize, POST /detokenize, GET /metrics. Requests run one at a time, in order.
+    POST /tokenize, POST /detokenize, GET /metrics. Up to --parallel requests decode
+    together; the rest wait in order.
     \b
     Examples:
       swapmoe serve model.gguf --port 8080
@@ -291,7 +295,7 @@ def serve(model, host, port, api_key, options):
     """
     from swapmoe.server import serve as run_server
 
-    run_server(model, host=host, port=port, api_key=api_key, **options)
+    run_server(model, host=host, port=port, api_key=api_key, parallel=parallel, **options)
 
 
 @main.command()

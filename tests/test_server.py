@@ -24,7 +24,7 @@ def _start(api_key=None):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     path = swapmoe.default_model_path()
-    app = create_app(lambda: swapmoe.load(path), name="tiny-moe", api_key=api_key)
+    app = create_app(lambda: swapmoe.load(path, parallel=4), name="tiny-moe", api_key=api_key, parallel=4)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     threading.Thread(target=server.run, daemon=True).start()
     base = f"http://127.0.0.1:{port}"
@@ -38,9 +38,13 @@ def _start(api_key=None):
     raise RuntimeError("server did not become ready")
 
 
+APPS = {}  # base URL -> the app serving it
+
+
 @pytest.fixture(scope="module")
 def served():
     server, base = _start()
+    APPS[base] = server.config.app
     yield base
     server.should_exit = True
 
@@ -113,17 +117,20 @@ def test_stop_strings_end_the_text_and_are_not_in_it(client):
     assert "".join(c.choices[0].text for c in streamed if c.choices) == text[:text.index(stop)]
 
 
-def test_concurrent_clients_each_get_their_solo_output(client, model):
+def test_concurrent_clients_each_get_their_solo_output(served, client, model):
     prompts = [[{"role": "user", "content": f"Count to {n}."}] for n in range(4)]
+    tokens, steps = metric(served, "tokens_predicted_total"), metric(served, "decode_steps_total")
 
     def ask(messages):
-        stream = client.chat.completions.create(model="tiny-moe", messages=messages, max_tokens=16, stream=True,
+        stream = client.chat.completions.create(model="tiny-moe", messages=messages, max_tokens=64, stream=True,
                                                 **GREEDY)
         return "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
 
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         answers = list(pool.map(ask, prompts))
-    assert answers == [solo(model, m, 16) for m in prompts]
+    assert answers == [solo(model, m, 64) for m in prompts]
+    tokens, steps = metric(served, "tokens_predicted_total") - tokens, metric(served, "decode_steps_total") - steps
+    assert steps < tokens * 0.75  # the four decoded together, not one after another
 
 
 def test_a_dropped_stream_frees_the_model(served, client):
@@ -145,6 +152,7 @@ def test_a_dropped_stream_frees_the_model(served, client):
     (b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": -1}', 400, "max_tokens"),
     (b'{"messages": []}', 400, "messages"),
     (b'{"messages": [{"role": "user", "content": "hi"}], "n": 2}', 400, "n"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "ignore_eos": 1}', 400, "ignore_eos"),
     (b'{"messages": [{"role": "wizard", "content": "hi"}]}', 400, "messages[0]"),
     (b'{"messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}', 400, "temperature"),
     (b'[1, 2]', 400, None),
@@ -211,5 +219,36 @@ def test_logprobs_are_the_models_distribution(client, model):
                                                                  reverse=True)
     text = client.completions.create(model="tiny-moe", prompt="def main():", max_tokens=2, logprobs=1, **GREEDY)
     assert len(text.choices[0].logprobs.token_logprobs) == 2
-    with pytest.raises(openai.BadRequestError, match="stream"):
-        client.completions.create(model="tiny-moe", prompt="x", max_tokens=2, logprobs=1, stream=True)
+    streamed = client.chat.completions.create(model="tiny-moe", messages=MESSAGES, max_tokens=3, logprobs=True,
+                                              top_logprobs=2, stream=True, **GREEDY)
+    pieces = [step for c in streamed if c.choices and c.choices[0].logprobs for step in c.choices[0].logprobs.content]
+    assert [(p.token, p.logprob) for p in pieces] == [(s.token, s.logprob) for s in steps]
+    stream = client.completions.create(model="tiny-moe", prompt="def main():", max_tokens=2, logprobs=1, stream=True,
+                                       **GREEDY)
+    offsets = [o for c in stream if c.choices and c.choices[0].logprobs for o in c.choices[0].logprobs.text_offset]
+    assert offsets == text.choices[0].logprobs.text_offset
+
+
+def test_thinking_goes_to_reasoning_content(served, client, model, monkeypatch):
+    """The tiny model has no <think> tokens: its greedy reply's own words stand in for the tags."""
+    from swapmoe.server import reasoning
+
+    messages = [{"role": "user", "content": "class Point:"}]  # a reply of varied words
+    text = solo(model, messages, 24)
+    tag = next(w for w in text.split()[1:] if text.count(w) == 1 and len(w) > 2)
+    before, after = text.split(tag)
+    monkeypatch.setattr(APPS[served].state.server.worker, "thinks", True)
+    monkeypatch.setattr(reasoning, "CLOSE", tag)
+    monkeypatch.setattr(reasoning, "opened_by", lambda prompt_text: True)
+    reply = client.chat.completions.create(model="tiny-moe", messages=messages, max_tokens=24, **GREEDY)
+    message = reply.choices[0].message
+    assert (message.reasoning_content, message.content) == (before.lstrip(), after.lstrip())
+    chunks = list(client.chat.completions.create(model="tiny-moe", messages=messages, max_tokens=24, stream=True,
+                                                 **GREEDY))
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    streamed = "".join(getattr(d, "reasoning_content", None) or "" for d in deltas)
+    assert (streamed, "".join(d.content or "" for d in deltas)) == (before.lstrip(), after.lstrip())
+    plain = client.chat.completions.create(model="tiny-moe", messages=messages, max_tokens=24,
+                                           extra_body={**GREEDY["extra_body"], "reasoning_format": "none"},
+                                           temperature=0, top_p=1)
+    assert plain.choices[0].message.content == text

@@ -4,7 +4,8 @@ tokenize, metrics) on Starlette and uvicorn.
     swapmoe.serve(path, host="127.0.0.1", port=8080, api_key=None, **load_options)
     create_app(load, name, api_key) -> the ASGI app, for embedding in another server
 
-Requests run one at a time in arrival order on a worker thread that owns the model
+Up to `parallel` requests decode together on a worker thread that owns the model, one token
+each per step, every expert they need read once for all; later ones wait in arrival order
 (docs/server.md)."""
 from __future__ import annotations
 
@@ -17,15 +18,17 @@ __all__ = ["create_app", "serve"]
 
 
 def serve(model: str | os.PathLike | None = None, host: str = "127.0.0.1", port: int = 8080,
-          api_key: str | None = None, **options) -> None:
+          api_key: str | None = None, parallel: int = 4, **options) -> None:
     """Serve the GGUF at `model` (default: the embedded tiny model) until interrupted. The
     header is read first, so a file that is not a GGUF fails here; the rest loads while the
-    server already answers /health with 503. options: those of swapmoe.load."""
+    server already answers /health with 503. parallel: requests decoded together; options:
+    those of swapmoe.load."""
     import uvicorn
 
     import swapmoe
 
     path = Path(model or swapmoe.default_model_path())
     swapmoe.open_gguf(path)  # a missing or damaged file: one clear error before anything listens
-    app = create_app(lambda: swapmoe.load(path, **options), name=path.stem, api_key=api_key)
+    app = create_app(lambda: swapmoe.load(path, parallel=parallel, **options), name=path.stem, api_key=api_key,
+                     parallel=parallel)
     uvicorn.run(app, host=host, port=port, log_level="info")

@@ -25,15 +25,15 @@ PING_SECONDS = 10.0  # an SSE comment this often while the prompt runs, so clien
 class Server:
     """The app's state: the model (loaded in the background when given a path), its worker."""
 
-    def __init__(self, load, name: str, api_key: str | None):
-        self.name, self.api_key = name, api_key
+    def __init__(self, load, name: str, api_key: str | None, parallel: int):
+        self.name, self.api_key, self.parallel = name, api_key, parallel
         self.worker: Worker | None = None
         self.load_error: str | None = None
         threading.Thread(target=self._load, args=(load,), name="swapmoe-load", daemon=True).start()
 
     def _load(self, load) -> None:
         try:
-            self.worker = Worker(load())
+            self.worker = Worker(load(), self.parallel)
         except (SwapmoeError, OSError) as e:
             self.load_error = str(e)
 
@@ -43,11 +43,11 @@ class Server:
         return self.worker
 
 
-def create_app(load, name: str, api_key: str | None = None) -> Starlette:
+def create_app(load, name: str, api_key: str | None = None, parallel: int = 1) -> Starlette:
     """The ASGI app. load: a callable returning a swapmoe Model (run in the background; /health
     says 503 until it is done); name: the model id clients see; api_key: required as a Bearer
-    token on every route but /health."""
-    server = Server(load, name, api_key)
+    token on every route but /health; parallel: requests decoded together (more wait in order)."""
+    server = Server(load, name, api_key, parallel)
 
     def guarded(handler):
         async def endpoint(request: Request) -> Response:
@@ -88,14 +88,14 @@ def create_app(load, name: str, api_key: str | None = None) -> Starlette:
                            "model", code="model_not_found")
         generation = parse(body)
         loop = asyncio.get_running_loop()
-        prompt = await loop.run_in_executor(None, worker.prompt_ids, generation)  # fails here, not in the queue
-        job = Job(generation, prompt, loop, asyncio.Queue())
+        prompt, split = await loop.run_in_executor(None, worker.prompt_ids, generation)  # fails here, not queued
+        job = Job(generation, prompt, split, loop, asyncio.Queue())
         worker.submit(job)
         if generation.stream:
             return StreamingResponse(_stream(request, job), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
         try:
-            text, finish, usage, logprobs = [], None, None, None
+            text, thought, finish, usage, logprobs = [], [], None, None, None
             while True:
                 try:
                     event = await asyncio.wait_for(job.events.get(), 1.0)
@@ -105,6 +105,7 @@ def create_app(load, name: str, api_key: str | None = None) -> Starlette:
                     continue
                 if event[0] == "text":
                     text.append(event[1])
+                    thought.append(event[3])
                 elif event[0] == "error":
                     raise event[1]
                 else:
@@ -112,7 +113,7 @@ def create_app(load, name: str, api_key: str | None = None) -> Starlette:
                     break
         finally:
             job.cancelled.set()  # a client gone mid-request frees the worker at its next token
-        reply = _response(generation, "".join(text), finish, usage, server.name)
+        reply = _response(generation, "".join(text), "".join(thought), finish, usage, server.name)
         if logprobs is not None:
             reply["choices"][0]["logprobs"] = _logprobs(worker.model.tokenizer, logprobs, generation.chat)
         return JSONResponse(reply)
@@ -120,14 +121,17 @@ def create_app(load, name: str, api_key: str | None = None) -> Starlette:
     async def _stream(request: Request, job: Job) -> AsyncIterator[str]:
         generation, ident, created = job.request, _ident(job.request), int(time.time())
 
+        sent = 0  # characters of text streamed (completions' logprobs text_offset)
+
         def chunk(delta: dict | None = None, finish: str | None = None, usage: dict | None = None,
-                  text: str | None = None) -> str:
+                  text: str | None = None, steps: list | None = None) -> str:
+            logprobs = None if steps is None else _logprobs(server.worker.model.tokenizer, steps, generation.chat, sent)
             if generation.chat:
-                choices = [] if delta is None else [{"index": 0, "delta": delta, "logprobs": None,
+                choices = [] if delta is None else [{"index": 0, "delta": delta, "logprobs": logprobs,
                                                      "finish_reason": finish}]
                 obj = "chat.completion.chunk"
             else:
-                choices = [] if text is None else [{"index": 0, "text": text, "logprobs": None,
+                choices = [] if text is None else [{"index": 0, "text": text, "logprobs": logprobs,
                                                     "finish_reason": finish}]
                 obj = "text_completion"
             out: dict[str, Any] = {"id": ident, "object": obj, "created": created, "model": server.name,
@@ -146,7 +150,13 @@ def create_app(load, name: str, api_key: str | None = None) -> Starlette:
                     yield ": ping\n\n"
                     continue
                 if event[0] == "text":
-                    yield chunk({"content": event[1]}) if generation.chat else chunk(text=event[1])
+                    _, content, steps, thought = event
+                    if generation.chat:
+                        delta = {"reasoning_content": thought} if thought else {}
+                        yield chunk({**delta, "content": content} if content or not thought else delta, steps=steps)
+                    else:
+                        yield chunk(text=content, steps=steps)
+                    sent += len(content)
                 elif event[0] == "error":
                     yield f"data: {json.dumps(event[1].body())}\n\n"
                     break
@@ -189,11 +199,12 @@ def create_app(load, name: str, api_key: str | None = None) -> Starlette:
             ("prompt_seconds_total", "counter", "seconds spent on prompts", round(t.prompt_seconds, 6)),
             ("tokens_predicted_total", "counter", "tokens generated", t.decode_tokens),
             ("tokens_predicted_seconds_total", "counter", "seconds spent generating", round(t.decode_seconds, 6)),
+            ("decode_steps_total", "counter", "decoding passes (one token for each request decoding)", t.decode_steps),
             ("prompt_tokens_seconds", "gauge", "average prompt tokens per second",
              round(t.prompt_tokens / t.prompt_seconds, 3) if t.prompt_seconds else 0),
             ("predicted_tokens_seconds", "gauge", "average generated tokens per second",
              round(t.decode_tokens / t.decode_seconds, 3) if t.decode_seconds else 0),
-            ("requests_processing", "gauge", "requests being generated", int(worker.busy)),
+            ("requests_processing", "gauge", "requests being generated", worker.busy),
             ("requests_deferred", "gauge", "requests waiting in the queue", worker.waiting),
             ("expert_requests_total", "counter", "experts asked of the expert store", store["requests"]),
             ("expert_hits_total", "counter", "experts found resident", store["hits"]),
@@ -235,8 +246,9 @@ async def _json(request: Request) -> dict:
     return body
 
 
-def _logprobs(tokenizer, steps: list, chat: bool) -> dict:
-    """OpenAI's logprobs object: chat's per-token `content` list, or the completions' parallel lists."""
+def _logprobs(tokenizer, steps: list, chat: bool, offset: int = 0) -> dict:
+    """OpenAI's logprobs object: chat's per-token `content` list, or the completions' parallel lists
+    (text offsets counted from `offset`: the characters before these tokens)."""
     def piece(token: int) -> bytes:
         return tokenizer.token_bytes(token)
 
@@ -246,7 +258,7 @@ def _logprobs(tokenizer, steps: list, chat: bool) -> dict:
              "top_logprobs": [{"token": piece(a).decode("utf-8", "replace"), "logprob": alp, "bytes": list(piece(a))}
                               for a, alp in top]}
             for t, lp, top in steps]}
-    offsets, at = [], 0
+    offsets, at = [], offset
     for t, _, _ in steps:
         offsets.append(at)
         at += len(piece(t).decode("utf-8", "replace"))
@@ -260,11 +272,13 @@ def _ident(generation: Generation) -> str:
     return ("chatcmpl-" if generation.chat else "cmpl-") + uuid.uuid4().hex[:24]
 
 
-def _response(generation: Generation, text: str, finish: str, usage: dict, name: str) -> dict:
+def _response(generation: Generation, text: str, reasoning: str, finish: str, usage: dict, name: str) -> dict:
     common = {"id": _ident(generation), "created": int(time.time()), "model": name, "usage": usage}
     if generation.chat:
+        message = {"role": "assistant", "content": text}
+        if reasoning:
+            message["reasoning_content"] = reasoning
         return {**common, "object": "chat.completion", "choices": [
-            {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-             "finish_reason": finish}]}
+            {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}]}
     return {**common, "object": "text_completion", "choices": [
         {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]}

@@ -29,6 +29,8 @@ class Generation:
     stream: bool
     include_usage: bool
     logprobs: int | None = None  # None: none; else how many alternatives per token (top_logprobs)
+    ignore_eos: bool = False  # llama-server's extension: generate past end-of-generation tokens
+    reasoning: bool = True  # a thinking model's <think> text goes to reasoning_content (chat)
     sampling: dict[str, Any] = field(default_factory=dict)
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     messages: list[dict[str, Any]] = field(default_factory=list)
@@ -77,8 +79,6 @@ def _common(body: dict, chat: bool) -> dict[str, Any]:
         logprobs = top if wanted else None
     else:
         logprobs = _number(body, "logprobs", int, 0, 5)
-    if logprobs is not None and body.get("stream"):
-        raise APIError(400, "logprobs are not supported with stream yet", "logprobs")
     max_tokens = _number(body, "max_completion_tokens" if chat and "max_completion_tokens" in body else "max_tokens",
                          int, low=1)
     stop = body.get("stop")
@@ -107,10 +107,14 @@ def _common(body: dict, chat: bool) -> dict[str, Any]:
         "frequency_penalty": _number(body, "frequency_penalty", float, -2.0, 2.0, 0.0),
         "seed": _number(body, "seed", int, 0, 2**63 - 1),
     }
+    ignore_eos = body.get("ignore_eos", False)
+    if not isinstance(ignore_eos, bool):
+        raise APIError(400, "'ignore_eos' must be true or false", "ignore_eos")
     if sampling["repeat_penalty"] == 0.0:
         raise APIError(400, "'repeat_penalty' must be above 0", "repeat_penalty")
     return dict(max_tokens=max_tokens, stop=[s for s in stops if s], stream=stream,
-                include_usage=bool(options.get("include_usage", False)), logprobs=logprobs, sampling=sampling)
+                include_usage=bool(options.get("include_usage", False)), logprobs=logprobs, sampling=sampling,
+                ignore_eos=ignore_eos)
 
 
 def chat_request(body: dict) -> Generation:
@@ -135,7 +139,11 @@ def chat_request(body: dict) -> Generation:
         if not isinstance(body["tools"], list):
             raise APIError(400, "'tools' must be a list", "tools")
         kwargs = {**kwargs, "tools": body["tools"]}
-    return Generation(prompt="", chat=True, messages=checked, template_kwargs=kwargs, **_common(body, chat=True))
+    reasoning_format = body.get("reasoning_format", "auto")
+    if reasoning_format not in ("auto", "deepseek", "none"):
+        raise APIError(400, "'reasoning_format' must be auto, deepseek or none", "reasoning_format")
+    return Generation(prompt="", chat=True, messages=checked, template_kwargs=kwargs,
+                      reasoning=reasoning_format != "none", **_common(body, chat=True))
 
 
 def completion_request(body: dict) -> Generation:

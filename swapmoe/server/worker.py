@@ -1,7 +1,9 @@
-"""The thread that owns the model: requests wait in a first-come queue and run one at a time;
-each streams events (text pieces, then the end) back to the request's event loop. The caches of
-the last request are kept (a Conversation), so the next turn of a chat processes only its new
-tokens."""
+"""The thread that owns the model. Requests wait in a first-come queue for one of `parallel`
+slots; the sequences of all busy slots decode together, one token each per step (Model.advance:
+each expert they need is read once for all of them), and each streams events (text pieces, then
+the end) back to its request's event loop. A slot keeps the caches of its last request (a
+Conversation), and a request goes to the free slot whose caches share the longest prefix with
+its prompt, so the next turn of a chat processes only its new tokens."""
 from __future__ import annotations
 
 import asyncio
@@ -14,14 +16,17 @@ import numpy as np
 
 from swapmoe.errors import SwapmoeError
 from swapmoe.runtime.chat import ChatTemplate
-from swapmoe.runtime.model import Conversation
+from swapmoe.runtime.model import Conversation, Sequence
+from swapmoe.server import reasoning
 from swapmoe.server.protocol import APIError, Generation
+from swapmoe.server.reasoning import ReasoningSplit
 
 
 @dataclass
 class Job:
     request: Generation
     prompt: list[int]  # the request's prompt as token ids (Worker.prompt_ids)
+    reasoning: ReasoningSplit | None  # where the reply's thinking goes to reasoning_content
     loop: asyncio.AbstractEventLoop
     events: asyncio.Queue
     cancelled: threading.Event = field(default_factory=threading.Event)
@@ -37,17 +42,88 @@ class Totals:
     prompt_tokens: int = 0
     prompt_seconds: float = 0.0
     decode_tokens: int = 0
-    decode_seconds: float = 0.0
+    decode_seconds: float = 0.0  # wall time of the decoding steps (several sequences share one)
+    decode_steps: int = 0  # decoding passes, each one token for every busy slot
+
+
+class Reply:
+    """One request's answer as its tokens come: the text (held back while it may be the start of
+    a stop string), the log-probabilities if asked for, and why it ended."""
+
+    def __init__(self, job: Job, seq: Sequence, tokenizer, started: float):
+        self.job, self.seq, self.started = job, seq, started
+        self.decoder = tokenizer.decoder()
+        self.stops = job.request.stop
+        self.hold = max((len(s) for s in self.stops), default=1) - 1  # may be the start of a stop string
+        self.text, self.sent, self.finish = "", 0, None
+        self.logprobs = [] if job.request.logprobs is not None else None
+        self.logprobs_sent = 0  # of them, those whose text went out
+
+    def take(self) -> bool:
+        """Take the sequence's newest token (if any); True when the reply is complete."""
+        seq, request = self.seq, self.job.request
+        if self.job.cancelled.is_set():
+            self.finish = "cancelled"
+            return True
+        if seq.token is not None:
+            self.text += self.decoder.push(seq.token)
+            cut = min((i for i in (self.text.find(s) for s in self.stops) if i >= 0), default=-1)
+            if cut >= 0:
+                self.text, self.finish = self.text[:cut], "stop"
+                return True
+            if self.logprobs is not None:
+                self.logprobs.append(_token_logprobs(seq.logits, seq.token, request.logprobs))
+        if seq.finished:
+            self.text += self.decoder.flush()
+            self.finish = seq.finished
+            return True
+        safe = len(self.text) - self.hold if self.stops else len(self.text)
+        if safe > self.sent:
+            self._send(safe)
+        return False
+
+    def _send(self, upto: int, last: bool = False) -> None:
+        """The text up to `upto` (as reasoning and content), with the log-probabilities of the
+        tokens not sent yet."""
+        steps = None
+        if self.logprobs is not None:
+            steps, self.logprobs_sent = self.logprobs[self.logprobs_sent:], len(self.logprobs)
+        text, split = self.text[self.sent:upto], self.job.reasoning
+        reasoning, content = ("", text) if split is None else split.push(text)
+        if last and split is not None:
+            rest = split.flush()
+            reasoning, content = reasoning + rest[0], content + rest[1]
+        if reasoning or content or steps:
+            self.job.send("text", content, steps, reasoning)
+        self.sent = upto
+
+    def end(self) -> None:
+        if self.finish == "cancelled":
+            return
+        self._send(len(self.text), last=True)
+        n_prompt, seq = len(self.job.prompt), self.seq
+        self.job.send("done", self.finish, {"prompt_tokens": n_prompt, "completion_tokens": seq.generated,
+                                            "total_tokens": n_prompt + seq.generated,
+                                            "prompt_tokens_details": {"cached_tokens": seq.cached_tokens}},
+                      time.perf_counter() - self.started, self.logprobs)
+
+
+@dataclass
+class Slot:
+    conversation: Conversation = field(default_factory=Conversation)
+    reply: Reply | None = None  # the request it is answering, if any
+    last_used: int = 0
 
 
 class Worker:
-    def __init__(self, model):
+    def __init__(self, model, parallel: int = 1):
         self.model = model
         self.template = ChatTemplate(model.tokenizer)
+        self.thinks = reasoning.thinks(model.tokenizer)
         self.jobs: queue.Queue[Job | None] = queue.Queue()
         self.totals = Totals()
-        self.conversation = Conversation()  # the caches of the last request: a follow-up reuses its prefix
-        self.busy = False
+        self.slots = [Slot() for _ in range(parallel)]
+        self._uses = 0
         self.thread = threading.Thread(target=self._run, name="swapmoe-worker", daemon=True)
         self.thread.start()
 
@@ -55,13 +131,21 @@ class Worker:
     def waiting(self) -> int:
         return self.jobs.qsize()
 
-    def prompt_ids(self, request: Generation) -> list[int]:
-        """The request's prompt as token ids (raises APIError for a template error or a prompt that
-        leaves no room in the context)."""
+    @property
+    def busy(self) -> int:
+        return sum(slot.reply is not None for slot in self.slots)
+
+    def prompt_ids(self, request: Generation) -> tuple[list[int], ReasoningSplit | None]:
+        """The request's prompt as token ids, and for a chat with a model that thinks the split
+        of its reply (raises APIError for a template error or a prompt that leaves no room in the
+        context)."""
+        split = None
         try:
             if request.chat:
                 text = self.template.render(request.messages, add_generation_prompt=True, **request.template_kwargs)
                 ids = self.model.tokenize(text, add_special=False)
+                if request.reasoning and self.thinks:
+                    split = ReasoningSplit(inside=reasoning.opened_by(text))
             else:
                 ids = self.model.tokenize(request.prompt)
         except SwapmoeError as e:
@@ -70,7 +154,7 @@ class Worker:
             raise APIError(400, f"the prompt is {len(ids)} tokens; the context holds {self.model.n_ctx} "
                                 "(start the server with a larger --ctx)", "messages" if request.chat else "prompt",
                            code="context_length_exceeded")
-        return ids
+        return ids, split
 
     def submit(self, job: Job) -> None:
         self.jobs.put(job)
@@ -79,66 +163,76 @@ class Worker:
         self.jobs.put(None)
 
     def _run(self) -> None:
-        while (job := self.jobs.get()) is not None:
-            if job.cancelled.is_set():
-                continue
-            self.busy = True
-            try:
-                self._generate(job)
-            except APIError as e:
-                job.send("error", e)
-            except Exception as e:  # the server keeps serving; the client learns what failed
-                job.send("error", APIError(500, f"generation failed: {e}", kind="server_error"))
-            finally:
-                self.busy = False
+        while True:
+            while any(slot.reply is None for slot in self.slots):  # fill free slots, in arrival order
+                try:
+                    job = self.jobs.get(block=not self.busy)
+                except queue.Empty:
+                    break
+                if job is None:
+                    return
+                if not job.cancelled.is_set():
+                    self._begin(job)
+            busy = [slot for slot in self.slots if slot.reply is not None]
+            if busy:
+                self._step(busy)
 
-    def _generate(self, job: Job) -> None:
-        request, model, ids = job.request, self.model, job.prompt
-        room = model.n_ctx - len(ids)
+    def _begin(self, job: Job) -> None:
+        """Give the job a slot: process its prompt and take its first token."""
+        slot = max((s for s in self.slots if s.reply is None),
+                   key=lambda s: (_shared_prefix(s.conversation.tokens, job.prompt), -s.last_used))
+        self._uses += 1
+        slot.last_used = self._uses
+        model, request, started = self.model, job.request, time.perf_counter()
+        room = model.n_ctx - len(job.prompt)
         max_tokens = room if request.max_tokens is None else min(request.max_tokens, room)
-        stops = request.stop
-        hold = max((len(s) for s in stops), default=1) - 1  # text that may be the start of a stop string
-        decoder = model.tokenizer.decoder()
-        text, sent, finish, n_generated = "", 0, "length", 0
-        logprobs = []  # (token, its log-probability, the top alternatives) while the text is kept
-        start = time.perf_counter()
-        tokens = model.generate_ids(ids, max_tokens, conversation=self.conversation, **request.sampling)
         try:
-            for token in tokens:
-                n_generated += 1
-                if job.cancelled.is_set():
-                    finish = "cancelled"
-                    break
-                text += decoder.push(token)
-                cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=-1)
-                if cut >= 0:
-                    text, finish = text[:cut], "stop"
-                    break
-                if request.logprobs is not None:
-                    logprobs.append(_token_logprobs(model.step_logits, token, request.logprobs))
-                safe = len(text) - hold if stops else len(text)
-                if safe > sent:
-                    job.send("text", text[sent:safe])
-                    sent = safe
-            else:
-                if n_generated < max_tokens:
-                    finish = "stop"  # an end-of-generation token
-                text += decoder.flush()
-        finally:
-            tokens.close()
-        if text[sent:]:
-            job.send("text", text[sent:])
-        stats = model.stats
-        totals = self.totals
-        totals.requests += 1
-        totals.prompt_tokens += stats.prompt_tokens
-        totals.prompt_seconds += stats.prompt_seconds
-        totals.decode_tokens += stats.decode_tokens
-        totals.decode_seconds += stats.decode_seconds
-        job.send("done", finish, {"prompt_tokens": len(ids), "completion_tokens": n_generated,
-                                  "total_tokens": len(ids) + n_generated,
-                                  "prompt_tokens_details": {"cached_tokens": stats.cached_tokens}},
-                 time.perf_counter() - start, logprobs if request.logprobs is not None else None)
+            seq = model.start(job.prompt, max_tokens, request.ignore_eos, slot.conversation, **request.sampling)
+        except Exception as e:  # the server keeps serving; the client learns what failed
+            job.send("error", _server_error(e))
+            slot.conversation = Conversation()  # its caches may hold part of the failed prompt
+            return
+        self.totals.prompt_tokens += seq.prompt_tokens
+        self.totals.prompt_seconds += seq.prompt_seconds
+        slot.reply = Reply(job, seq, model.tokenizer, started)
+        self._take(slot)
+
+    def _step(self, busy: list[Slot]) -> None:
+        """One token for every busy slot's sequence, together."""
+        started = time.perf_counter()
+        try:
+            self.model.advance([slot.reply.seq for slot in busy])
+        except Exception as e:
+            for slot in busy:
+                slot.reply.job.send("error", _server_error(e))
+                slot.reply, slot.conversation = None, Conversation()  # caches of an unfinished pass
+            return
+        self.totals.decode_seconds += time.perf_counter() - started
+        self.totals.decode_steps += 1
+        for slot in busy:
+            self._take(slot)
+
+    def _take(self, slot: Slot) -> None:
+        reply = slot.reply
+        if reply.seq.token is not None:
+            self.totals.decode_tokens += 1
+        if reply.take():
+            reply.end()
+            self.totals.requests += 1
+            slot.reply = None
+
+
+def _shared_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _server_error(e: Exception) -> APIError:
+    return e if isinstance(e, APIError) else APIError(500, f"generation failed: {e}", kind="server_error")
 
 
 def _token_logprobs(logits, token: int, top: int) -> tuple[int, float, list[tuple[int, float]]]:
