@@ -1,19 +1,27 @@
 #!/usr/bin/env python3
-"""`swapmoe serve` with 1, 2 and 4 concurrent clients on a model streamed under a RAM cap: the
-aggregate decode speed each level reaches, side by side in one run.
+"""`swapmoe serve` on a model streamed under a RAM cap: the aggregate decode speed of 1, 2 and 4
+concurrent clients side by side in one run, or (--turns) a chat's second-turn prompt time with
+and without the kept caches.
 
     python tools/bench_serve.py                       # 12-layer Qwen3-30B-A3B shape, 1.5 GiB cap
     python tools/bench_serve.py --clients 1 4 --rounds 3 --cap-mib 2048
+    python tools/bench_serve.py --turns --preset qwen3.5-35b-a3b --cap-mib 2048 --prompt 1024
 
-The model is the synthetic qwen3moe file tools/bench_stream.py --quick makes (made here if it is
-not in --dir yet), repacked. One server runs inside a cgroup capped at --cap-mib (page cache
-included; needs root), started after the page cache was dropped, with --parallel the largest
-client count. After one warm-up request, each round sends, for each client count N, N streaming
-completions at once (distinct random prompts of --prompt tokens, --decode tokens each, sampled at
-temperature 1 with a seed per client, ignore_eos), and reads the server's /metrics before and
-after: decode tok/s = tokens generated / seconds spent in decoding steps (prompts excluded;
-several clients share a step), and the wall-clock tok/s of the whole round (prompts included).
-Printed per client count: the median over rounds of each, and the ratio to one client's.
+The model is a synthetic file of --preset's shape with --layers layers at --type (made in --dir
+if it is not there yet), repacked. One server runs inside a cgroup capped at --cap-mib (page
+cache included; needs root), started after the page cache was dropped, with --parallel the
+largest client count. After one warm-up request, each round sends, for each client count N, N
+streaming completions at once (distinct random prompts of --prompt tokens, --decode tokens each,
+sampled at temperature 1 with a seed per client, ignore_eos), and reads the server's /metrics
+before and after: decode tok/s = tokens generated / seconds spent in decoding steps (prompts
+excluded; several clients share a step), and the wall-clock tok/s of the whole round (prompts
+included). Printed per client count: the median over rounds of each, and the ratio to one
+client's.
+
+--turns: per round, a first turn (--prompt random tokens as text, --decode tokens), then its
+second turn (the first prompt + the reply + a new line) twice: once where the server kept the
+first turn's caches, once with a different first character (nothing shared). Printed: the prompt
+seconds of each (the server's /metrics) and the cached tokens the server reported.
 """
 import argparse
 import json
@@ -85,8 +93,30 @@ def round_of(base: str, prompts: list[list[int]], tokens: int, seed: int, detoke
             "gb_per_step": read / 1e9 / max(steps, 1)}
 
 
+def completion(base: str, text: str, tokens: int) -> dict:
+    body = {"prompt": text, "max_tokens": tokens, "temperature": 0, "ignore_eos": True}
+    request = urllib.request.Request(base + "/v1/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=3600) as r:
+        return json.loads(r.read())
+
+
+def second_turns(base: str, first: str, tokens: int) -> dict:
+    """A first turn, then its second turn with and without the kept caches: prompt seconds of each."""
+    reply = completion(base, first, tokens)["choices"][0]["text"]
+    second = first + reply + "\nAnd then?"
+    out = {}
+    for name, text in (("kept", second), ("fresh", "#" + second)):
+        before = metrics(base)
+        usage = completion(base, text, 1)["usage"]
+        out[name] = (metrics(base)["prompt_seconds_total"] - before["prompt_seconds_total"],
+                     usage["prompt_tokens_details"]["cached_tokens"], usage["prompt_tokens"])
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--preset", default="qwen3-30b-a3b", help="shape of the synthetic model (swapmoe synth --preset)")
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--type", default="Q4_K_M")
     ap.add_argument("--cap-mib", type=int, default=1536)
@@ -96,6 +126,7 @@ def main():
     ap.add_argument("--decode", type=int, default=32)
     ap.add_argument("--dir", type=Path, default=Path("/tmp/swapmoe-bench"))
     ap.add_argument("--options", default="{}", help="JSON of swapmoe.load options for the server")
+    ap.add_argument("--turns", action="store_true", help="second-turn prompt time with and without kept caches")
     args = ap.parse_args()
     sys.path.insert(0, str(HERE))
     import bench_stream
@@ -104,14 +135,14 @@ def main():
     from swapmoe.runtime.tokenizer import Tokenizer
 
     args.dir.mkdir(parents=True, exist_ok=True)
-    original = args.dir / f"qwen3-30b-a3b-{args.layers}L-{args.type}.gguf"
+    original = args.dir / f"{args.preset}-{args.layers}L-{args.type}.gguf"
     packed = original.with_suffix(".repacked.gguf")
     if not original.exists():
-        swapmoe.synth(original, preset="qwen3-30b-a3b", type=args.type, n_layer=args.layers)
+        swapmoe.synth(original, preset=args.preset, type=args.type, n_layer=args.layers)
     if not packed.exists():
         swapmoe.repack(original, packed)
     tokenizer = Tokenizer.from_gguf(swapmoe.open_gguf(packed))
-    parallel = max(args.clients)
+    parallel = 1 if args.turns else max(args.clients)
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     pid_file = args.dir / "bench_serve.pid"
@@ -119,7 +150,7 @@ def main():
             "swapmoe.serve(sys.argv[1], port=int(sys.argv[2]), parallel=int(sys.argv[3]), ctx=int(sys.argv[4]), "
             "**json.loads(sys.argv[5]))")
     cmd = [sys.executable, "-c", code, str(packed), str(port), str(parallel),
-           str(args.prompt * 2 + args.decode + 16), args.options, str(pid_file)]
+           str(args.prompt * 3 + args.decode + 64), args.options, str(pid_file)]
     bench_stream.drop_caches()
     log = open(args.dir / "bench_serve.log", "w")
     done = {}
@@ -150,6 +181,15 @@ def main():
             return [rng.integers(0, n_vocab, args.prompt).tolist() for _ in range(n)]
 
         round_of(base, prompts(1), 8, 0, detokenize)  # warm-up: compile, first reads
+        if args.turns:
+            rows = [second_turns(base, detokenize(prompts(1)[0]), args.decode) for _ in range(args.rounds)]
+            print(f"{'second turn':>12} {'prompt s':>9} {'cached':>7} {'of tokens':>9}   "
+                  f"(medians of {args.rounds} rounds)")
+            for name in ("kept", "fresh"):
+                print(f"{name:>12} {statistics.median(r[name][0] for r in rows):>9.2f} "
+                      f"{statistics.median(r[name][1] for r in rows):>7.0f} "
+                      f"{statistics.median(r[name][2] for r in rows):>9.0f}")
+            return
         results = {n: [] for n in args.clients}
         for r in range(args.rounds):
             for n in args.clients:
