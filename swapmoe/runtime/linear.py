@@ -44,10 +44,12 @@ def linear_per_group(w: Weight, x: np.ndarray) -> np.ndarray:
     return y.reshape(T_, groups, w.rows // groups)
 
 
-def linear_each(x: np.ndarray, *weights: Weight) -> list[np.ndarray]:
+def linear_each(x: np.ndarray, *weights: Weight,
+                quantized: dict[int, kernels.QuantizedActivation] | None = None) -> list[np.ndarray]:
     """[linear(w, x) for w in weights], quantizing x once per activation type, as llama.cpp
-    reuses one quantized activation for the matmuls of the same input."""
-    quantized: dict[int, kernels.QuantizedActivation] = {}
+    reuses one quantized activation for the matmuls of the same input. `quantized`: x's
+    conversions by vec_dot_type, kept by a caller that multiplies the same x again."""
+    quantized = {} if quantized is None else quantized
     out = []
     for w in weights:
         if w.vec_dot_type not in quantized:

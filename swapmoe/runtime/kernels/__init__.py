@@ -20,6 +20,7 @@ memory map; never copied), rows are ggml rows (outputs), cols the row length.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import os
 import sys
@@ -151,14 +152,20 @@ def _readonly(W: np.ndarray) -> np.ndarray:
     return view
 
 
-def _check_weights(ggml_type: int, W: np.ndarray, rows: int, cols: int) -> None:
+@functools.lru_cache(maxsize=4096)
+def _matrix_bytes(ggml_type: int, rows: int, cols: int) -> int:
+    """Bytes of a rows x cols matrix of ggml_type (cached: the decode loop asks for the same few)."""
     block_size, type_size = GGML_QUANT_SIZES[T(int(ggml_type))]
-    if W.dtype != np.uint8 or W.ndim != 1:
-        raise TypeError("W must be a 1-D uint8 array of the tensor's bytes")
     if cols % block_size:
         raise ValueError(f"cols={cols} is not a multiple of the {T(int(ggml_type)).name} block size {block_size}")
-    if W.size < rows * (cols // block_size) * type_size:
-        need = rows * (cols // block_size) * type_size
+    return rows * (cols // block_size) * type_size
+
+
+def _check_weights(ggml_type: int, W: np.ndarray, rows: int, cols: int) -> None:
+    if W.dtype != np.uint8 or W.ndim != 1:
+        raise TypeError("W must be a 1-D uint8 array of the tensor's bytes")
+    need = _matrix_bytes(int(ggml_type), rows, cols)
+    if W.size < need:
         raise ValueError(f"W holds {W.size} bytes, {rows} rows of {cols} need {need}")
 
 
@@ -173,6 +180,7 @@ _TILED = frozenset(int(t) for t in (T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ
                                     T.IQ2_S, T.IQ3_XXS, T.IQ3_S, T.IQ1_S, T.IQ1_M))
 
 
+@functools.lru_cache(maxsize=4096)
 def ggml_order(ggml_type: int, rows: int, cols: int, n_tok: int, grouped: bool, stacked: bool) -> int:
     """Which of llama.cpp's x86 matmul routes (reference build: AVX-512 VNNI) computes this product,
     as the kernels' `order` argument: the route fixes how block sums are rounded and added.
