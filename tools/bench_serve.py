@@ -133,9 +133,10 @@ def main():
     import swapmoe
     from swapmoe.memcap import run_capped
     from swapmoe.runtime.tokenizer import Tokenizer
+    from swapmoe.synthetic.presets import routing_note, routing_tag
 
     args.dir.mkdir(parents=True, exist_ok=True)
-    original = args.dir / f"{args.preset}-{args.layers}L-{args.type}.gguf"
+    original = args.dir / f"{args.preset}-{args.layers}L{routing_tag(args.preset)}-{args.type}.gguf"
     packed = original.with_suffix(".repacked.gguf")
     if not original.exists():
         swapmoe.synth(original, preset=args.preset, type=args.type, n_layer=args.layers)
@@ -171,6 +172,7 @@ def main():
         print(f"model {packed.name}: {packed.stat().st_size / 1e9:.2f} GB, cap {args.cap_mib} MiB, "
               f"--parallel {parallel}, prompt {args.prompt}, decode {args.decode} per client; "
               f"disk sequential read {disk:.2f} GB/s")
+        print(routing_note(args.preset))
         rng = np.random.default_rng(0)
         n_vocab = tokenizer.n_vocab
 

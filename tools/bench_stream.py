@@ -191,6 +191,7 @@ def main():
         args.model = args.child
         return child(args)
     import swapmoe
+    from swapmoe.synthetic.presets import routing_note, routing_tag
 
     args.cap_mib = args.cap_mib or (1536 if args.quick else 6144)
     args.dir.mkdir(parents=True, exist_ok=True)
@@ -202,6 +203,7 @@ def main():
         size_gb = args.size_gb or (4.5 if args.quick else 17.0)
         shape = f"{size_gb:g}gb"
     shape += f"-{args.experts}E" if args.experts else ""
+    shape += routing_tag(args.preset)
     original = args.dir / f"{args.preset}-{shape}-{args.type}.gguf"
     packed = args.dir / f"{args.preset}-{shape}-{args.type}.repacked.gguf"
     if not original.exists():
@@ -213,6 +215,7 @@ def main():
     print(f"model {packed.name}: {size / 1e9:.2f} GB, "
           f"{'no cap, file cached' if args.cached else f'cap {args.cap_mib} MiB'}, prompt {args.prompt}, "
           f"decode {args.decode}; disk sequential read {disk_before:.2f} GB/s (O_DIRECT, 16 MiB reads)")
+    print(routing_note(args.preset))
     compute = None
     if not args.cached and not args.no_bound:  # the same tokens with every expert in RAM: compute alone
         compute = run_swapmoe(packed, {"expert_streaming": False}, argparse.Namespace(**{**vars(args), "cached": True}))

@@ -166,17 +166,21 @@ def _add_key(w: GGUFWriter, key: str, value: Any) -> None:
         w.add_array(key, value)
 
 
-def _small_tensor(role: str, ne: tuple[int, ...], n_expert: int, rng: np.random.Generator,
-                  fan_in_std: bool = False) -> np.ndarray:
+def _small_tensor(role: str, ne: tuple[int, ...], config: SynthConfig, rng: np.random.Generator) -> np.ndarray:
     """Contents of a non-matrix tensor as raw bytes."""
     n = int(np.prod(ne))
     if role == "table":  # DeepSeek-V4 hash routing: each token gets k distinct expert ids
         k, vocab = ne
-        ids = np.argsort(rng.random((vocab, n_expert)), axis=1)[:, :k].astype(np.int32)
+        ids = np.argsort(rng.random((vocab, config.n_expert)), axis=1)[:, :k].astype(np.int32)
         return ids.view(np.uint8).reshape(-1)
-    router_std = 1.0 / np.sqrt(ne[0]) if fan_in_std else MATRIX_STD
-    mean, std = {"norm": (1.0, 0.1), "vector": (0.0, 0.02), "router": (0.0, router_std),
-                 "sinks": (0.0, 1.0), "decay": (-1.0, 0.2), "gain": (1.0, 0.25), "offset": (0.0, 1.0)}[role]
+    if role == "router":  # one row per expert; a wider row is chosen more often
+        rows = random_floats(T.F32, n, 1.0 / np.sqrt(ne[0]) if config.fan_in_std else MATRIX_STD, rng)
+        if config.router_spread:
+            widths = np.exp(rng.standard_normal((ne[1], 1)) * config.router_spread).astype(np.float32)
+            rows = (rows.view(np.float32).reshape(ne[1], ne[0]) * widths).reshape(-1).view(np.uint8)
+        return rows
+    mean, std = {"norm": (1.0, 0.1), "vector": (0.0, 0.02), "sinks": (0.0, 1.0), "decay": (-1.0, 0.2),
+                 "gain": (1.0, 0.25), "offset": (0.0, 1.0)}[role]
     return random_floats(T.F32, n, std, rng, mean)
 
 
@@ -263,13 +267,20 @@ def synth(path: str | os.PathLike, arch: str | None = None, preset: str | None =
 
     def fill(name, role, ne, ggml_type, nbytes):
         if role != "matrix":
-            return [_small_tensor(role, ne, config.n_expert, rng, config.fan_in_std).data]
+            data = _small_tensor(role, ne, config, rng)
+            if name.endswith("attn_q_norm.weight") and config.attention_focus != 1.0:
+                data = (data.view(np.float32) * np.float32(config.attention_focus)).view(np.uint8)
+            return [data.data]
         if name == "token_embd.weight":
             std = config.embed_std
         elif name == "output.weight" and "output_std" in config.extra:  # sharper logits (tiny-laguna)
             std = config.extra["output_std"]
         else:
             std = 1.0 / np.sqrt(ne[0]) if config.fan_in_std else MATRIX_STD
+            if name.endswith(("attn_output.weight", "attn_output_b.weight")):
+                std *= config.context_gain
+            elif name.endswith("ssm_out.weight"):
+                std *= config.recurrent_gain
         if (ggml_type, std) not in pools:
             pools[ggml_type, std] = BlockPool(ggml_type, std, rng)
         return pools[ggml_type, std].chunks(nbytes)

@@ -44,6 +44,15 @@ class SynthConfig:
     fused_gate_up: bool = False  # ffn_gate_up_exps instead of separate gate/up
     embed_std: float = 0.05  # spread of token embeddings (see presets.py)
     fan_in_std: bool = False  # weights with spread 1/sqrt(row length) instead of a fixed 0.05
+    # routing shape (presets.py, docs/models.md): the spread of the attention output projections
+    # times context_gain (attention averages over the context, so a larger share of it in the
+    # residual stream makes routing last from token to token), DeltaNet's output projection times
+    # recurrent_gain (it reads its state with each token's own query: per-token noise to routing),
+    # and each expert's router row scaled by exp(N(0, router_spread)) (popular experts)
+    context_gain: float = 1.0
+    recurrent_gain: float = 1.0
+    router_spread: float = 0.0
+    attention_focus: float = 1.0  # attn_q_norm times this: below 1, attention spreads over more of the context
     extra: dict[str, Any] = field(default_factory=dict)  # arch-specific sizes
 
     def scaled(self, **changes) -> "SynthConfig":

@@ -6,7 +6,7 @@ Shapes marked approximate are guesses where no public config was at hand.
 """
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from swapmoe.synthetic.archs import SynthConfig
 
@@ -127,6 +127,51 @@ PRESETS: dict[str, SynthConfig] = {
 }
 
 
+@dataclass(frozen=True)
+class RoutingProfile:
+    """How a model family's routing re-uses experts while decoding, as tools/route_stats.py
+    measures it over 32 decoded tokens: the target its preset's synthetic file is shaped to
+    (docs/models.md gives the sources and what was assumed)."""
+    prev: float  # share of a token's experts that the previous token also used
+    within8: float  # share used by at least one of the previous 8 tokens
+    n_used: int  # experts per token
+    source: str
+
+    @property
+    def distinct(self) -> float:
+        """Experts a layer uses over 32 decoded tokens: assumed to be the first token's, plus three
+        quarters of the choices later tokens make outside the last 8 tokens' experts (nothing
+        published measures it for these models)."""
+        return self.n_used * (1 + 31 * (1 - self.within8) * 0.75)
+
+
+# Qwen3-30B-A3B's reuse is measured (kekzl/imp#1359). Qwen3.5's previous-token reuse is Qwen3.5-397B's
+# (flash-moe CUDA report, 512 experts, top-4); its within-8 share is an assumption (the 397B's unique
+# expert counts imply about 0.4 with 4 of 512, and 8 of 256 recur more by chance). MiniMax-M2,
+# DeepSeek-V4-Flash and Laguna-S-2.1 (256 experts each) have no published measurement: they take
+# Qwen3.5's profile. gpt-oss-120b: LRU at about one expert slot per chosen expert hit 8-9 %
+# (BigMoeOnEdge#33), so about 9 % of a token's experts are the previous token's; within 8 assumed.
+_QWEN35_LIKE = "Qwen3.5-397B's previous-token reuse; within 8 assumed"
+ROUTING_PROFILES = {
+    "qwen3-30b-a3b": RoutingProfile(0.45, 0.80, 8, "measured on Qwen3-30B-A3B (kekzl/imp#1359)"),
+    "qwen3.5-35b-a3b": RoutingProfile(0.30, 0.60, 8, _QWEN35_LIKE),
+    "qwen3.5-122b-a10b": RoutingProfile(0.30, 0.60, 8, _QWEN35_LIKE),
+    "minimax-m2": RoutingProfile(0.30, 0.60, 8, "none published; Qwen3.5's assumed"),
+    "deepseek-v4-flash": RoutingProfile(0.30, 0.60, 6, "none published; Qwen3.5's assumed"),
+    "laguna-s-2.1": RoutingProfile(0.30, 0.60, 10, "none published; Qwen3.5's assumed"),
+    "gpt-oss-120b": RoutingProfile(0.09, 0.30, 4, "LRU hit rate of gpt-oss-120b (BigMoeOnEdge#33); within 8 assumed"),
+}
+# The routing-shape settings (SynthConfig) that bring a profiled preset's file nearest its
+# profile, found with tools/route_stats.py (docs/models.md has the measured values).
+_ROUTING_SHAPES = {
+    "qwen3-30b-a3b": dict(context_gain=12.0, router_spread=0.3),
+    "qwen3.5-35b-a3b": dict(context_gain=64.0, attention_focus=0.3, recurrent_gain=0.25, router_spread=0.1),
+    "qwen3.5-122b-a10b": dict(context_gain=64.0, attention_focus=0.3, recurrent_gain=0.25, router_spread=0.1),
+    "minimax-m2": dict(context_gain=2.2),
+    "deepseek-v4-flash": dict(context_gain=2.2),
+    "laguna-s-2.1": dict(context_gain=3.0, attention_focus=0.5),
+}
+
 # Real-shape presets scale each weight matrix by 1/sqrt(its row length) and give token
 # embeddings a spread of 1. With a fixed 0.05 at a width of 2048 every matmul amplifies, the
 # attention output (an average over positions) swamps the residual stream within a layer or
@@ -135,7 +180,23 @@ PRESETS: dict[str, SynthConfig] = {
 # in trained models. (Tiny presets keep the fixed spread: the golden fixtures come from them.)
 for _name, _config in list(PRESETS.items()):
     if not _name.startswith("tiny-"):
-        PRESETS[_name] = replace(_config, embed_std=1.0, fan_in_std=True)
+        PRESETS[_name] = replace(_config, embed_std=1.0, fan_in_std=True, **_ROUTING_SHAPES.get(_name, {}))
+
+
+def routing_tag(name: str) -> str:
+    """A file-name suffix for a preset's routing shape ("" when unshaped), so that benchmark
+    files made before a shape changed are not mistaken for current ones."""
+    shape = _ROUTING_SHAPES.get(name)
+    return "" if not shape else "-route" + "-".join(f"{value:g}" for value in shape.values())
+
+
+def routing_note(name: str) -> str:
+    """One line for benchmark output: the routing profile a preset's files are shaped to."""
+    profile = ROUTING_PROFILES.get(name)
+    if profile is None:
+        return f"routing: {name} has no routing profile (unshaped random routing)"
+    return (f"routing profile {name}: previous-token reuse {profile.prev:.0%}, within 8 tokens "
+            f"{profile.within8:.0%} ({profile.source})")
 
 
 def preset_for(arch: str, name: str | None) -> SynthConfig:
