@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGMLQuantizationType, GGUFValueType
+from gguf import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGMLQuantizationType, GGUFValueType, Keys
 
 from swapmoe.errors import SwapmoeError
 
@@ -246,15 +246,25 @@ def _parse_header(path: Path, index: int, data: mmap.mmap, version: int, n_tenso
         except ValueError:
             raise SwapmoeError(f"{path}: tensor {name} has unknown ggml type {raw_type}") from None
         block, type_size = GGML_QUANT_SIZES[ggml_type]
+        if 0 in ne:  # an empty tensor would let its other dimensions be anything at all
+            raise SwapmoeError(f"{path}: tensor {name} has a dimension of 0 ({list(ne)})")
         if ne and ne[0] % block:
             raise SwapmoeError(f"{path}: tensor {name}: row of {ne[0]} is not a whole number of "
                                f"{ggml_type.name} blocks of {block}")
+        if relative_offset % alignment:
+            raise SwapmoeError(f"{path}: tensor {name} starts at byte {relative_offset:,} of the data section, "
+                               f"not a multiple of general.alignment {alignment}")
         nbytes = math.prod(ne) // block * type_size
         offset = data_offset + relative_offset
         if offset + nbytes > len(data):
             raise SwapmoeError(f"{path}: truncated: tensor {name} needs bytes up to {offset + nbytes:,} "
                                f"but the file has {len(data):,} bytes")
         tensors.append(TensorInfo(name, ggml_type, ne, index, offset, nbytes, classify(name)))
+    by_offset = sorted(tensors, key=lambda t: t.offset)
+    for before, after in zip(by_offset, by_offset[1:]):
+        if after.offset < before.offset + before.nbytes:
+            raise SwapmoeError(f"{path}: tensors {before.name} and {after.name} overlap (bytes {after.offset:,} to "
+                               f"{before.offset + before.nbytes:,})")
 
     shard = Shard(path, len(data), version, alignment, (_HEADER.size, kv_end), (kv_end, tensor_info_end),
                   data_offset, len(kv_spans))
@@ -330,6 +340,7 @@ class GGUFFile:
                     raise SwapmoeError(f"{header.shard.path}: tensor {t.name} is also in an earlier shard")
                 self.tensors[t.name] = t
         self._check_split_keys()
+        check_model(self)
 
     def _check_split_keys(self) -> None:
         count = self.get("split.count")
@@ -347,6 +358,7 @@ class GGUFFile:
                 raise SwapmoeError(f"{self.path}: cannot override {key} ({type(current).__name__} in the file) "
                                    f"with a {type(value).__name__}")
         self._overrides.update(values)
+        check_model(self)
 
     def get(self, key: str, default: Any = None) -> Any:
         """Value of a metadata key of the first shard (or its override): str, int, float, bool, or
@@ -426,6 +438,290 @@ class GGUFFile:
     @property
     def total_size(self) -> int:
         return sum(s.size for s in self.shards)
+
+
+# --------------------------------------------------------------------------------------
+# Metadata against tensors: the one cross-check, run when a file is opened and after overrides
+# --------------------------------------------------------------------------------------
+_BUNDLED_EXPERT = re.compile(r"^(?P<name>blk\.\d+\.ffn_\w+_exps\.(weight|bias|scale))\.(?P<expert>\d+)$")
+_PER_LAYER = (Keys.Attention.HEAD_COUNT, Keys.Attention.HEAD_COUNT_KV)  # a number, or one per layer
+_WHOLE = (Keys.LLM.BLOCK_COUNT, Keys.LLM.EMBEDDING_LENGTH, Keys.LLM.EXPERT_COUNT, Keys.LLM.EXPERT_USED_COUNT,
+          Keys.LLM.EXPERT_FEED_FORWARD_LENGTH, Keys.LLM.CONTEXT_LENGTH, Keys.LLM.NEXTN_PREDICT_LAYERS,
+          Keys.LLM.EXPERT_GROUP_COUNT, Keys.LLM.EXPERT_GROUP_USED_COUNT, Keys.LLM.FULL_ATTENTION_INTERVAL,
+          Keys.Attention.KEY_LENGTH, Keys.Attention.VALUE_LENGTH, Keys.Attention.KEY_LENGTH_MLA,
+          Keys.Attention.VALUE_LENGTH_MLA, Keys.Attention.Q_LORA_RANK, Keys.Attention.KV_LORA_RANK,
+          Keys.Rope.DIMENSION_COUNT, Keys.Rope.DIMENSION_COUNT_SWA, Keys.Rope.SCALING_ORIG_CTX_LEN,
+          Keys.SSM.CONV_KERNEL) + _PER_LAYER
+_NOT_ZERO = (Keys.LLM.FULL_ATTENTION_INTERVAL, Keys.Rope.SCALING_ORIG_CTX_LEN, Keys.SSM.CONV_KERNEL)  # divisors, logs
+_REAL = (Keys.Attention.LAYERNORM_RMS_EPS, Keys.Attention.LAYERNORM_EPS, Keys.Rope.FREQ_BASE,
+         Keys.Rope.SCALING_FACTOR, Keys.Rope.SCALING_ATTN_FACTOR)
+_NORMS = ("attn_norm", "ffn_norm", "post_attention_norm")  # per layer, one weight per embedding dimension
+_SHOWN = 60  # characters of a bad value quoted in an error
+
+
+def _is_whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+class _ModelCheck:
+    """The metadata keys every loader reads, checked against the tensors they size. Only what the
+    file has is checked (a vocab-only file passes); an architecture's own keys and tensors are
+    its loader's business. The rules are llama.cpp's tensor shapes for these names."""
+
+    def __init__(self, g: GGUFFile):
+        self.g = g
+        arch = g.get("general.architecture")
+        self.arch = arch if isinstance(arch, str) and arch else None
+        self.shapes = self._shapes()
+
+    def _shapes(self) -> dict[str, tuple[int, ...]]:
+        """ne of every tensor by name, a bundled file's expert tensors (`NAME.e`) joined back into NAME."""
+        g, shapes, experts = self.g, {}, {}
+        bundled = g.get("swapmoe.layout") == "bundled"
+        for t in g.tensors.values():
+            m = _BUNDLED_EXPERT.match(t.name) if bundled else None
+            if m:
+                experts.setdefault(m["name"], {})[int(m["expert"])] = t.ne
+            else:
+                shapes[t.name] = t.ne
+        for name, parts in experts.items():
+            if sorted(parts) != list(range(len(parts))) or len(set(parts.values())) != 1:
+                raise SwapmoeError(f"{g.path}: the expert tensors of {name} are not {len(parts)} tensors of one "
+                                   f"shape numbered 0..{len(parts) - 1}")
+            shapes[name] = parts[0] + (len(parts),)
+        return shapes
+
+    def key(self, template: str) -> str:
+        return template.format(arch=self.arch)
+
+    def value(self, template: str) -> Any:
+        """A key's value, checked for its kind: whole numbers (or one per layer) and real numbers."""
+        key = self.key(template)
+        value = self.g.get(key)
+        if value is None:
+            return None
+        if template in _REAL:
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        else:
+            ok = _is_whole(value) or (template in _PER_LAYER and isinstance(value, list)
+                                      and all(_is_whole(v) for v in value))
+        if not ok:
+            kind = "a number" if template in _REAL else "a whole number" + (
+                " or one per layer" if template in _PER_LAYER else "")
+            raise SwapmoeError(f"{self.g.path}: {key} must be {kind}, not {repr(value)[:_SHOWN]}")
+        return value
+
+    def fail(self, message: str) -> None:
+        raise SwapmoeError(f"{self.g.path}: {message}")
+
+    def want(self, name: str, dim: int, value: int | None, why: str) -> None:
+        ne = self.shapes.get(name)
+        if ne is None or value is None:
+            return
+        have = ne[dim] if dim < len(ne) else 1
+        if have != value:
+            self.fail(f"tensor {name} has ne[{dim}] = {have}, but {why} gives {value}")
+
+    def run(self) -> None:
+        self._tokenizer()
+        if not self.shapes:
+            return
+        if self.arch is None:
+            self.fail("no general.architecture (a text), but the file has tensors")
+        for template in _WHOLE + _REAL:
+            self.value(template)
+        for template in _NOT_ZERO:
+            self._length(template, None)
+        n_layer = self._layers()
+        self.embd = self.value(Keys.LLM.EMBEDDING_LENGTH)
+        self.embd_key = self.key(Keys.LLM.EMBEDDING_LENGTH)
+        for name in ("token_embd.weight", "output.weight"):
+            self.want(name, 0, self.embd, self.embd_key)
+            self.want(name, 1, self.n_vocab, f"the vocabulary of {self.n_vocab} tokens")
+        self.want("output_norm.weight", 0, self.embd, self.embd_key)
+        routed = self._experts(n_layer)
+        for layer in range(n_layer):
+            self._layer(layer, routed)
+
+    def _tokenizer(self) -> None:
+        metadata = self.g._headers[0].metadata  # the arrays themselves: get() would copy them
+        tokens = metadata.get(Keys.Tokenizer.LIST)
+        self.n_vocab = len(tokens) if tokens is not None else None
+        for key in (Keys.Tokenizer.SCORES, Keys.Tokenizer.TOKEN_TYPE):
+            values = metadata.get(key)
+            if values is not None and tokens is not None and len(values) != len(tokens):
+                self.fail(f"{key} has {len(values)} entries for {len(tokens)} tokens")
+
+    def _layers(self) -> int:
+        """block_count, checked against the layers the tensors name (it sizes arrays: a damaged count
+        must not)."""
+        layers = {t.layer for t in self.g.tensors.values() if t.layer is not None}
+        key = self.key(Keys.LLM.BLOCK_COUNT)
+        claimed = self.value(Keys.LLM.BLOCK_COUNT)
+        if not layers:
+            return 0
+        if claimed is None:
+            self.fail(f"no {key} key, but the file has tensors for {max(layers) + 1} layers")
+        if claimed != max(layers) + 1:
+            self.fail(f"{key} is {claimed}, but the file has tensors for {max(layers) + 1} layers")
+        if len(layers) != claimed:
+            self.fail(f"{key} is {claimed}, but layer {min(set(range(claimed)) - layers)} has no tensors")
+        mtp = self.value(Keys.LLM.NEXTN_PREDICT_LAYERS)
+        if mtp is not None and mtp >= claimed:
+            self.fail(f"{self.key(Keys.LLM.NEXTN_PREDICT_LAYERS)} is {mtp}, but the model has {claimed} layers")
+        for template in _PER_LAYER:
+            value = self.value(template)
+            if isinstance(value, list) and len(value) != claimed:
+                self.fail(f"{self.key(template)} has {len(value)} values for {claimed} layers")
+        return claimed
+
+    def _per_layer(self, template: str, layer: int) -> int | None:
+        value = self.value(template)
+        return value[layer] if isinstance(value, list) else value
+
+    def _experts(self, n_layer: int) -> dict[int, dict[str, tuple[int, ...]]]:
+        """layer -> part (gate, up, gate_up, down, gate.bias, ...) -> ne of its routed tensor; the
+        expert count and experts per token checked."""
+        routed: dict[int, dict[str, tuple[int, ...]]] = {}
+        for name, ne in self.shapes.items():
+            cls = classify(name)
+            if cls.kind is TensorKind.ROUTED_EXPERT:
+                part = cls.projection if cls.part == "weight" else f"{cls.projection}.{cls.part}"
+                routed.setdefault(cls.layer, {})[part] = (name, ne)
+        if not routed:
+            return {}
+        count_key, used_key = self.key(Keys.LLM.EXPERT_COUNT), self.key(Keys.LLM.EXPERT_USED_COUNT)
+        n_expert, n_used = self.value(Keys.LLM.EXPERT_COUNT), self.value(Keys.LLM.EXPERT_USED_COUNT)
+        if n_expert is None:
+            self.fail(f"no {count_key} key, but the file has routed expert tensors")
+        for parts in routed.values():
+            for name, ne in parts.values():
+                self.want(name, len(ne) - 1, n_expert, count_key)
+        if n_used is None or not 1 <= n_used <= n_expert:
+            self.fail(f"{used_key} is {n_used}; it must be 1..{n_expert} ({count_key})")
+        groups, groups_used = self.value(Keys.LLM.EXPERT_GROUP_COUNT), self.value(Keys.LLM.EXPERT_GROUP_USED_COUNT)
+        if groups and groups > 1 and (n_expert % groups or (groups_used or 0) > groups):
+            self.fail(f"{self.key(Keys.LLM.EXPERT_GROUP_COUNT)} {groups} (of which "
+                      f"{self.key(Keys.LLM.EXPERT_GROUP_USED_COUNT)} {groups_used} are used) does not divide "
+                      f"{n_expert} experts")
+        self.n_expert, self.count_key = n_expert, count_key
+        return routed
+
+    def _layer(self, layer: int, routed: dict) -> None:
+        p, d, embd_key = f"blk.{layer}.", self.embd, self.embd_key
+        for norm in _NORMS:
+            self.want(f"{p}{norm}.weight", 0, d, embd_key)
+        self._attention(layer)
+        for suffix in ("", "_shexp"):  # a dense FFN, a shared expert
+            self.want(f"{p}ffn_gate{suffix}.weight", 0, d, embd_key)
+            self.want(f"{p}ffn_up{suffix}.weight", 0, d, embd_key)
+            self.want(f"{p}ffn_down{suffix}.weight", 1, d, embd_key)
+        self.want(f"{p}ffn_gate_inp_shexp.weight", 0, d, embd_key)
+        self.want(f"{p}ssm_conv1d.weight", 0, self.value(Keys.SSM.CONV_KERNEL), self.key(Keys.SSM.CONV_KERNEL))
+        parts = routed.get(layer)
+        if not parts:
+            return
+        weights = {part for part in parts if "." not in part}
+        if "down" not in weights or not ("gate_up" in weights or {"gate", "up"} <= weights):
+            missing = "down" if "down" not in weights else "gate" if "gate" not in weights else "up"
+            self.fail(f"layer {layer} has routed expert tensors but no {p}ffn_{missing}_exps.weight")
+        n_expert, count = self.n_expert, self.count_key
+        ff_key = self.key(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH)
+        ff = self.value(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH)
+        for part, (name, ne) in parts.items():
+            if part in ("gate", "up", "gate_up"):
+                self.want(name, 0, d, embd_key)
+                self.want(name, 1, None if ff is None else ff * (2 if part == "gate_up" else 1), ff_key)
+            elif part == "down":
+                self.want(name, 0, ff, ff_key)
+                self.want(name, 1, d, embd_key)
+        self.want(f"{p}ffn_gate_inp.weight", 0, d, embd_key)
+        for name in ("ffn_gate_inp.weight", "ffn_gate_inp.bias", "exp_probs_b.bias"):
+            self.want(p + name, 1 if name == "ffn_gate_inp.weight" else 0, n_expert, count)
+
+    def _length(self, template: str, default: int | None) -> int | None:
+        """A length key's value (at least 1), or `default` where the file has none."""
+        value = self.value(template)
+        if value == 0:
+            self.fail(f"{self.key(template)} is 0")
+        return default if value is None else value
+
+    def _attention(self, layer: int) -> None:
+        """Head counts and lengths against the projections (GQA, and the q and output projections of
+        latent attention: key_length_mla / value_length_mla where the file has them)."""
+        p, shapes, d = f"blk.{layer}.", self.shapes, self.embd
+        names = ("attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight", "attn_q_b.weight",
+                 "attn_sinks.weight")
+        if not any(p + name in shapes for name in names):
+            return
+        head_key, kv_key = self.key(Keys.Attention.HEAD_COUNT), self.key(Keys.Attention.HEAD_COUNT_KV)
+        heads = self._per_layer(Keys.Attention.HEAD_COUNT, layer)
+        if not heads:
+            self.fail(f"layer {layer} has attention tensors but {head_key} is {heads}")
+        kv_heads = self._per_layer(Keys.Attention.HEAD_COUNT_KV, layer)
+        kv_heads = heads if kv_heads is None else kv_heads
+        key_length = self._length(Keys.Attention.KEY_LENGTH, d // heads if d else None)
+        value_length = self._length(Keys.Attention.VALUE_LENGTH, key_length)
+        q_length = self._length(Keys.Attention.KEY_LENGTH_MLA, key_length)
+        out_length = self._length(Keys.Attention.VALUE_LENGTH_MLA, value_length)
+        if p + "attn_k.weight" in shapes:
+            if not kv_heads or heads % kv_heads:
+                self.fail(f"{head_key} ({heads}) is not a multiple of {kv_key} ({kv_heads}) in layer {layer}")
+            for name in ("attn_q.weight", "attn_k.weight", "attn_v.weight"):
+                self.want(p + name, 0, d, self.embd_key)
+            if key_length is not None:
+                self.want(p + "attn_k.weight", 1, kv_heads * key_length,
+                          f"{kv_key} {kv_heads} x key_length {key_length}")
+                self._one_of(p + "attn_k_norm.weight", 0, (key_length, kv_heads * key_length), kv_key)
+            if value_length is not None:
+                self.want(p + "attn_v.weight", 1, kv_heads * value_length,
+                          f"{kv_key} {kv_heads} x value_length {value_length}")
+        if q_length is not None:
+            for name in ("attn_q.weight", "attn_q_b.weight"):  # gated attention doubles the rows
+                self._one_of(p + name, 1, (heads * q_length, 2 * heads * q_length), f"{head_key} {heads}")
+            self._one_of(p + "attn_q_norm.weight", 0, (q_length, heads * q_length), f"{head_key} {heads}")
+        if out_length is not None:
+            self.want(p + "attn_output.weight", 0, heads * out_length,
+                      f"{head_key} {heads} x value length {out_length}")
+        self.want(p + "attn_output.weight", 1, d, self.embd_key)
+        self.want(p + "attn_sinks.weight", 0, heads, head_key)
+        for template in (Keys.Rope.DIMENSION_COUNT, Keys.Rope.DIMENSION_COUNT_SWA):  # rotated pairs within a head
+            rotated = self.value(template)
+            if rotated is not None and (rotated < 2 or rotated % 2 or (q_length and rotated > q_length)):
+                self.fail(f"{self.key(template)} is {rotated}; it must be an even number of 2..{q_length} "
+                          "(the length of a head)")
+        self._latent(p)
+
+    def _latent(self, p: str) -> None:
+        """The low-rank q and kv projections of latent attention (q_lora_rank 0: no q projection)."""
+        d, rotated = self.embd, self.value(Keys.Rope.DIMENSION_COUNT)
+        q_key, kv_key = self.key(Keys.Attention.Q_LORA_RANK), self.key(Keys.Attention.KV_LORA_RANK)
+        q_rank, kv_rank = self.value(Keys.Attention.Q_LORA_RANK) or None, self.value(Keys.Attention.KV_LORA_RANK)
+        self.want(p + "attn_q_a.weight", 0, d, self.embd_key)
+        self.want(p + "attn_q_a.weight", 1, q_rank, q_key)
+        self.want(p + "attn_q_a_norm.weight", 0, q_rank, q_key)
+        self.want(p + "attn_q_b.weight", 0, q_rank, q_key)
+        self.want(p + "attn_kv_a_mqa.weight", 0, d, self.embd_key)
+        self.want(p + "attn_kv_a_mqa.weight", 1, None if kv_rank is None or rotated is None else kv_rank + rotated,
+                  f"{kv_key} + rope.dimension_count")
+        self.want(p + "attn_kv_a_norm.weight", 0, kv_rank, kv_key)
+        self.want(p + "attn_k_b.weight", 1, kv_rank, kv_key)
+        self.want(p + "attn_v_b.weight", 0, kv_rank, kv_key)
+
+    def _one_of(self, name: str, dim: int, values: tuple, why: str) -> None:
+        ne = self.shapes.get(name)
+        if ne is None:
+            return
+        have = ne[dim] if dim < len(ne) else 1
+        if have not in values:
+            self.fail(f"tensor {name} has ne[{dim}] = {have}, but {why} gives {' or '.join(map(str, values))}")
+
+
+def check_model(g: GGUFFile) -> None:
+    """Refuse a model whose metadata contradict its tensors, with a line naming the file, the key
+    or tensor and the problem (see _ModelCheck). Run by GGUFFile when it opens and after overrides,
+    so inspect, repack, index and run all refuse the same files."""
+    _ModelCheck(g).run()
 
 
 def open_gguf(path: str | os.PathLike) -> GGUFFile:

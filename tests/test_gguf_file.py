@@ -1,5 +1,7 @@
+import re
 import struct
 
+import gguf
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T, GGUFReader, GGUFValueType as V, Keys
@@ -80,6 +82,7 @@ def test_metadata_values(tmp_path):
     path.write_bytes(_gguf([
         ("tokenizer.ggml.tokens", V.ARRAY, struct.pack("<IQ", V.STRING, 3) + b"".join(map(_string, tokens))),
         ("tokenizer.ggml.scores", V.ARRAY, struct.pack("<IQ3f", V.FLOAT32, 3, 0.5, -1.0, 0.1)),
+        ("general.architecture", V.STRING, _string(b"test")),
         ("general.name", V.STRING, _string(b"x")),
         ("big", V.INT64, struct.pack("<q", -2**40)),
         ("flag", V.BOOL, b"\x01"),
@@ -174,3 +177,83 @@ def test_a_damaged_string_length_is_refused_before_any_copy(tmp_path, monkeypatc
     monkeypatch.setattr(gguf_file, "_MAX_STRING", 1000)
     with pytest.raises(SwapmoeError, match=f"{bad}: corrupt or truncated GGUF header.*claims 5,000 bytes"):
         gguf_file.open_gguf(bad)
+
+
+@pytest.mark.parametrize("tensors, message", [
+    ([("t", (4, 0), T.F32, 0)], "tensor t has a dimension of 0"),
+    ([("t", (4,), T.F32, 0), ("u", (4,), T.F32, 8)], "tensor u starts at byte 8 of the data section, not a multiple "
+                                                     "of general.alignment 32"),
+    ([("t", (16,), T.F32, 0), ("u", (4,), T.F32, 32)], "tensors t and u overlap"),
+])
+def test_tensors_that_cannot_be_laid_out_are_refused(tmp_path, tensors, message):
+    path = tmp_path / "m.gguf"
+    path.write_bytes(_gguf([("general.architecture", V.STRING, _string(b"test"))], tensors, data_size=128))
+    with pytest.raises(SwapmoeError, match=r"m\.gguf: " + message):
+        open_gguf(path)
+
+
+# A one-layer MoE of zeros, its metadata changed per case: (key, value type, value), or a tensor's new shape.
+_MOE_KEYS = {"block_count": 1, "embedding_length": 32, "expert_count": 4, "expert_used_count": 2,
+             "expert_feed_forward_length": 16, "attention.head_count": 2, "attention.head_count_kv": 1,
+             "attention.key_length": 16, "attention.value_length": 16}
+_MOE_TENSORS = {"token_embd.weight": (8, 32), "output_norm.weight": (32,), "blk.0.attn_norm.weight": (32,),
+                "blk.0.attn_q.weight": (32, 32), "blk.0.attn_k.weight": (16, 32), "blk.0.attn_v.weight": (16, 32),
+                "blk.0.attn_output.weight": (32, 32), "blk.0.ffn_norm.weight": (32,),
+                "blk.0.ffn_gate_inp.weight": (4, 32), "blk.0.ffn_gate_exps.weight": (4, 16, 32),
+                "blk.0.ffn_up_exps.weight": (4, 16, 32), "blk.0.ffn_down_exps.weight": (4, 32, 16)}
+
+
+def _moe(path, keys: dict, shapes: dict, tokens: int = 8):
+    w = gguf.GGUFWriter(path, "qwen3moe")
+    w.add_token_list([f"t{i}" for i in range(tokens)])
+    for key, value in {**_MOE_KEYS, **keys}.items():
+        if value is not None:
+            (w.add_float32 if isinstance(value, float) else w.add_uint32)(f"qwen3moe.{key}", value)
+    for name, shape in {**_MOE_TENSORS, **shapes}.items():
+        if shape is not None:
+            w.add_tensor(name, np.zeros(shape, np.float32))  # numpy shape: ggml ne reversed
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.mark.parametrize("keys, shapes, tokens, message", [
+    ({}, {}, 8, None),
+    ({}, {name: None for name in _MOE_TENSORS}, 8, None),  # no tensors: a vocab-only file
+    ({"expert_count": 0}, {}, 8, "tensor blk.0.ffn_gate_exps.weight has ne[2] = 4, but qwen3moe.expert_count gives 0"),
+    ({"expert_count": None}, {}, 8, "no qwen3moe.expert_count key, but the file has routed expert tensors"),
+    ({"expert_used_count": 0}, {}, 8, "qwen3moe.expert_used_count is 0; it must be 1..4 (qwen3moe.expert_count)"),
+    ({"expert_used_count": 5}, {}, 8, "qwen3moe.expert_used_count is 5; it must be 1..4 (qwen3moe.expert_count)"),
+    ({"attention.head_count": 0}, {}, 8, "layer 0 has attention tensors but qwen3moe.attention.head_count is 0"),
+    ({"attention.head_count_kv": 2}, {}, 8, "tensor blk.0.attn_k.weight has ne[1] = 16, but qwen3moe.attention."
+                                            "head_count_kv 2 x key_length 16 gives 32"),
+    ({"attention.key_length": 0}, {}, 8, "qwen3moe.attention.key_length is 0"),
+    ({"rope.dimension_count": 10**6}, {}, 8, "qwen3moe.rope.dimension_count is 1000000; it must be an even number of "
+                                              "2..16 (the length of a head)"),
+    ({"block_count": 0}, {}, 8, "qwen3moe.block_count is 0, but the file has tensors for 1 layers"),
+    ({"block_count": 1.0}, {}, 8, "qwen3moe.block_count must be a whole number, not 1.0"),
+    ({"embedding_length": 31}, {}, 8, "tensor token_embd.weight has ne[0] = 32, but qwen3moe.embedding_length "
+                                      "gives 31"),
+    ({"expert_feed_forward_length": 8}, {}, 8, "tensor blk.0.ffn_gate_exps.weight has ne[1] = 16, but "
+                                               "qwen3moe.expert_feed_forward_length gives 8"),
+    ({}, {}, 7, "tensor token_embd.weight has ne[1] = 8, but the vocabulary of 7 tokens gives 7"),
+    ({}, {"blk.0.ffn_up_exps.weight": None}, 8, "layer 0 has routed expert tensors but no blk.0.ffn_up_exps.weight"),
+    ({}, {"blk.0.attn_output.weight": (32, 16)}, 8, "tensor blk.0.attn_output.weight has ne[0] = 16, but "
+                                                    "qwen3moe.attention.head_count 2 x value length 16 gives 32"),
+    ({}, {"blk.3.attn_norm.weight": (32,)}, 8, "qwen3moe.block_count is 1, but the file has tensors for 4 layers"),
+])
+def test_metadata_that_contradicts_the_tensors_is_refused(tmp_path, keys, shapes, tokens, message):
+    path = _moe(tmp_path / "m.gguf", keys, shapes, tokens)
+    if message is None:
+        open_gguf(path)
+        return
+    with pytest.raises(SwapmoeError, match=f"^{re.escape(str(path))}: {re.escape(message)}$"):
+        open_gguf(path)
+
+
+def test_overrides_are_checked_like_the_file(tmp_path):
+    g = open_gguf(_moe(tmp_path / "m.gguf", {}, {}))
+    with pytest.raises(SwapmoeError, match="expert_used_count is 9; it must be 1..4"):
+        g.override({"qwen3moe.expert_used_count": 9})
