@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import zstandard
-from gguf import GGMLQuantizationType, Keys
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, Keys
 
 from swapmoe.errors import SwapmoeError
 from swapmoe.gguf_file import GGUFFile, TensorKind, classify
@@ -102,6 +102,119 @@ def _shape(ne: np.ndarray) -> tuple[int, ...]:
 
 def _padded(ne: tuple[int, ...]) -> list[int]:
     return list(ne) + [0] * (4 - len(ne))
+
+
+_KNOWN_TYPES = frozenset(int(t) for t in GGMLQuantizationType)
+
+
+def _nbytes(ggml_type: int, ne: np.ndarray) -> int | None:
+    """Bytes of a tensor of this type and zero-padded ne, or None if either is not valid."""
+    if ggml_type not in _KNOWN_TYPES:
+        return None
+    dims = [int(d) for d in ne]
+    n = dims.index(0) if 0 in dims else len(dims)  # the dimensions before the zero padding
+    if not n or any(d < 0 for d in dims) or any(dims[n:]):
+        return None
+    block, size = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
+    if dims[0] % block:
+        return None
+    return math.prod(dims[:n]) // block * size
+
+
+# What each section must be: its kind (0 JSON, 1 array), numpy type, and shape in terms of the meta
+# section's extents (L layers, E experts, P parts, F files, T tensors; None: any length).
+_TABLE = "hash_table."
+_TABLE_DTYPES = ("|u1", "<u2", "<i4")
+_SECTIONS = {
+    "file_sizes": ("<i8", "F"), "header_lengths": ("<i8", "F"), "header_digests": ("|u1", "F", 32),
+    "part_type": ("<i4", "L", "P"), "part_ne": ("<i8", "L", "P", 4), "part_file": ("<u2", "L", "E", "P"),
+    "part_offset": ("<i8", "L", "E", "P"), "part_length": ("<i8", "L", "E", "P"),
+    "part_digest": ("|u1", "L", "E", "P", 32), "slice_offset": ("<i8", "L", "E"), "slice_length": ("<i8", "L", "E"),
+    "slice_flags": ("|u1", "L", "E"), "nonexpert": ("<i8", None, 3), "tensor_type": ("<i4", "T"),
+    "tensor_ne": ("<i8", "T", 4), "tensor_file": ("<i4", "T"), "tensor_offset": ("<i8", "T"),
+    "tensor_nbytes": ("<i8", "T"), "tensor_digest": ("|u1", "T", 32),
+}
+
+
+def _read_sections(blob: bytes, n_sections: int) -> dict:
+    """name -> JSON bytes or numpy array of every section, each section's type and declared size
+    checked before it is decompressed (a crafted section must not make it allocate)."""
+    decompressor, values, pos, view, total = zstandard.ZstdDecompressor(), {}, _HEADER.size, memoryview(blob), 0
+    end = len(blob) - 32
+    for _ in range(n_sections):
+        (n,) = struct.unpack_from("<H", blob, pos)
+        name = blob[pos + 2:pos + 2 + n].decode("ascii")
+        pos += 2 + n
+        kind, n = struct.unpack_from("<BB", blob, pos)
+        dtype = blob[pos + 2:pos + 2 + n].decode("ascii")
+        pos += 2 + n
+        (ndim,) = struct.unpack_from("<B", blob, pos)
+        shape = struct.unpack_from(f"<{ndim}Q", blob, pos + 1)
+        raw_len, stored_len = struct.unpack_from("<QQ", blob, pos + 1 + 8 * ndim)
+        pos += 1 + 8 * ndim + 16
+        if name in values:
+            raise ValueError(f"section {name} appears twice")
+        expected = (0, "") if name == "meta" else (1, _SECTIONS[name][0]) if name in _SECTIONS else \
+            (1, dtype if name.startswith(_TABLE) and dtype in _TABLE_DTYPES else None)
+        if (kind, dtype) != expected:
+            raise ValueError(f"section {name!r} of kind {kind} and type {dtype!r} is not part of the format")
+        total += raw_len
+        if (kind and raw_len != math.prod(shape) * np.dtype(dtype).itemsize) or total > MAX_RAW_BYTES:
+            raise ValueError(f"section {name} claims {raw_len:,} bytes (shape {list(shape)})")
+        if pos + stored_len > end:
+            raise ValueError(f"section {name} runs past the end")
+        # raw_len 0 is zstandard's "no limit": an empty section is not decompressed at all
+        raw = decompressor.decompress(view[pos:pos + stored_len], max_output_size=raw_len) if raw_len else b""
+        if len(raw) != raw_len:
+            raise ValueError(f"section {name} holds {len(raw):,} bytes, not {raw_len:,}")
+        pos += stored_len
+        values[name] = raw if name == "meta" else np.frombuffer(raw, np.dtype(dtype)).reshape(shape)
+    if pos != end:
+        raise ValueError(f"{end - pos:,} bytes after the last section")
+    if "meta" not in values:
+        raise ValueError("no meta section")
+    return values
+
+
+def _check_meta(meta: dict, values: dict) -> None:
+    """The meta section's fields and types, and every array's shape against its extents."""
+    if not isinstance(meta, dict) or set(meta) != {*ExpertIndex._META, "hash_layers"}:
+        raise ValueError("the meta section does not have the format's fields")
+    whole = {key: meta[key] for key in ("n_layer", "n_expert", "n_expert_used", "page_size")}
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in whole.values()):
+        raise ValueError(f"meta: {whole} are not all whole numbers")
+    strings = ("files", "parts", "tensor_names")
+    if not all(isinstance(meta[key], list) and all(isinstance(v, str) for v in meta[key]) for key in strings):
+        raise ValueError("meta: files, parts and tensor_names must be lists of names")
+    if not meta["files"] or any(not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name
+                                for name in meta["files"]):
+        raise ValueError(f"meta: files {meta['files']} are not plain file names")
+    if meta["layout"] not in ("bundled", "compat", "original") or not isinstance(meta["arch"], str) \
+            or not isinstance(meta["has_digests"], bool):
+        raise ValueError(f"meta: layout {meta['layout']!r}, arch or has_digests is not valid")
+    if meta["page_size"] < 4096 or meta["page_size"] & (meta["page_size"] - 1) or meta["page_size"] > 1 << 30:
+        raise ValueError(f"meta: page size {meta['page_size']} is not a power of two from 4096 to 1 GiB")
+    if meta["n_expert_used"] > meta["n_expert"]:
+        raise ValueError(f"meta: {meta['n_expert_used']} experts used of {meta['n_expert']}")
+    parts = meta["parts"]
+    if len(set(parts)) != len(parts) or not set(parts) <= set(PARTS) or parts != sorted(parts, key=PARTS.index):
+        raise ValueError(f"meta: parts {parts} are not the format's, in its order")
+    layers = meta["hash_layers"]
+    if not isinstance(layers, list) or not all(isinstance(v, int) and 0 <= v < meta["n_layer"] for v in layers) \
+            or len(set(layers)) != len(layers):
+        raise ValueError(f"meta: hash_layers {layers!r} are not layers of the model")
+    tables = {name for name in values if name.startswith(_TABLE)}
+    if tables != {f"{_TABLE}{layer}" for layer in layers} or not set(_SECTIONS) <= set(values):
+        raise ValueError("the sections are not those the meta section lists")
+    extent = {"L": meta["n_layer"], "E": meta["n_expert"], "P": len(parts), "F": len(meta["files"]),
+              "T": len(meta["tensor_names"])}
+    for name, (_, *dims) in _SECTIONS.items():
+        want = [extent.get(d, d) for d in dims]
+        have = list(values[name].shape)
+        if len(have) != len(want) or any(w is not None and h != w for h, w in zip(have, want)):
+            raise ValueError(f"section {name} is {have}, the meta section makes it {want}")
+    if any(values[name].ndim != 2 for name in tables):
+        raise ValueError("a hash table is not two-dimensional")
 
 
 @dataclass
@@ -245,6 +358,10 @@ class ExpertIndex:
 
     @classmethod
     def from_bytes(cls, blob: bytes, where: str = "index") -> "ExpertIndex":
+        """Parse and check an index: every section's name, type and shape, and every value the
+        runtime reads (ranges inside the files, file numbers, ggml types, lengths that match the
+        type and shape, expert ids), before anything uses them. A sidecar is as untrusted as the
+        model it sits beside."""
         if len(blob) < _HEADER.size + 32 or blob[:8] != MAGIC:
             raise SwapmoeError(f"{where}: not a swapmoe index")
         magic, version, n_sections, _ = _HEADER.unpack_from(blob)
@@ -253,31 +370,103 @@ class ExpertIndex:
                                f"{FORMAT_VERSION} (rebuild it with `swapmoe index`)")
         if hashlib.sha256(memoryview(blob)[:-32]).digest() != blob[-32:]:
             raise SwapmoeError(f"{where}: index checksum mismatch (damaged file); rebuild it with `swapmoe index`")
-        decompressor, values, pos, view = zstandard.ZstdDecompressor(), {}, _HEADER.size, memoryview(blob)
-        total = 0
-        for _ in range(n_sections):
-            (n,) = struct.unpack_from("<H", blob, pos)
-            name = blob[pos + 2:pos + 2 + n].decode()
-            pos += 2 + n
-            kind, n = struct.unpack_from("<BB", blob, pos)
-            dtype = blob[pos + 2:pos + 2 + n].decode()
-            pos += 2 + n
-            (ndim,) = struct.unpack_from("<B", blob, pos)
-            shape = struct.unpack_from(f"<{ndim}Q", blob, pos + 1)
-            raw_len, stored_len = struct.unpack_from("<QQ", blob, pos + 1 + 8 * ndim)
-            pos += 1 + 8 * ndim + 16
-            total += raw_len
-            if (kind != 0 and raw_len != math.prod(shape) * np.dtype(dtype).itemsize) or total > MAX_RAW_BYTES:
-                raise SwapmoeError(f"{where}: index section {name} claims {raw_len:,} bytes "
-                                   f"(shape {list(shape)}); damaged file, rebuild it with `swapmoe index`")
-            raw = decompressor.decompress(view[pos:pos + stored_len], max_output_size=raw_len)
-            if len(raw) != raw_len:
-                raise SwapmoeError(f"{where}: index section {name} is damaged; rebuild it with `swapmoe index`")
-            pos += stored_len
-            values[name] = raw if kind == 0 else np.frombuffer(raw, dtype=np.dtype(dtype)).reshape(shape)
-        meta = json.loads(values.pop("meta"))
-        tables = {layer: values.pop(f"hash_table.{layer}") for layer in meta.pop("hash_layers")}
-        return cls(**meta, **values, tables=tables)
+        try:
+            values = _read_sections(blob, n_sections)
+            meta = json.loads(values.pop("meta"))
+            _check_meta(meta, values)
+        except (struct.error, ValueError, RecursionError, zstandard.ZstdError) as e:  # ValueError: bad JSON, UTF-8
+            raise SwapmoeError(f"{where}: damaged index ({e}); rebuild it with `swapmoe index`") from None
+        tables = {layer: values.pop(f"{_TABLE}{layer}") for layer in meta.pop("hash_layers")}
+        index = cls(**meta, **values, tables=tables)
+        problem = index._problem()
+        if problem:
+            raise SwapmoeError(f"{where}: damaged index: {problem}; rebuild it with `swapmoe index`")
+        return index
+
+    def _problem(self) -> str | None:
+        """The first value that could send a read outside the files or give the kernels bytes that do
+        not match their type and shape; None if there is none."""
+        n_files, sizes = len(self.files), self.file_sizes
+        if (sizes < 0).any() or (self.header_lengths < 0).any() or (self.header_lengths > sizes).any():
+            return "file sizes or header lengths out of range"
+        lengths, offsets, files = self.part_length, self.part_offset, self.part_file.astype(np.int64)
+        present = lengths > 0
+        if (lengths < 0).any():
+            return "a negative part length"
+        in_layer = present.any(axis=1)  # [layer, part]
+        for layer, p in zip(*np.nonzero(in_layer)):
+            nbytes = _nbytes(int(self.part_type[layer, p]), self.part_ne[layer, p])
+            if nbytes is None:
+                return f"layer {layer} part {self.parts[p]}: ggml type {self.part_type[layer, p]} or shape " \
+                       f"{self.part_ne[layer, p].tolist()} is not valid"
+            wrong = np.flatnonzero(present[layer, :, p] & (lengths[layer, :, p] != nbytes))
+            if len(wrong):
+                return f"layer {layer} expert {wrong[0]} part {self.parts[p]} has {lengths[layer, wrong[0], p]} " \
+                       f"bytes, its type and shape {nbytes}"
+        has_expert = present.any(axis=2)
+        lacking = np.argwhere(has_expert[:, :, None] & (present != in_layer[:, None, :]))
+        if len(lacking):
+            layer, expert, p = lacking[0]
+            return f"expert {expert} of layer {layer} differs from its layer in having part {self.parts[p]}"
+        for layer in np.flatnonzero(in_layer.any(axis=1)):
+            names = {self.parts[p] for p in np.flatnonzero(in_layer[layer])}
+            if "down" not in names or not ("gate_up" in names or {"gate", "up"} <= names):
+                return f"layer {layer} has routed experts without all of their projections ({', '.join(names)})"
+        if (files[present] >= n_files).any():
+            return f"a part names file {files[present].max()}, but the index lists {n_files}"
+        ends = offsets + lengths
+        if (offsets[present] < 0).any() or (ends[present] > sizes[np.minimum(files, n_files - 1)][present]).any():
+            return "a part lies outside its file"
+        problem = self._slice_problem(present, has_expert, files)
+        if problem:
+            return problem
+        ne = self.nonexpert
+        if len(ne) and ((ne[:, 0] < 0).any() or (ne[:, 0] >= n_files).any() or (ne[:, 1:] < 0).any()
+                        or (ne[:, 1] + ne[:, 2] > sizes[np.clip(ne[:, 0], 0, n_files - 1)]).any()):
+            return "a non-expert range lies outside its file"
+        return self._tensor_problem(n_files, sizes) or self._table_problem()
+
+    def _slice_problem(self, present: np.ndarray, has_expert: np.ndarray, files: np.ndarray) -> str | None:
+        """A contiguous slice must lie in its parts' file and hold every part."""
+        contiguous = has_expert & ((self.slice_flags & FLAG_CONTIGUOUS) != 0)
+        if not contiguous.any():
+            return None
+        first = np.argmax(present, axis=2)  # the first present part: slice() reads its file number
+        slice_file = np.take_along_axis(files, first[:, :, None], axis=2)[:, :, 0]
+        start, end = self.slice_offset, self.slice_offset + self.slice_length
+        outside = (start < 0) | (self.slice_length <= 0) | (end > self.file_sizes[slice_file])
+        part_outside = present & ((files != slice_file[:, :, None]) | (self.part_offset < start[:, :, None])
+                                  | (self.part_offset + self.part_length > end[:, :, None]))
+        bad = np.argwhere(contiguous & (outside | part_outside.any(axis=2)))
+        if len(bad):
+            return f"the slice of expert {bad[0][1]} of layer {bad[0][0]} lies outside its file or its parts"
+        return None
+
+    def _tensor_problem(self, n_files: int, sizes: np.ndarray) -> str | None:
+        """Every tensor is stored whole inside its file, but the routed ones a bundled file splits."""
+        for i, name in enumerate(self.tensor_names):
+            nbytes = _nbytes(int(self.tensor_type[i]), self.tensor_ne[i])
+            if nbytes is None or nbytes != self.tensor_nbytes[i]:
+                return f"tensor {name}: type, shape and size disagree"
+            file, offset = int(self.tensor_file[i]), int(self.tensor_offset[i])
+            split = self.layout == "bundled" and classify(name).kind is TensorKind.ROUTED_EXPERT
+            if split != (file == offset == -1):
+                return f"where tensor {name} is stored does not fit a {self.layout} file"
+            if not split and not (0 <= file < n_files and 0 <= offset and offset + nbytes <= sizes[file]):
+                return f"tensor {name} lies outside its file"
+        return None
+
+    def _table_problem(self) -> str | None:
+        for layer, table in self.tables.items():
+            name = f"blk.{layer}.ffn_gate_tid2eid.weight"
+            if name not in self.tensor_names:
+                return f"a hash table for layer {layer}, which has no {name}"
+            k, n_vocab = self.tensor_ne[self.tensor_names.index(name)][:2]
+            if table.shape != (n_vocab, k):
+                return f"the hash table of layer {layer} is {list(table.shape)}, its tensor {[int(n_vocab), int(k)]}"
+            if table.size and int(table.max()) >= self.n_expert:
+                return f"the hash table of layer {layer} names expert {int(table.max())} of {self.n_expert}"
+        return None
 
     def save(self, path: str | os.PathLike) -> None:
         """Write atomically (temp file, fsync, rename)."""
