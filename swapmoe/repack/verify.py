@@ -40,8 +40,8 @@ from swapmoe.repack.tensors import (
     tensor_digests,
 )
 
-_STRUCTURE = ("arch", "layout", "page_size", "n_layer", "n_expert", "parts", "part_type", "part_ne", "part_file",
-              "part_offset", "part_length", "slice_offset", "slice_length", "slice_flags", "nonexpert",
+_STRUCTURE = ("arch", "layout", "page_size", "n_layer", "n_expert", "n_expert_used", "parts", "part_type", "part_ne",
+              "part_file", "part_offset", "part_length", "slice_offset", "slice_length", "slice_flags", "nonexpert",
               "tensor_names", "tensor_type", "tensor_ne", "tensor_file", "tensor_offset", "tensor_nbytes")
 _SHOWN = 20  # problems listed in full; the rest are counted
 
@@ -144,6 +144,9 @@ def verify(path: str | os.PathLike, against: str | os.PathLike | None = None, pr
         if len(bad):
             problems.append(f"{len(bad)} tensors do not match their digest in the index: "
                             + ", ".join(tensors[i].name for i in bad[:_SHOWN]))
+        fresh_parts = build(g, digests, index.page_size, tensors).part_digest
+        if not np.array_equal(fresh_parts, index.part_digest):
+            problems.append("index field part_digest disagrees with the bytes of the expert parts")
     else:
         problems.append("the index holds no digests (made with --no-digests); rebuild it to check the bytes")
     if layout_of(g) != "original":
