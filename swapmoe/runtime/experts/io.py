@@ -22,6 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
+from swapmoe.errors import SwapmoeError
+
 MADV_POPULATE_READ = 22  # Linux 5.14; older kernels answer EINVAL and we touch the pages instead
 WILLNEED_PIECE = 512 << 10  # 25 MiB experts: 2.1 GB/s in 512 KiB pieces, 0.08 GB/s in one call
 PAGE = mmap.PAGESIZE
@@ -121,6 +123,7 @@ class PreadEngine:
     def __init__(self, paths: list[Path], slot_bytes: int, n_slots: int, workers: int = 4):
         self.slot_bytes = -(-slot_bytes // DIRECT_ALIGN) * DIRECT_ALIGN
         self.direct = True
+        self._paths = paths
         self._fds = []
         for p in paths:
             try:
@@ -143,14 +146,17 @@ class PreadEngine:
     def _read(self, slot: int, ranges: Ranges) -> None:
         base = slot * self.slot_bytes
         total = 0
-        for f, start, span, pos, _ in direct_spans(ranges):
+        for (f, start, span, pos, skip), (_, offset, length) in zip(direct_spans(ranges), ranges):
             view = memoryview(self._memory[base + pos:base + pos + span])
             done = 0
             while done < span:
                 n = os.preadv(self._fds[f], [view[done:]], start + done)
-                if n == 0:  # end of file: the aligned span ran past it
+                if n == 0:  # end of file: the aligned span may run past it, the range itself must not
                     break
                 done += n
+            if done < skip + length:  # else the kernels would read what the slot held before
+                raise SwapmoeError(f"{self._paths[f]}: ends at byte {start + done:,}, before the expert bytes "
+                                   f"{offset:,}..{offset + length:,} (file truncated while in use?)")
             total += done
         with self._lock:
             self.bytes_read += total
