@@ -24,6 +24,9 @@ of the gpt-oss and Mistral templates are patched out here too.
 from __future__ import annotations
 
 import json
+import math
+import re
+import threading
 import time
 from datetime import datetime
 from functools import lru_cache
@@ -43,9 +46,21 @@ class ChatTemplateError(SwapmoeError):
 
 # Templates come from strangers' files: bounds on what one rendering may build and how long it
 # may run (a real template renders a conversation in milliseconds and a few hundred kB)
-MAX_TEXT = 1 << 24  # characters in the prompt, and in any string or list the template builds
-MAX_RANGE = 1 << 16  # items in one range()
+MAX_TEXT = 1 << 24  # characters in the prompt, and in any string the template builds
+MAX_ITEMS = 1 << 20  # items in any list the template builds (each costs a pointer, and more as text)
+MAX_RANGE = 1 << 16  # items in one range(), lines wordwrap() makes, slices slice() makes
+MAX_NUMBER_BITS = 1 << 16  # bits of an integer a product or power may make
 MAX_SECONDS = 10.0
+MAX_REASON = 500  # characters of a raise_exception() message shown
+_NUMBER_DIGITS = 9  # a width or precision of more digits exceeds MAX_TEXT anyway
+_render = threading.local()  # .deadline: the monotonic time the rendering under way in this thread must end by
+
+
+def _check_time() -> None:
+    """Called at every loop step, call and attribute of a rendering: templates cannot run long
+    without doing one of those."""
+    if time.monotonic() > getattr(_render, "deadline", math.inf):
+        raise ChatTemplateError(f"the chat template ran for over {MAX_SECONDS:.0f} s")
 
 
 def _bounded_range(*args):
@@ -55,16 +70,65 @@ def _bounded_range(*args):
     return items
 
 
-def _bounded_size(size: int, what: str) -> None:
-    if size > MAX_TEXT:
-        raise ChatTemplateError(f"the chat template builds {what} of {size} items (at most {MAX_TEXT})")
+def _bounded_size(size: int, what: str, limit: int = MAX_TEXT) -> None:
+    if size > limit:
+        raise ChatTemplateError(f"the chat template builds {what} of {size} items (at most {limit})")
+
+
+def _limit(seq: Any) -> int:
+    return MAX_TEXT if isinstance(seq, str) else MAX_ITEMS
+
+
+def _bounded_bits(bits: int, left: int, operator: str, right: int) -> None:
+    if bits > MAX_NUMBER_BITS:
+        raise ChatTemplateError(f"the chat template computes {left if left.bit_length() < 64 else 'a huge number'} "
+                                f"{operator} {right if right.bit_length() < 64 else 'a huge number'}")
+
+
+def _formatted_size(fmt: str, args: Any) -> int:
+    """At most how long `fmt % args` or `fmt.format(*args)` is: fmt, the widths and precisions
+    written in it, the values' text, and the integers among the values where fmt takes a width
+    or precision from them (`*`, or a field inside a format spec)."""
+    values = list(args.values()) if isinstance(args, dict) else list(args) if isinstance(args, (tuple, list)) \
+        else [args]
+    size = len(fmt) + sum(len(v) for v in values if isinstance(v, str))
+    for digits in re.findall(r"\d+", fmt):
+        size += int(digits) if len(digits) <= _NUMBER_DIGITS else MAX_TEXT + 1
+    if "*" in fmt or re.search(r"\{[^{}]*\{", fmt):
+        size += sum(abs(v) for v in values if isinstance(v, int))
+    return size
+
+
+def _method_size(method: Any, args: tuple) -> int | None:
+    """At most how long the string a str method call makes is, for those that can make one much
+    longer than their arguments; None for any other call."""
+    text, name = getattr(method, "__self__", None), getattr(method, "__name__", "")
+    if not isinstance(text, str):
+        return None
+    if name in ("ljust", "rjust", "center", "zfill") and args and isinstance(args[0], int):
+        return max(len(text), args[0])
+    if name == "expandtabs":
+        return len(text) + text.count("\t") * (args[0] if args and isinstance(args[0], int) else 8)
+    if name == "replace" and len(args) >= 2 and isinstance(args[0], str) and isinstance(args[1], str):
+        return _replaced_size(text, *args[:3])
+    if name == "join" and args and isinstance(args[0], (list, tuple, str)):
+        return len(text) * max(0, len(args[0]) - 1) + sum(len(v) for v in args[0] if isinstance(v, str))
+    return None
+
+
+def _replaced_size(text: str, old: str, new: str, count: int | None = None) -> int:
+    found = text.count(old) if old else len(text) + 1
+    if count is not None and count >= 0:
+        found = min(found, count)
+    return len(text) + found * (len(new) - len(old))
 
 
 def _raise_exception(message: str):
-    raise ChatTemplateError(message)
+    raise ChatTemplateError(str(message)[:MAX_REASON])
 
 
 def _strftime_now(format: str) -> str:
+    _bounded_size(_formatted_size(format, ()), "a date")
     return datetime.now().strftime(format)
 
 
@@ -80,6 +144,80 @@ def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, s
 def _center(value: Any, width: int = 80) -> str:
     _bounded_size(int(width), "a centered string")
     return str(value).center(int(width))
+
+
+def _bounded_filters(filters: dict) -> dict:
+    """Jinja's filters that can make far more than they are given, each checked first."""
+    replace, join, indent, wordwrap, slice_, format_ = (filters[name] for name in
+                                                       ("replace", "join", "indent", "wordwrap", "slice", "format"))
+
+    def bounded_replace(eval_ctx, s, old, new, count=None):
+        _bounded_size(_replaced_size(str(s), str(old), str(new), count), "a replaced string")
+        return replace(eval_ctx, s, old, new, count)
+
+    def bounded_join(eval_ctx, value, d="", attribute=None):
+        items = value if isinstance(value, (str, list, tuple)) else list(value)
+        _bounded_size(len(str(d)) * max(0, len(items) - 1), "a joined string")
+        return join(eval_ctx, items, d, attribute)
+
+    def bounded_indent(s, width=4, first=False, blank=False):
+        pad = width if isinstance(width, int) else len(str(width))
+        _bounded_size(len(str(s)) + (str(s).count("\n") + 1) * pad, "an indented string")
+        return indent(s, width, first, blank)
+
+    def bounded_wordwrap(environment, s, width=79, break_long_words=True, wrapstring=None, break_on_hyphens=True):
+        if len(str(s)) // max(1, int(width)) > MAX_RANGE:
+            raise ChatTemplateError(f"the chat template wraps {len(str(s))} characters at {width} "
+                                    f"(at most {MAX_RANGE} lines)")
+        return wordwrap(environment, s, width, break_long_words, wrapstring, break_on_hyphens)
+
+    def bounded_slice(value, slices, fill_with=None):
+        if int(slices) > MAX_RANGE:
+            raise ChatTemplateError(f"the chat template asks for {slices} slices (at most {MAX_RANGE})")
+        return slice_(value, slices, fill_with)
+
+    def bounded_format(value, *args, **kwargs):
+        _bounded_size(_formatted_size(str(value), kwargs or args), "a formatted string")
+        return format_(value, *args, **kwargs)
+
+    for wrapper, original in ((bounded_replace, replace), (bounded_join, join), (bounded_wordwrap, wordwrap)):
+        wrapper.jinja_pass_arg = original.jinja_pass_arg  # the context argument jinja hands them
+    return {"replace": bounded_replace, "join": bounded_join, "indent": bounded_indent, "wordwrap": bounded_wordwrap,
+            "slice": bounded_slice, "format": bounded_format, "center": _center, "tojson": _tojson}
+
+
+def _loop_steps(iterable):
+    """Every `for` of a template iterates through this (see _guard_loops)."""
+    for item in iterable:
+        _check_time()
+        yield item
+
+
+def _joined(*parts) -> str:
+    """The `~` operator, bounded."""
+    texts = [part if isinstance(part, str) else str(part) for part in parts]
+    _bounded_size(sum(map(len, texts)), "a joined string")
+    return "".join(texts)
+
+
+def _guard_loops(tree):
+    """Route every `for` loop through _loop_steps and every `~` through _joined: a loop that
+    outputs nothing and calls nothing is still timed, a doubling `s ~ s` still bounded. They are
+    attributes of the environment, which a template cannot rebind (a name it could shadow)."""
+    from jinja2 import nodes
+    from jinja2.visitor import NodeTransformer
+
+    class Guard(NodeTransformer):
+        def visit_For(self, node):
+            self.generic_visit(node)
+            node.iter = nodes.Call(nodes.EnvironmentAttribute("loop_steps"), [node.iter], [], None, None)
+            return node
+
+        def visit_Concat(self, node):
+            self.generic_visit(node)
+            return nodes.Call(nodes.EnvironmentAttribute("joined"), node.nodes, [], None, None)
+
+    return Guard().visit(tree)
 
 
 @lru_cache(maxsize=16)
@@ -98,28 +236,61 @@ def _compile(source: str):
             return parser.parse_statements(("name:endgeneration",), drop_needle=True)
 
     class BoundedEnvironment(ImmutableSandboxedEnvironment):
-        """The sandbox, and no string or list repeated past MAX_TEXT, no huge powers."""
-        intercepted_binops = frozenset(["*", "**"])
+        """The sandbox, timed at every call and attribute, and with no string, list or number grown
+        past the bounds by an operator or a method."""
+        intercepted_binops = frozenset(["*", "**", "+", "%"])
+        loop_steps, joined = staticmethod(_loop_steps), staticmethod(_joined)
 
         def call_binop(self, context, operator, left, right):
             if operator == "*":
                 for seq, count in ((left, right), (right, left)):
                     if isinstance(seq, (str, list, tuple)) and isinstance(count, int):
-                        _bounded_size(len(seq) * count, "a repeated string or list")
-            elif isinstance(right, int) and isinstance(left, int) and abs(right) > 4096 and abs(left) > 1:
-                raise ChatTemplateError(f"the chat template computes {left} ** {right}")
+                        _bounded_size(len(seq) * count, "a repeated string or list", _limit(seq))
+                if isinstance(left, int) and isinstance(right, int):
+                    _bounded_bits(left.bit_length() + right.bit_length(), left, "*", right)
+            elif operator == "**":
+                if isinstance(left, int) and isinstance(right, int) and abs(left) > 1:
+                    _bounded_bits(left.bit_length() * abs(right), left, "**", right)
+            elif operator == "+":
+                if isinstance(left, (str, list, tuple)) and isinstance(right, (str, list, tuple)):
+                    _bounded_size(len(left) + len(right), "a concatenated string or list", _limit(left))
+            elif isinstance(left, str):  # %
+                _bounded_size(_formatted_size(left, right), "a formatted string")
             return super().call_binop(context, operator, left, right)
+
+        def call(self, context, obj, /, *args, **kwargs):
+            _check_time()
+            size = _method_size(obj, args)
+            if size is not None:
+                _bounded_size(size, f"with {getattr(obj, '__name__', 'a call')}() a string")
+            result = super().call(context, obj, *args, **kwargs)
+            if isinstance(result, (str, list, tuple)):
+                _bounded_size(len(result), "a string or list", _limit(result))
+            return result
+
+        def getattr(self, obj, attribute):
+            _check_time()
+            value = super().getattr(obj, attribute)
+            if isinstance(obj, str) and attribute in ("format", "format_map") and callable(value):
+                def bounded_format(*args, **kwargs):  # the sandbox's own str.format, checked first
+                    _bounded_size(_formatted_size(obj, list(args) + list(kwargs.values())), "a formatted string")
+                    return value(*args, **kwargs)
+                return bounded_format
+            return value
 
     env = BoundedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols, GenerationBlock])
     env.globals["range"] = _bounded_range
-    env.filters["center"] = _center
-    env.filters["tojson"] = _tojson
-    env.globals["raise_exception"] = _raise_exception
-    env.globals["strftime_now"] = _strftime_now
+    env.globals.pop("lipsum")  # paragraphs of filler on request: no template needs it, a hostile one asks for 10**9
+    env.globals.update(raise_exception=_raise_exception, strftime_now=_strftime_now)
+    env.filters.update(_bounded_filters(env.filters))
     try:
-        return env.from_string(source)
+        return env.from_string(_guard_loops(env.parse(source)))
     except TemplateError as e:
         raise ChatTemplateError(f"cannot parse the chat template: {e}") from None
+    except RecursionError:
+        raise ChatTemplateError("the chat template is nested too deeply to parse") from None
+    except MemoryError:
+        raise ChatTemplateError("the chat template ran out of memory while it was compiled") from None
 
 
 def render_template(source: str, messages: Iterable[dict[str, Any]], add_generation_prompt: bool = True,
@@ -128,15 +299,15 @@ def render_template(source: str, messages: Iterable[dict[str, Any]], add_generat
     from jinja2 import TemplateError
 
     template = _compile(source)
+    _render.deadline = time.monotonic() + MAX_SECONDS
     try:
-        pieces, size, deadline = [], 0, time.monotonic() + MAX_SECONDS
+        pieces, size = [], 0
         for piece in template.generate(messages=list(messages), add_generation_prompt=add_generation_prompt,
                                        bos_token=bos_token, eos_token=eos_token, **variables):
             pieces.append(piece)
             size += len(piece)
             _bounded_size(size, "a prompt")
-            if time.monotonic() > deadline:
-                raise ChatTemplateError(f"the chat template ran for over {MAX_SECONDS:.0f} s")
+            _check_time()
         return "".join(pieces)
     except ChatTemplateError:
         raise
@@ -147,7 +318,9 @@ def render_template(source: str, messages: Iterable[dict[str, Any]], add_generat
     except TemplateError as e:
         raise ChatTemplateError(f"cannot render the chat template: {e}") from None
     except (TypeError, ValueError, LookupError, ArithmeticError) as e:  # e.g. `|items` of a string
-        raise ChatTemplateError(f"cannot render the chat template: {type(e).__name__}: {e}") from None
+        raise ChatTemplateError(f"cannot render the chat template: {type(e).__name__}: {str(e)[:MAX_REASON]}") from None
+    finally:
+        _render.deadline = math.inf
 
 
 class ChatTemplate:
@@ -184,6 +357,8 @@ def apply_chat_template(tokenizer, messages: Iterable[dict[str, Any]], add_gener
     template: Jinja source to use instead of the model's own (e.g. for a GGUF without one).
     """
     source = template if template is not None else tokenizer.chat_template
+    if source is not None and not isinstance(source, str):
+        raise SwapmoeError(f"{tokenizer.source}: tokenizer.chat_template is a {type(source).__name__}, not a template")
     if not source:
         raise SwapmoeError(f"{tokenizer.source}: the model has no chat template (tokenizer.chat_template); "
                            "pass one with template=..., or give the prompt as plain text")
