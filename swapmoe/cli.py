@@ -101,8 +101,13 @@ def synth(out, arch, preset, size_gb, type_name, layers, experts, seed, force):
       swapmoe synth tiny.gguf
       swapmoe synth big.gguf --preset qwen3-30b-a3b --type Q4_K_M --size-gb 10
     """
-    from swapmoe.synthetic import synth as write_synth
+    from swapmoe.synthetic import PRESETS, synth as write_synth
 
+    name = preset or f"tiny-{arch or 'qwen3moe'}"  # as synth picks it; it reports unknown names itself
+    used = PRESETS[name].n_expert_used if name in PRESETS else 1
+    if experts is not None and experts < used:  # the model would route each token to experts it lacks
+        raise click.BadParameter(f"{name} routes each token to {used} experts; give at least {used}",
+                                 param_hint="'--experts'")
     overrides = {k: v for k, v in (("n_layer", layers), ("n_expert", experts)) if v is not None}
     path = write_synth(out, arch=arch, preset=preset, size_gb=size_gb, type=type_name, seed=seed, force=force,
                        **overrides)
@@ -216,6 +221,9 @@ def run(model, prompt, prompt_file, chat, max_tokens, temp, top_k, top_p, min_p,
             raise SwapmoeError(f"{prompt_file}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     if prompt is None and not chat:
         raise SwapmoeError("give a prompt with -p TEXT or -f FILE (or --chat to chat)")
+    trace = options["trace"]
+    if trace is not None and not (trace.parent.is_dir() and os.access(trace.parent, os.W_OK)):
+        raise click.BadParameter(f"{trace.parent} is not a directory this user can write to", param_hint="'--trace'")
     m = swapmoe.load(model or swapmoe.default_model_path(), **options)
     if show_stats:
         for reason in m.plan.reasons:
@@ -223,6 +231,7 @@ def run(model, prompt, prompt_file, chat, max_tokens, temp, top_k, top_p, min_p,
     sampling = dict(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty, seed=seed)
 
     def reply(text: str, add_special: bool) -> str:
+        m.check_prompt_length(text)  # before tokenizing: a huge text costs no memory
         pieces = []
         for piece in m.generate(m.tokenize(text, add_special=add_special), max_tokens, ignore_eos, **sampling):
             click.echo(piece, nl=False)

@@ -1,4 +1,8 @@
+import os
+import shlex
+import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -104,8 +108,6 @@ def test_a_prompt_file_that_is_not_utf8_is_named(tmp_path):
 @pytest.mark.slow
 def test_run_with_an_unwritable_cache_home(tmp_path):
     """A read-only home: the kernels' cache falls back to the temp dir, with one warning line."""
-    import os
-
     blocked = tmp_path / "not-a-dir"
     blocked.write_text("")
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
@@ -115,3 +117,44 @@ def test_run_with_an_unwritable_cache_home(tmp_path):
     assert run.returncode == 0, run.stderr
     warnings = [line for line in run.stderr.splitlines() if "warning" in line]
     assert len(warnings) == 1 and str(tmp_path) in warnings[0]
+
+
+def _read_only_mounts_work() -> bool:
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        return False
+    return subprocess.run(["unshare", "-m", "sh", "-c", "mount --bind -o ro / /"], capture_output=True).returncode == 0
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _read_only_mounts_work(), reason="needs root and a private mount namespace (unshare -m)")
+def test_run_from_a_read_only_install_with_an_unwritable_home(tmp_path):
+    """The package directory and the home mounted read-only (a `docker --read-only` image, a
+    non-root user) and NUMBA_CACHE_DIR unset: the kernels are cached in the temp dir, with one
+    warning line, and the run works."""
+    home, temp = tmp_path / "home", tmp_path / "tmp"
+    home.mkdir()
+    temp.mkdir()
+    package = Path(swapmoe.__file__).parent
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
+    env.update(HOME=str(home), XDG_CACHE_HOME=str(home / ".cache"), TMPDIR=str(temp))
+    script = (f"mount --bind -o ro {shlex.quote(str(package))} {shlex.quote(str(package))} && "
+              f"mount --bind -o ro {shlex.quote(str(home))} {shlex.quote(str(home))} && "
+              f"exec {shlex.join(cli_command('run', '-p', 'def f():', '-n', '3'))}")
+    run = subprocess.run(["unshare", "-m", "sh", "-c", script], env=env, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.startswith("def f():")
+    warnings = [line for line in run.stderr.splitlines() if "warning" in line]
+    assert len(warnings) == 1 and str(temp) in warnings[0] and "Traceback" not in run.stderr
+
+
+def test_a_prompt_longer_than_the_context_could_hold_is_refused_before_tokenizing(tmp_path, monkeypatch):
+    from swapmoe.runtime.tokenizer import Tokenizer
+
+    def never(*args, **kwargs):
+        raise AssertionError("tokenized")
+
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text("word " * 2_500_000)  # 12.5 MB
+    monkeypatch.setattr(Tokenizer, "encode", never)
+    result = run_cli("run", "-f", prompt, "-n", "2")
+    assert result.exit_code == 1 and "the prompt is 12,500,000 characters; a context of" in result.output

@@ -175,6 +175,15 @@ class Model:
     def detokenize(self, ids) -> str:
         return self.tokenizer.decode(list(ids))
 
+    def check_prompt_length(self, text: str) -> None:
+        """Refuse, before tokenizing it, a text too long for the context: no token stands for more
+        characters than the longest token's text, so n_ctx tokens hold at most n_ctx times that."""
+        most = self.n_ctx * max(map(len, self.tokenizer.tokens))
+        if len(text) > most:
+            raise SwapmoeError(f"the prompt is {len(text):,} characters; a context of {self.n_ctx} tokens holds at "
+                               f"most {most:,} characters of text for this model (use a larger --ctx or a shorter "
+                               "prompt)")
+
     # --- scoring and generation -------------------------------------------------------------
     def _check_ids(self, ids: np.ndarray) -> None:
         if ids.size and (ids.min() < 0 or ids.max() >= self.net.n_vocab):

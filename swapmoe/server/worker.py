@@ -143,10 +143,12 @@ class Worker:
         try:
             if request.chat:
                 text = self.template.render(request.messages, add_generation_prompt=True, **request.template_kwargs)
+                self.model.check_prompt_length(text)
                 ids = self.model.tokenize(text, add_special=False)
                 if request.reasoning and self.thinks:
                     split = ReasoningSplit(inside=reasoning.opened_by(text))
             else:
+                self.model.check_prompt_length(request.prompt)
                 ids = self.model.tokenize(request.prompt)
         except SwapmoeError as e:
             raise APIError(400, getattr(e, "reason", str(e)), "messages" if request.chat else "prompt") from None
