@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import errno
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -437,3 +438,85 @@ def test_unpack_refuses_original_and_existing_target(models, tmp_path):
     assert result.exit_code == 1 and "same file" in result.output
     result = run_cli("repack", out, tmp_path / "again.gguf")
     assert result.exit_code == 1 and "already repacked" in result.output
+
+
+# --- stopped at any moment ----------------------------------------------------------------------
+# Each writing command, stopped by a signal at a random moment (seeded) of its run: what is left
+# at its output must be nothing, the untouched old output (--force over an existing one), or the
+# complete output a run that was not stopped writes. A model of ~150 MB gives each run a second
+# or so of writing to land in.
+STOP_LAYERS = 80
+
+
+@pytest.fixture(scope="module")
+def stop_bench(tmp_path_factory):
+    """The source model and, per command, its arguments (SRC, OUT stand for paths), the files it
+    writes, those files from a run that was not stopped, other contents for them (an old output),
+    and how long that run took."""
+    root = tmp_path_factory.mktemp("stop")
+    src = swapmoe.synth(root / "src.gguf", n_layer=STOP_LAYERS, progress=False)
+    packed = root / "packed.gguf"
+    swapmoe.repack(src, packed)
+    commands = {
+        "repack": (["repack", "SRC", "OUT/out.gguf"], src, ("out.gguf", "out.gguf.swapidx")),
+        "unpack": (["unpack", "SRC", "OUT/orig.gguf"], packed, ("orig.gguf",)),
+        "index": (["index", "OUT/model.gguf"], src, ("model.gguf.swapidx",)),
+        "synth": (["synth", "OUT/new.gguf", "--layers", str(STOP_LAYERS)], None, ("new.gguf",)),
+    }
+    bench = {}
+    for name, (args, source, outputs) in commands.items():
+        folder = root / name
+        folder.mkdir()
+        if name == "index":
+            shutil.copy(src, folder / "model.gguf")
+        argv = cli_command(*[a.replace("SRC", str(source)).replace("OUT", str(folder)) for a in args])
+        started = time.monotonic()
+        subprocess.run(argv, check=True, capture_output=True)
+        seconds = time.monotonic() - started
+        complete = {out: (folder / out).read_bytes() for out in outputs}
+        old = {out: b"an older " + out.encode() for out in outputs}
+        bench[name] = (argv, folder, complete, old, seconds)
+    return bench
+
+
+def _stop_once(bench, command: str, signum: int, force: bool, seed: int) -> None:
+    argv, folder, complete, old, seconds = bench[command]
+    for path in folder.iterdir():
+        if path.name != "model.gguf":  # index's input
+            path.unlink()
+    if force:
+        for name, data in old.items():
+            (folder / name).write_bytes(data)
+        argv = argv + (["--force"] if command != "index" else [])  # index always rewrites the sidecar
+    delay = random.Random(f"{command}/{signum}/{force}/{seed}").uniform(0.05, 1.2 * seconds)
+    proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    time.sleep(delay)
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=120)
+    handled = 130 if signum == signal.SIGINT else 128 + signum
+    context = f"{command} stopped by {signal.Signals(signum).name} after {delay:.2f} s: exit {proc.returncode}"
+    # -signum: stopped before swapmoe took over the signal (Python itself starting: Ctrl-C there is
+    # a KeyboardInterrupt traceback, exit 1 or -2, before anything was written)
+    starting = signum == signal.SIGINT and err.strip().endswith("\nKeyboardInterrupt")
+    assert proc.returncode in (0, handled, -signum) or (starting and proc.returncode == 1), context + "\n" + err
+    if proc.returncode == handled:
+        assert "Traceback" not in err and err.strip().endswith(("interrupted", signal.Signals(signum).name)), err
+    left = {p.name: p.read_bytes() for p in folder.iterdir() if p.name != "model.gguf"}
+    assert not [name for name in left if ".tmp-" in name], context
+    assert left in ({}, complete) or (force and left == old), f"{context}: left {sorted(left)}"
+
+
+@pytest.mark.parametrize("command", ["repack", "unpack", "index", "synth"])
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_a_stop_at_any_moment_leaves_nothing_the_old_or_the_whole_output(stop_bench, command, signum):
+    _stop_once(stop_bench, command, signum, force=signum == signal.SIGTERM, seed=0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["repack", "unpack", "index", "synth"])
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+@pytest.mark.parametrize("force", [False, True])
+def test_stops_at_many_moments(stop_bench, command, signum, force):
+    for seed in range(1, 9):
+        _stop_once(stop_bench, command, signum, force, seed)
