@@ -1,5 +1,5 @@
 """tools/route_stats.py's statistics on hand-made routing, and the synthetic generator's routing
-shape (context gain, router spread, attention focus) landing in the tensors it should."""
+shape (context gain, router spread, attention focus, hot experts) landing in the tensors it should."""
 import importlib.util
 from pathlib import Path
 
@@ -54,6 +54,24 @@ def test_shape_knobs_reach_their_tensors(synth_model):
     assert widths.std() / widths.mean() > 3 * plain.std() / plain.mean()  # experts' router rows differ in width
     q_norm = _tensor(shaped, "blk.0.attn_q_norm.weight").mean() / _tensor(base, "blk.0.attn_q_norm.weight").mean()
     assert q_norm == pytest.approx(0.5, rel=0.05)
+
+
+def test_hot_experts_are_chosen_by_every_token(synth_model, rs):
+    path = synth_model(arch="laguna", type="F32", hot_experts=1)
+    base = synth_model(arch="laguna", type="F32")
+    for layer in (1, 2, 3):  # the MoE layers (layer 0 is dense)
+        bias = _tensor(path, f"blk.{layer}.exp_probs_b.bias")
+        assert (bias > 5).sum() == 1 and (_tensor(base, f"blk.{layer}.exp_probs_b.bias") < 1).all()
+    result = rs.route_stats(path, decode=6, expert_streaming=False)
+    for stats in result["layers"].values():  # 1 of 2 experts is the hot one at every token
+        assert stats["prev"] >= 0.5 and stats["within8"] >= 0.5
+
+
+def test_hot_experts_need_a_selection_bias(tmp_path):
+    with pytest.raises(swapmoe.SwapmoeError, match="exp_probs_b"):
+        swapmoe.synth(tmp_path / "a.gguf", arch="qwen3moe", type="F32", hot_experts=1, progress=False)
+    with pytest.raises(swapmoe.SwapmoeError, match="below the experts per token"):
+        swapmoe.synth(tmp_path / "b.gguf", arch="laguna", type="F32", hot_experts=2, progress=False)
 
 
 def test_profiled_presets_are_real_shapes():

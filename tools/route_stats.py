@@ -121,7 +121,8 @@ def check(presets: list[str], layers: int, type_name: str) -> bool:
         print(f"{name:20} {o['prev']:>5.1%} / {profile.prev:>4.0%}{marks[0]:2} {o['within8']:>5.1%} / "
               f"{profile.within8:>4.0%}{marks[1]:2} {o['distinct']:>5.1f} / {profile.distinct:>5.1f}{marks[2]:2} "
               f"{o['top10']:>7.1%}  (context gain {config.context_gain:g}, focus {config.attention_focus:g}, "
-              f"recurrent gain {config.recurrent_gain:g}, router spread {config.router_spread:g})", flush=True)
+              f"recurrent gain {config.recurrent_gain:g}, router spread {config.router_spread:g}, "
+              f"hot experts {config.hot_experts})", flush=True)
     return passed
 
 

@@ -29,6 +29,7 @@ __all__ = ["synth", "plan", "PRESETS", "ARCHS", "TYPES"]
 MIXES = ("Q4_K_M", "Q2_K")  # llama-quantize's mixes; its Q2_K is one too, not Q2_K everywhere
 TYPES = tuple(dict.fromkeys([t.name for t in FLOAT_TYPES + QUANT_TYPES] + list(MIXES)))
 MATRIX_STD = 0.05
+HOT_BIAS = 10.0  # added to a hot expert's exp_probs_b (SynthConfig.hot_experts): beyond any router score
 ALIGNMENT = 32
 CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
                  "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
@@ -254,6 +255,10 @@ def synth(path: str | os.PathLike, arch: str | None = None, preset: str | None =
     if size_gb is not None:
         config = _scale_layers(config, type, size_gb)
     tensors, arch_keys = plan(config, type)
+    if config.hot_experts and not any(name.endswith("exp_probs_b.bias") for name, *_ in tensors):
+        raise SwapmoeError(f"hot_experts needs a selection bias (exp_probs_b); {arch} routing has none")
+    if not 0 <= config.hot_experts < config.n_expert_used:
+        raise SwapmoeError(f"hot_experts must be below the experts per token {config.n_expert_used}")
     if not 1 <= shards <= len(tensors):
         raise SwapmoeError(f"shards must be between 1 and the tensor count {len(tensors)}")
     paths = shard_names(path, shards)
@@ -270,6 +275,10 @@ def synth(path: str | os.PathLike, arch: str | None = None, preset: str | None =
             data = _small_tensor(role, ne, config, rng)
             if name.endswith("attn_q_norm.weight") and config.attention_focus != 1.0:
                 data = (data.view(np.float32) * np.float32(config.attention_focus)).view(np.uint8)
+            if name.endswith("exp_probs_b.bias") and config.hot_experts:
+                bias = data.view(np.float32).copy()
+                bias[rng.choice(len(bias), config.hot_experts, replace=False)] += HOT_BIAS
+                data = bias.view(np.uint8)
             return [data.data]
         if name == "token_embd.weight":
             std = config.embed_std

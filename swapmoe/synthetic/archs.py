@@ -53,6 +53,12 @@ class SynthConfig:
     recurrent_gain: float = 1.0
     router_spread: float = 0.0
     attention_focus: float = 1.0  # attn_q_norm times this: below 1, attention spreads over more of the context
+    # experts per layer (random ones) whose selection bias exp_probs_b is raised past any router score,
+    # so every token chooses them, as trained routers have a few hot experts per layer: they add as much
+    # re-use at the previous token as within 8 tokens, where the context's slow drift (context_gain)
+    # adds about twice as much within 8, so together they reach profiles the drift alone cannot
+    # (only routers with exp_probs_b; 0: none)
+    hot_experts: int = 0
     extra: dict[str, Any] = field(default_factory=dict)  # arch-specific sizes
 
     def scaled(self, **changes) -> "SynthConfig":

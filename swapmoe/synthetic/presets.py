@@ -168,8 +168,8 @@ _ROUTING_SHAPES = {
     "qwen3.5-35b-a3b": dict(context_gain=64.0, attention_focus=0.3, recurrent_gain=0.25, router_spread=0.1),
     "qwen3.5-122b-a10b": dict(context_gain=64.0, attention_focus=0.3, recurrent_gain=0.25, router_spread=0.1),
     "minimax-m2": dict(context_gain=2.2),
-    "deepseek-v4-flash": dict(context_gain=2.2),
-    "laguna-s-2.1": dict(context_gain=3.0, attention_focus=0.5),
+    "deepseek-v4-flash": dict(context_gain=2.1, hot_experts=1),
+    "laguna-s-2.1": dict(context_gain=2.5, hot_experts=2),
 }
 
 # Real-shape presets scale each weight matrix by 1/sqrt(its row length) and give token
