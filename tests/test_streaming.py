@@ -124,6 +124,27 @@ def test_start_reads_keeps_resident_experts_it_needs(model_path):
     assert m.store.stats.hits == before + 1
 
 
+def test_resident_experts_are_computed_while_the_others_are_read(model_path):
+    """A layer's experts already in come first, then those whose reads start_reads began, then
+    the ones it found no room for; a layer mixes them in that order."""
+    m = swapmoe.load(model_path, io="pread", expert_cache_size=2)
+    asked = []
+    expert = m.store.expert
+    m.store.expert = lambda layer, e: asked.append((layer, e)) or expert(layer, e)
+    expert(1, 12)
+    m.net.mix_experts(1, np.ones((1, m.net.hp.d_model), np.float32), np.array([[3, 12]]), np.ones((1, 2), np.float32))
+    assert asked == [(1, 12), (1, 3)]  # 12 resident, 3 not
+
+    full = _capacity(m)
+    for e in range(full):
+        expert(0, e)  # full of layer 0
+    m.store.start_reads(2, [2, 5, 7, 0])
+    assert m.store.ready_first(2, [2, 5, 7, 0]) == [2, 5, 7, 0]  # all being read: as given
+    m.store.start_reads(2, list(range(full + 1)))  # one more than fits: the last is read later
+    order = m.store.ready_first(2, list(range(full + 1)))
+    assert sorted(order) == list(range(full + 1)) and order[-1] == full
+
+
 def test_keep_recent_evicts_older_experts(model_path):
     m = swapmoe.load(model_path, io="mmap", expert_streaming=True, expert_keep_recent=2)
     list(m.generate_ids(PROMPT, max_tokens=5, ignore_eos=True))

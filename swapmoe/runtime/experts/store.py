@@ -1,6 +1,7 @@
 """The expert store: the one way every architecture reaches its routed experts.
 
     store.start_reads(layer, ids)  these experts are needed now: start all their reads at once
+    store.ready_first(layer, ids)  the order to compute them in: resident ones first
     store.expert(layer, id)        -> Expert, resident and kept until the next expert is asked for
     store.prefetch(layer, ids)     start reading experts that will probably be needed soon
     store.end_pass()               one forward pass is done: apply keep-recent eviction
@@ -17,6 +18,7 @@ from __future__ import annotations
 import resource
 import time
 from collections import OrderedDict, defaultdict
+from collections.abc import Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -140,7 +142,7 @@ class ExpertStore:
         return Expert(extras=extras, **weights)
 
     # --- residency --------------------------------------------------------------------------
-    def _victims(self, layer: int) -> list[tuple[int, int]]:
+    def _victims(self, layer: int) -> Iterator[tuple[int, int]]:
         """Evictable experts while `layer` is being served, the best victim first.
 
         Stale experts (not used on their layer's last visit) first, least recently used first.
@@ -150,17 +152,30 @@ class ExpertStore:
         expert needed next (replaying a DeepSeek-V3-shaped run whose tokens all chose the same
         32 experts, with room for 31: LRU 156 misses in 1024 requests, this order 73); where
         routing moves on, stale experts are the ones LRU would evict too (a qwen3moe trace:
-        438 misses against LRU's 405, and 848 for the layer order alone)."""
+        438 misses against LRU's 405, and 848 for the layer order alone).  Experts certain to be
+        needed soon (origin "expected") come after all others, in the same order among themselves.
+
+        A generator: an eviction usually needs only the first stale expert, found near the front
+        of the LRU, so the fresh ones are sorted only when no stale one is left."""
         n = self.index.n_layer
+        fresh, expected_stale, expected_fresh = [], [], []
+        for key, entry in list(self._lru.items()):  # LRU order; the caller evicts as we go
+            if key == self._current or key in self._needed or entry.origin == "demand":
+                continue  # in use, or read for the current layer and not used yet
+            is_fresh = key[1] in self._latest.get(key[0], ())
+            if entry.origin == "expected":
+                (expected_fresh if is_fresh else expected_stale).append(key)
+            elif is_fresh:
+                fresh.append(key)
+            else:
+                yield key
 
-        def order(key):
-            fresh = key[1] in self._latest.get(key[0], ())
-            return (self._lru[key].origin == "expected", fresh, (layer - key[0]) % n if fresh else 0)
+        def comes_back(key):
+            return (layer - key[0]) % n
 
-        evictable = [key for key, entry in self._lru.items()  # LRU order, kept by the stable sort
-                     if key != self._current and key not in self._needed
-                     and entry.origin != "demand"]  # demand: read for the current layer, not used yet
-        return sorted(evictable, key=order)
+        yield from sorted(fresh, key=comes_back)  # stable: LRU order within a layer
+        yield from expected_stale
+        yield from sorted(expected_fresh, key=comes_back)
 
     def _over(self, nbytes: int) -> bool:
         """Would `nbytes` more exceed the budget (or find no free slot)?"""
@@ -235,6 +250,18 @@ class ExpertStore:
                     self._admit(*key, origin="demand", wait=False)
                 except SwapmoeError:  # the rest will be read one by one as they are asked for
                     return
+
+    def ready_first(self, layer: int, ids) -> list[int]:
+        """`ids` (after start_reads) in the order to compute them: the experts that were resident
+        before start_reads first, then the ones it started reading, then any it found no room
+        for (expert() reads those one at a time). The reads then overlap the computation of the
+        experts already in; the results do not depend on the order, and the order does not
+        depend on timing, so a replay of the same requests stays exact."""
+        resident, reading, later = [], [], []
+        for e in ids:
+            entry = self._lru.get((layer, int(e)))
+            (later if entry is None else reading if entry.origin == "demand" else resident).append(int(e))
+        return resident + reading + later
 
     def expert(self, layer: int, expert: int) -> Expert:
         """Expert `expert` of `layer`, resident; it is not evicted before the next expert is asked for."""

@@ -540,13 +540,13 @@ class Transformer:
         self.store.start_reads(layer, used)
         if T_ == 1:  # decoding: every expert reads the same x, converted once
             quantized, ranked = {}, [None] * k
-            for e in used:
+            for e in self.store.ready_first(layer, used):
                 y = self.expert_ffn(layer, self.store.expert(layer, e), x, quantized)
                 for s in np.flatnonzero(ids[0] == e):
                     ranked[s] = y * weights[0, s]
         else:
             per_slot = np.zeros((T_, k, x.shape[1]), np.float32)
-            for e in used:
+            for e in self.store.ready_first(layer, used):
                 rows, slots = np.nonzero(ids == e)
                 y = self.expert_ffn(layer, self.store.expert(layer, e), x[rows])
                 per_slot[rows, slots] = y * weights[rows, slots, None]
