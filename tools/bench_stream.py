@@ -12,7 +12,8 @@ and of llama.cpp, each under the same memory cgroup cap, each starting with a co
 
 The model is a synthetic qwen3moe of the Qwen3-30B-A3B shape at Q4_K_M (or --preset at
 --type, its layer count scaled to --size-gb), repacked with `swapmoe repack` (both kept in
---dir and reused). Each configuration runs in a child process inside a cgroup capped at
+--dir and reused). A short uncapped run first compiles and caches the kernels. Each
+configuration runs in a child process inside a cgroup capped at
 --cap-mib (page cache included; needs root), after the page cache was dropped: a
 --prompt-token prompt, then --decode sampled tokens. Printed per configuration: decode and
 prompt tok/s, GB read from storage per token, the expert read bandwidth over the run as a
@@ -70,11 +71,15 @@ def child(args) -> None:
     prompt = np.random.default_rng(0).integers(0, model.net.n_vocab, args.prompt).tolist()
     # sampled, not greedy: a random network's greedy output soon repeats one token, whose experts
     # then never miss; sampling keeps the routing moving as real text does
-    ids = list(model.generate_ids(prompt, max_tokens=args.decode, ignore_eos=True, temperature=1.0, top_k=0,
-                                  top_p=1.0, min_p=0.0, seed=0))
+    ids, token_times = [], []  # perf_counter when each token came out: steady-state speed (bench_seed.py)
+    for token in model.generate_ids(prompt, max_tokens=args.decode, ignore_eos=True, temperature=1.0, top_k=0,
+                                    top_p=1.0, min_p=0.0, seed=0):
+        ids.append(token)
+        token_times.append(time.perf_counter())
     s = model.stats.as_dict()
     s.update(load_seconds=load_seconds, plan=model.plan.reasons, engine=model.plan.engine,
-             budget=model.plan.budget_bytes, tokens=ids, hash_layers=model.index.hash_layers())
+             budget=model.plan.budget_bytes, tokens=ids, token_times=token_times,
+             hash_layers=model.index.hash_layers())
     print("RESULT " + json.dumps(s))
 
 
@@ -216,6 +221,9 @@ def main():
           f"{'no cap, file cached' if args.cached else f'cap {args.cap_mib} MiB'}, prompt {args.prompt}, "
           f"decode {args.decode}; disk sequential read {disk_before:.2f} GB/s (O_DIRECT, 16 MiB reads)")
     print(routing_note(args.preset))
+    # kernels compiled and cached first, so that no measured run compiles them in its decode
+    # (on a cold numba cache that took the compute-only bound from 40 to 5 tok/s)
+    run_swapmoe(packed, {"expert_cache_size": 256}, argparse.Namespace(**{**vars(args), "decode": 2, "cached": True}))
     compute = None
     if not args.cached and not args.no_bound:  # the same tokens with every expert in RAM: compute alone
         compute = run_swapmoe(packed, {"expert_streaming": False}, argparse.Namespace(**{**vars(args), "cached": True}))
