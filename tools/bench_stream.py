@@ -22,8 +22,9 @@ configuration and averaged: a shared disk's speed drifts), that disk bandwidth, 
 the run spent waiting for reads, peak memory of the cgroup, and OOM kills; the run's bound
 (unless --no-bound): MIN's bytes read while decoding (the configuration's routing trace replayed
 at its budget by tools/replay_trace.py), the decode tok/s of max(the compute-only time of the
-same tokens with every expert in RAM, measured once without a cap; MIN's bytes at the disk's
-sequential speed), and the configuration's share of it; for models with
+same tokens with every expert in RAM, the faster of two runs without a cap; MIN's bytes at the disk's
+sequential speed), the configuration's share of it, and whether it decoded the same tokens as
+the in-RAM run (every lossless configuration must; fixation need not); for models with
 hash-routed layers, how many of those layers' expert requests while decoding found the expert
 resident or already in flight. Decoding samples
 (temperature 1, seed 0) so that the routing keeps moving. llama.cpp runs on the original file with --no-repack (its CPU
@@ -226,16 +227,21 @@ def main():
     run_swapmoe(packed, {"expert_cache_size": 256}, argparse.Namespace(**{**vars(args), "decode": 2, "cached": True}))
     compute = None
     if not args.cached and not args.no_bound:  # the same tokens with every expert in RAM: compute alone
-        compute = run_swapmoe(packed, {"expert_streaming": False}, argparse.Namespace(**{**vars(args), "cached": True}))
-        if "error" in compute:
-            print(f"compute-only run failed: {compute['error']}; no bound")
-            compute = None
+        # the faster of two runs: on a VM whose host reclaims freed RAM one run read 12.6 tok/s
+        # where others of the same code read 29-40 (a bound is the best the machine can do)
+        runs = [run_swapmoe(packed, {"expert_streaming": False}, argparse.Namespace(**{**vars(args), "cached": True}))
+                for _ in range(2)]
+        failed = [r for r in runs if "error" in r]
+        if failed:
+            print(f"compute-only run failed: {failed[0]['error']}; no bound")
         else:
-            print(f"compute only (every expert in RAM, no cap): decode "
-                  f"{compute['decode_tokens'] / compute['decode_seconds']:.2f} tok/s")
+            speeds = [r["decode_tokens"] / r["decode_seconds"] for r in runs]
+            compute = runs[speeds.index(max(speeds))]
+            print("compute only (every expert in RAM, no cap), the faster of two runs: decode "
+                  + " and ".join(f"{v:.2f}" for v in speeds) + " tok/s")
     print(f"{'configuration':30} {'decode tok/s':>12} {'prompt tok/s':>12} {'GB read/tok':>11} {'read BW/disk':>12} "
           f"{'disk GB/s':>9} {'I/O wait':>8} {'peak MiB':>9} {'OOM':>4}" +
-          (f" {'MIN GB':>7} {'bound tok/s':>11} {'of bound':>8}" if compute else ""))
+          (f" {'MIN GB':>7} {'bound tok/s':>11} {'of bound':>8} {'= in RAM':>8}" if compute else ""))
     rows = {}
     for name in args.configs:
         trace = args.dir / f"trace-{name}.jsonl"
@@ -255,8 +261,9 @@ def main():
         bound = ""
         if compute:
             row["min_decode_bytes"], row["bound_tps"] = bound_of(trace, row, compute, disk)
+            same = "yes" if row["tokens"] == compute["tokens"] else "NO"
             bound = (f" {row['min_decode_bytes'] / 1e9:7.2f} {row['bound_tps']:11.2f} "
-                     f"{tg / row['bound_tps']:8.2f}")
+                     f"{tg / row['bound_tps']:8.2f} {same:>8}")
         print(f"{name:30} {tg:12.2f} {pp:12.1f} {per_token / 1e9:11.3f} {bandwidth / disk:12.2f} {disk:9.2f} "
               f"{row['wait_seconds'] / seconds:8.0%} {row['peak'] / 2**20:9.0f} {row['oom']:4d}" + bound)
         if row["hash_layers"]:
