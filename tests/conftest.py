@@ -10,12 +10,14 @@ tests/ on sys.path, as it does for `from test_kernels import ...`. Fixtures need
     run_cli(*args)             the click CLI in-process (CliRunner), arguments passed through str()
     cli_command(*args)         argv that runs the CLI in a fresh Python process (subprocess)
     open_model(path, cls)      a model class built directly on a GGUF (no repack, no swapmoe.load)
+    load_tool(name)            tools/NAME.py imported as module NAME (tools/ is not a package)
     synth_model(**settings)    fixture: a synthetic GGUF made once per session for these settings
     vocab_dir                  fixture: the committed vocab-only GGUFs, decompressed
 """
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -49,6 +51,15 @@ def run_cli(*args):
 
 def cli_command(*args) -> list[str]:
     return [sys.executable, "-m", "swapmoe.cli", *(str(a) for a in args)]
+
+
+def load_tool(name: str):
+    """tools/<name>.py as a module, registered as `name` (its dataclasses look their module up)."""
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "tools" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def open_model(path, cls=None):

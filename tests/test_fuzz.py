@@ -2,13 +2,10 @@
 found defects once, of each kind), the whole of it under `-m slow` (or `python tools/fuzz.py`)."""
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
-TOOL = Path(__file__).resolve().parents[1] / "tools" / "fuzz.py"
+from conftest import load_tool
+
 SEED = 0
 SAMPLE = [12, 14, 25, 35, 47, 55, 56, 66, 90, 110,  # gguf: contradicting metadata, misaligned tensors, none
           4, 15, 38, 39, 61, 94, 104, 127,  # sidecar: types, file numbers, damaged frames, hash tables, ranges
@@ -18,12 +15,7 @@ SAMPLE = [12, 14, 25, 35, 47, 55, 56, 66, 90, 110,  # gguf: contradicting metada
 
 @pytest.fixture(scope="module")
 def fuzz():
-    spec = importlib.util.spec_from_file_location("fuzz", TOOL)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["fuzz"] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    yield module
-    del sys.modules["fuzz"]
+    return load_tool("fuzz")
 
 
 def _failures(outcomes) -> str:

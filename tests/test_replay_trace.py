@@ -2,9 +2,7 @@
 trace, and its MIN is the optimum (brute force on small traces) and never reads more than the others."""
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -12,17 +10,12 @@ import pytest
 
 import swapmoe
 
-TOOL = Path(__file__).resolve().parents[1] / "tools" / "replay_trace.py"
+from conftest import load_tool
 
 
 @pytest.fixture(scope="module")
 def rt():
-    spec = importlib.util.spec_from_file_location("replay_trace", TOOL)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["replay_trace"] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    yield module
-    del sys.modules["replay_trace"]
+    return load_tool("replay_trace")
 
 
 def record(path: Path, n_tokens: int, sampled: bool, **options) -> dict:

@@ -1,7 +1,5 @@
 """tools/route_stats.py's statistics on hand-made routing, and the synthetic generator's routing
 shape (context gain, router spread, attention focus, hot experts) landing in the tensors it should."""
-import importlib.util
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -9,15 +7,12 @@ import pytest
 import swapmoe
 from swapmoe.synthetic.presets import PRESETS, ROUTING_PROFILES
 
-TOOL = Path(__file__).resolve().parents[1] / "tools" / "route_stats.py"
+from conftest import load_tool
 
 
 @pytest.fixture(scope="module")
 def rs():
-    spec = importlib.util.spec_from_file_location("route_stats", TOOL)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_tool("route_stats")
 
 
 def test_layer_statistics(rs):
