@@ -129,26 +129,28 @@ def _read_value(blob: bytes, pos: int, value_type: int, owner: str, fields: list
     return struct.unpack_from(fmt, blob, pos)[0], pos + struct.calcsize(fmt)
 
 
+def _read_name(blob: bytes, pos: int, what: str, fields: list[Field]) -> tuple[str, int]:
+    """A key's or tensor's name at `pos` (its length field recorded as `what`), and the position after it."""
+    (n,) = struct.unpack_from("<Q", blob, pos)
+    name = blob[pos + 8:pos + 8 + n].decode()
+    fields.append(Field(what, pos, 8, name))
+    return name, pos + 8 + n
+
+
 def read_gguf(blob: bytes) -> Gguf:
     magic, version, n_tensors, n_kv = struct.unpack_from("<4sIQQ", blob)
     assert magic == b"GGUF"
     fields = [Field("n_tensors", 8, 8, "header"), Field("n_kv", 16, 8, "header")]
     pos, kvs = 24, []
     for _ in range(n_kv):
-        (n,) = struct.unpack_from("<Q", blob, pos)
-        key = blob[pos + 8:pos + 8 + n].decode()
-        fields.append(Field("key_length", pos, 8, key))
-        pos += 8 + n
+        key, pos = _read_name(blob, pos, "key_length", fields)
         (value_type,) = struct.unpack_from("<I", blob, pos)
         fields.append(Field("value_type", pos, 4, key))
         value, pos = _read_value(blob, pos + 4, value_type, key, fields)
         kvs.append([key, value_type, value])
     tensors = []
     for _ in range(n_tensors):
-        (n,) = struct.unpack_from("<Q", blob, pos)
-        name = blob[pos + 8:pos + 8 + n].decode()
-        fields.append(Field("name_length", pos, 8, name))
-        pos += 8 + n
+        name, pos = _read_name(blob, pos, "name_length", fields)
         (n_dims,) = struct.unpack_from("<I", blob, pos)
         fields.append(Field("n_dims", pos, 4, name))
         ne = list(struct.unpack_from(f"<{n_dims}Q", blob, pos + 4))
