@@ -112,9 +112,6 @@ class Model:
             numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
         self.index = _index_for(self.gguf)
         self.hparams = ARCHITECTURES[arch].hparams(self.gguf)
-        if self.index.n_expert and not 1 <= self.hparams.n_expert_used <= self.index.n_expert:
-            raise SwapmoeError(f"{self.path}: {self.gguf.arch_key(Keys.LLM.EXPERT_USED_COUNT)} is "
-                               f"{self.hparams.n_expert_used}; it must be 1..{self.index.n_expert}")
         self._resident = self.index.resident_tensors(self.hparams.n_layer)  # what stays in RAM
         self.n_ctx = ctx or min(int(self.gguf.arch_get(Keys.LLM.CONTEXT_LENGTH) or 4096), 4096)
         self.parallel = parallel
