@@ -307,9 +307,7 @@ class Model:
         """How many of the prompt's tokens the conversation's caches already hold (cut back to the
         shared prefix, leaving at least one token to process), after making them ready for the rest."""
         held, prompt = conversation.tokens, ids.tolist()
-        shared = 0
-        while shared < min(len(held), len(prompt) - 1) and held[shared] == prompt[shared]:
-            shared += 1
+        shared = min(shared_prefix(held, prompt), len(prompt) - 1)
         cache, checkpoint = conversation.cache, conversation.checkpoint
         if cache is not None and shared < len(held) and not all(isinstance(c, layers.KVCache) for c in cache):
             if checkpoint is None or checkpoint[0] > shared:
@@ -395,6 +393,16 @@ class RoutingTrace:
                 "hash": hashed}
         self.file.write(json.dumps(line) + "\n")
         self.file.flush()
+
+
+def shared_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading tokens a and b have in common."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 def parse_overrides(specs: list[str]) -> dict[str, Any]:

@@ -16,7 +16,8 @@ import numpy as np
 
 from swapmoe.errors import SwapmoeError
 from swapmoe.runtime.chat import ChatTemplate
-from swapmoe.runtime.model import Conversation, Sequence
+from swapmoe.runtime.compare import log_softmax
+from swapmoe.runtime.model import Conversation, Sequence, shared_prefix
 from swapmoe.server import reasoning
 from swapmoe.server.protocol import APIError, Generation
 from swapmoe.server.reasoning import ReasoningSplit
@@ -182,7 +183,7 @@ class Worker:
     def _begin(self, job: Job) -> None:
         """Give the job a slot: process its prompt and take its first token."""
         slot = max((s for s in self.slots if s.reply is None),
-                   key=lambda s: (_shared_prefix(s.conversation.tokens, job.prompt), -s.last_used))
+                   key=lambda s: (shared_prefix(s.conversation.tokens, job.prompt), -s.last_used))
         self._uses += 1
         slot.last_used = self._uses
         model, request, started = self.model, job.request, time.perf_counter()
@@ -224,23 +225,12 @@ class Worker:
             slot.reply = None
 
 
-def _shared_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 def _server_error(e: Exception) -> APIError:
     return e if isinstance(e, APIError) else APIError(500, f"generation failed: {e}", kind="server_error")
 
 
 def _token_logprobs(logits, token: int, top: int) -> tuple[int, float, list[tuple[int, float]]]:
     """The token's log-probability under the model's distribution, and the `top` most likely tokens'."""
-    z = logits.astype(np.float64)
-    z = z - z.max()
-    log_p = z - np.log(np.exp(z).sum())
+    log_p = log_softmax(logits)
     best = np.argsort(-log_p, kind="stable")[:top]
     return token, float(log_p[token]), [(int(t), float(log_p[t])) for t in best]
