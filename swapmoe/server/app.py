@@ -15,7 +15,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from swapmoe.errors import SwapmoeError
-from swapmoe.server.protocol import APIError, Generation, chat_request, completion_request
+from swapmoe.server.protocol import APIError, Generation, chat_request, completion_request, flag
 from swapmoe.server.worker import Job, Worker
 
 MAX_BODY = 8 << 20  # bytes of one request
@@ -164,7 +164,7 @@ def create_app(load, name: str, api_key: str | None = None, parallel: int = 1) -
                     finish, usage = event[1], event[2]
                     yield chunk({}, finish) if generation.chat else chunk(text="", finish=finish)
                     if generation.include_usage:
-                        yield chunk(usage=usage) if generation.chat else chunk(usage=usage)
+                        yield chunk(usage=usage)
                     break
             yield "data: [DONE]\n\n"
         finally:
@@ -176,10 +176,7 @@ def create_app(load, name: str, api_key: str | None = None, parallel: int = 1) -
         content = body.get("content")
         if not isinstance(content, str):
             raise APIError(400, "'content' must be a string", "content")
-        add_special = body.get("add_special", False)
-        if not isinstance(add_special, bool):
-            raise APIError(400, "'add_special' must be true or false", "add_special")
-        return JSONResponse({"tokens": worker.model.tokenize(content, add_special=add_special)})
+        return JSONResponse({"tokens": worker.model.tokenize(content, add_special=flag(body, "add_special"))})
 
     async def detokenize(request: Request) -> Response:
         worker = server.ready()

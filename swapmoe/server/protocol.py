@@ -50,6 +50,14 @@ def _number(body: dict, name: str, kind: type, low: float | None = None, high: f
     return kind(value)
 
 
+def flag(body: dict, name: str) -> bool:
+    """A true/false field (false when absent)."""
+    value = body.get(name, False)
+    if not isinstance(value, bool):
+        raise APIError(400, f"'{name}' must be true or false", name)
+    return value
+
+
 def _text_content(content: Any, where: str) -> str:
     """A message's content: a string, or a list of text parts joined."""
     if content is None:
@@ -70,9 +78,7 @@ def _common(body: dict, chat: bool) -> dict[str, Any]:
     if body.get("n", 1) != 1:
         raise APIError(400, "only n = 1 is supported", "n")
     if chat:
-        wanted = body.get("logprobs", False)
-        if not isinstance(wanted, bool):
-            raise APIError(400, "'logprobs' must be true or false", "logprobs")
+        wanted = flag(body, "logprobs")
         top = _number(body, "top_logprobs", int, 0, 20, 0)
         if top and not wanted:
             raise APIError(400, "'top_logprobs' needs 'logprobs': true", "top_logprobs")
@@ -90,9 +96,7 @@ def _common(body: dict, chat: bool) -> dict[str, Any]:
         stops = list(stop)
     else:
         raise APIError(400, "'stop' must be a string or a list of up to 16 strings", "stop")
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise APIError(400, "'stream' must be true or false", "stream")
+    stream = flag(body, "stream")
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
         raise APIError(400, "'stream_options' must be an object", "stream_options")
@@ -107,9 +111,7 @@ def _common(body: dict, chat: bool) -> dict[str, Any]:
         "frequency_penalty": _number(body, "frequency_penalty", float, -2.0, 2.0, 0.0),
         "seed": _number(body, "seed", int, 0, 2**63 - 1),
     }
-    ignore_eos = body.get("ignore_eos", False)
-    if not isinstance(ignore_eos, bool):
-        raise APIError(400, "'ignore_eos' must be true or false", "ignore_eos")
+    ignore_eos = flag(body, "ignore_eos")
     if sampling["repeat_penalty"] == 0.0:
         raise APIError(400, "'repeat_penalty' must be above 0", "repeat_penalty")
     return dict(max_tokens=max_tokens, stop=[s for s in stops if s], stream=stream,
