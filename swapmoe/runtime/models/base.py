@@ -528,8 +528,9 @@ class Transformer:
         """Σ_k weights[t,k] · expert_{ids[t,k]}(x[t]), summed in rank order as llama.cpp does.
 
         Expert-major: each expert any token chose is fetched once and applied to all its tokens.
-        All reads of the layer start at once; each expert is computed as soon as it is in. Under
-        forward_together, the tokens of every sequence meet here first."""
+        All reads of the layer start at once, and the experts already resident are computed while
+        the others are read (store.ready_first). Under forward_together, the tokens of every
+        sequence meet here first."""
         if self._meeting is not None:
             return self._meeting.wait(layer, x, ids, weights)
         return self.mix_experts(layer, x, ids, weights)
