@@ -78,6 +78,24 @@ def test_each_expert_is_read_once_per_pass(synth_model):
         assert len(ids) == len(set(ids))
 
 
+def test_every_product_takes_all_sequences_at_once(synth_model, monkeypatch):
+    """Attention projections, router and output matrix: one product per weight for the pass of
+    every sequence, with a row for each."""
+    m = swapmoe.load(synth_model(type="Q8_0"))
+    seqs = [m.start(p, 3, ignore_eos=True) for p in ([5, 17, 99], [7, 8], [40, 41, 42, 43])]
+    rows_by_weight = {}
+    product = kernels.matmul_q
+
+    def counted(ggml_type, W, rows, cols, qx, *args, **kwargs):
+        if not kwargs.get("stacked"):
+            rows_by_weight.setdefault(W.ctypes.data, []).append(len(qx.qs))
+        return product(ggml_type, W, rows, cols, qx, *args, **kwargs)
+    monkeypatch.setattr(kernels, "matmul_q", counted)
+    m.advance(seqs)
+    assert m.net.output.raw.ctypes.data in rows_by_weight
+    assert all(calls == [len(seqs)] for calls in rows_by_weight.values())
+
+
 def test_finished_sequences_are_left_out(synth_model):
     m = swapmoe.load(synth_model(type="Q8_0"))
     short, long_ = m.start([5, 17], 1, ignore_eos=True), m.start([7, 8, 9], 4, ignore_eos=True)

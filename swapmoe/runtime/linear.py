@@ -1,6 +1,8 @@
 """A weight matrix kept as its GGUF bytes, and the matmul that reads them directly."""
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,8 +31,24 @@ def linear(w: Weight, x: np.ndarray, qx: kernels.QuantizedActivation | None = No
 
     `qx`: x already quantized for w's dot type (linear_each shares one among weights)."""
     if qx is None:
-        qx = kernels.quantize_activation(w.ggml_type, x)
+        return linear_each(x, w)[0]
     return kernels.matmul_q(w.ggml_type, w.raw, w.rows, w.cols, qx, stacked=w.stacked)
+
+
+# Set by shared_products: where the products of sequences decoding together are pooled
+_pool: Callable[[np.ndarray, tuple[Weight, ...]], list[np.ndarray] | None] | None = None
+
+
+@contextlib.contextmanager
+def shared_products(pool: Callable[[np.ndarray, tuple[Weight, ...]], list[np.ndarray] | None]):
+    """Inside, linear_each(x, *weights) first offers (x, weights) to `pool`, which returns the
+    products (computed with other callers' rows) or None to have them computed here."""
+    global _pool
+    before, _pool = _pool, pool
+    try:
+        yield
+    finally:
+        _pool = before
 
 
 def linear_per_group(w: Weight, x: np.ndarray) -> np.ndarray:
@@ -49,6 +67,10 @@ def linear_each(x: np.ndarray, *weights: Weight,
     """[linear(w, x) for w in weights], quantizing x once per activation type, as llama.cpp
     reuses one quantized activation for the matmuls of the same input. `quantized`: x's
     conversions by vec_dot_type, kept by a caller that multiplies the same x again."""
+    if _pool is not None:
+        pooled = _pool(x, weights)
+        if pooled is not None:
+            return pooled
     quantized = {} if quantized is None else quantized
     out = []
     for w in weights:

@@ -255,7 +255,8 @@ class Model:
 
     def advance(self, sequences: list[Sequence]) -> None:
         """Feed each unfinished sequence its newest token and sample the next: one decoding pass
-        for all of them together (Transformer.forward_together: each expert read once)."""
+        for all of them together (Transformer.forward_together: one product per weight, each
+        expert read once)."""
         live = [s for s in sequences if s.token is not None and s.finished is None]
         if not live:
             return

@@ -186,7 +186,8 @@ def ggml_order(ggml_type: int, rows: int, cols: int, n_tok: int, grouped: bool, 
     as the kernels' `order` argument: the route fixes how block sums are rounded and added.
 
     - Q4_K and (AVX-512) Q2_K with rows % 8 == 0 are repacked at load (2-D tensors and stacked
-      experts, not 3-D per-head groups): gemm for batches, gemv per token and for experts;
+      experts, not 3-D per-head groups): gemm for tokens in fours, gemv for fewer than four
+      tokens (all of them) and for experts;
     - other K/IQ types: the tiled kernel when >= 8 tokens meet the matrix (per expert for MoE),
       else vec_dot;
     - Q4_0, IQ4_NL and MXFP4 with rows % 8 == 0 are repacked too: one FMA per block;
@@ -197,7 +198,7 @@ def ggml_order(ggml_type: int, rows: int, cols: int, n_tok: int, grouped: bool, 
     """
     ggml_type = int(ggml_type)
     if ggml_type in (T.Q4_K, T.Q2_K) and rows % 8 == 0 and not grouped:
-        return ORDER_GEMV if stacked else ORDER_GEMM
+        return ORDER_GEMV if stacked or n_tok < 4 else ORDER_GEMM
     if ggml_type in (T.Q4_0, T.IQ4_NL, T.MXFP4) and rows % 8 == 0 and not grouped:
         return ORDER_GEMV  # repacked; its gemm rounds as its gemv: one FMA per 32-value block
     if ggml_type in _TILED and n_tok >= 8:

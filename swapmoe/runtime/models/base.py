@@ -42,7 +42,7 @@ from swapmoe.errors import SwapmoeError
 from swapmoe.gguf_file import GGUFFile
 from swapmoe.runtime import kernels, layers
 from swapmoe.runtime.experts.store import Expert
-from swapmoe.runtime.linear import Weight, linear, linear_each, rows_of
+from swapmoe.runtime.linear import Weight, linear, linear_each, rows_of, shared_products
 
 ROPE_SCALE_LINEAR = "{arch}.rope.scale_linear"  # the older key for the linear factor; gguf-py no longer names it
 
@@ -386,7 +386,7 @@ class Transformer:
         self.output = self.w.matrix("output.weight") if self.w.has("output.weight") else self.embedding
         self.n_vocab = self.embedding.rows
         self.routing = Routing(store)
-        self._meeting: _ExpertMeeting | None = None  # set while forward_together runs
+        self._meeting: _Meeting | None = None  # set while forward_together runs
         self.setup()
         self.blocks = [self.load_block(i) for i in range(self.hp.n_layer)]
         self._check_contract()
@@ -444,15 +444,17 @@ class Transformer:
     def forward_together(self, tokens: list[int], caches: list[list], routings: list[Routing]) -> np.ndarray:
         """Logits [S, n_vocab] of one decoding pass of S sequences: sequence s feeds tokens[s] after
         caches[s] and chooses experts with routings[s]. Each sequence's pass is forward() itself,
-        run as a greenlet (a coroutine on this thread) that waits at every MoE layer until all
-        passes are there; then each expert any of them chose is read once and applied to all their
-        rows, as one-token products: every sequence gets the bits it gets decoding alone."""
+        run as a greenlet (a coroutine on this thread) that waits at every product (linear_each)
+        and every layer's routed experts until all passes are there; then one product takes every
+        pass's rows, and each expert any of them chose is read once and applied to all its rows.
+        Rows are one-token products (kernels.separate_tokens): every sequence gets the bits it
+        gets decoding alone."""
         before = self.routing
         try:
             if len(tokens) == 1:
                 self.routing = routings[0]
                 return self.forward(np.array(tokens[:1]), caches[0])
-            self._meeting = _ExpertMeeting(self, routings)
+            self._meeting = _Meeting(self, routings)
             passes = [functools.partial(self.forward, np.array([t]), c) for t, c in zip(tokens, caches)]
             return np.concatenate(self._meeting.run(passes))
         finally:
@@ -532,7 +534,7 @@ class Transformer:
         the others are read (store.ready_first). Under forward_together, the tokens of every
         sequence meet here first."""
         if self._meeting is not None:
-            return self._meeting.wait(layer, x, ids, weights)
+            return self._meeting.experts(layer, x, ids, weights)
         return self.mix_experts(layer, x, ids, weights)
 
     def mix_experts(self, layer: int, x: np.ndarray, ids: np.ndarray, weights: np.ndarray) -> np.ndarray:
@@ -587,19 +589,32 @@ class Transformer:
         return layers.top_k(linear(b.ffn.router, x), self.hp.n_expert_used)[0]
 
 
-class _ExpertMeeting:
-    """Where the passes of forward_together wait for each other: a pass that reaches a layer's
-    routed experts hands (layer, x, ids, weights) over and suspends; when every pass is suspended
-    or done, the earliest layer's waiters are mixed in one call and resumed with their rows."""
+class _Meeting:
+    """Where the passes of forward_together wait for each other. A pass that reaches a product
+    (linear_each: x and its weights) or a layer's routed experts (layer, x, ids, weights) hands it
+    over and suspends. When every pass is suspended or done, the largest group waiting at the
+    same place (ties: the one of the lowest pass) is computed in one call on their stacked rows,
+    and its passes resume with their own rows. Passes of one model take the same steps, so
+    normally all of them wait at the same place."""
 
     def __init__(self, net: Transformer, routings: list[Routing]):
         self.net, self.routings = net, routings
         self.scheduler = greenlet.getcurrent()
-        self.waiting: dict[int, tuple] = {}  # pass -> (layer, x, ids, weights)
+        self.waiting: dict[int, tuple] = {}  # pass -> (place, x, ...)
         self.passes: list[greenlet.greenlet] = []
 
-    def wait(self, layer: int, x: np.ndarray, ids: np.ndarray, weights: np.ndarray) -> np.ndarray:
-        self.waiting[self.passes.index(greenlet.getcurrent())] = (layer, x, ids, weights)
+    def experts(self, layer: int, x: np.ndarray, ids: np.ndarray, weights: np.ndarray) -> np.ndarray:
+        return self._suspend(("experts", layer), x, ids, weights)
+
+    def products(self, x: np.ndarray, weights: tuple[Weight, ...]) -> list[np.ndarray] | None:
+        """linear.shared_products' pool: None (compute it there) for a product that is not a
+        pass's: the scheduler's own, or one on another thread."""
+        if greenlet.getcurrent() not in self.passes:
+            return None
+        return self._suspend(("products", *map(id, weights)), x, weights)
+
+    def _suspend(self, place: tuple, x: np.ndarray, *rest):
+        self.waiting[self.passes.index(greenlet.getcurrent())] = (place, x, *rest)
         return self.scheduler.switch()
 
     def run(self, passes: list) -> list[np.ndarray]:
@@ -612,18 +627,28 @@ class _ExpertMeeting:
             if self.passes[s].dead:
                 results[s] = out
 
-        for s in range(len(passes)):
-            resume(s)
-        while self.waiting:
-            layer = min(w[0] for w in self.waiting.values())
-            group = sorted(s for s, w in self.waiting.items() if w[0] == layer)
-            parts = [self.waiting.pop(s) for s in group]
-            with kernels.separate_tokens():
-                mixed = self.net.mix_experts(layer, *(np.concatenate([p[i] for p in parts]) for i in (1, 2, 3)))
-            ends = np.cumsum([len(p[1]) for p in parts])
-            for s, rows in zip(group, np.split(mixed, ends[:-1])):
-                resume(s, rows)
+        with shared_products(self.products):
+            for s in range(len(passes)):
+                resume(s)
+            while self.waiting:
+                places = [w[0] for _, w in sorted(self.waiting.items())]
+                place = max(places, key=places.count)
+                group = sorted(s for s, w in self.waiting.items() if w[0] == place)
+                parts = [self.waiting.pop(s) for s in group]
+                for s, value in zip(group, self._compute(place, parts)):
+                    resume(s, value)
         return results
+
+    def _compute(self, place: tuple, parts: list[tuple]) -> list:
+        """The values the passes of `parts` (waiting at `place`) resume with, in their order."""
+        x = np.concatenate([p[1] for p in parts])
+        ends = np.cumsum([len(p[1]) for p in parts])[:-1]
+        with kernels.separate_tokens():
+            if place[0] == "experts":
+                ids, weights = np.concatenate([p[2] for p in parts]), np.concatenate([p[3] for p in parts])
+                return np.split(self.net.mix_experts(place[1], x, ids, weights), ends)
+            products = linear_each(x, *parts[0][2])
+        return [list(rows) for rows in zip(*(np.split(y, ends) for y in products))]
 
 
 _GATES = {Gating.SOFTMAX: layers.softmax, Gating.SIGMOID: layers.sigmoid, Gating.SOFTMAX_WEIGHT: lambda z: z,
