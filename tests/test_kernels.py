@@ -286,6 +286,34 @@ def test_grouped_rows_equal_separate_matrices(case):
                                       K.matmul(tp, W[g * group_bytes:(g + 1) * group_bytes], 2, COLS, X[g]))
 
 
+def test_scattered_experts_equal_separate_matrices(case):
+    """starts: stacked experts that lie apart in one buffer, out of order, in one call, equal to one
+    call per expert on every route: one token each (decode), 3 each (straight), 9 each (decoded or
+    tiled); 16-row experts (whole tiles; rows % 8 == 0: the repacked routes)."""
+    tp, _, rng = case
+    n_expert, rows = 5, 16
+    W = random_weights(tp, n_expert * rows, COLS, rng)
+    expert_bytes = W.size // n_expert
+    chosen = np.array([3, 0, 4], np.int64)
+    for n_tok in (1, 3, 9):
+        X = random_activations(len(chosen) * n_tok, COLS, rng)
+        Y = K.matmul_q(tp, W, len(chosen) * rows, COLS, K.quantize_activation(tp, X), group_rows=rows, stacked=True,
+                       starts=chosen * expert_bytes)
+        for g, e in enumerate(chosen):
+            alone = K.matmul_q(tp, W[e * expert_bytes:(e + 1) * expert_bytes], rows, COLS,
+                               K.quantize_activation(tp, X[g * n_tok:(g + 1) * n_tok]), stacked=True)
+            np.testing.assert_array_equal(Y[:, g * rows:(g + 1) * rows], alone)
+
+
+def test_starts_outside_the_buffer_are_refused():
+    W = np.zeros(2 * 144, np.uint8)  # two Q4_K rows of 256
+    qx = K.quantize_activation(T.Q4_K, np.ones((2, 256), np.float32))
+    with pytest.raises(ValueError, match="starts"):
+        K.matmul_q(T.Q4_K, W, 2, 256, qx, group_rows=1, starts=np.array([0, 145], np.int64))
+    with pytest.raises(ValueError, match="starts"):
+        K.matmul_q(T.Q4_K, W, 2, 256, qx, group_rows=1, starts=np.array([-1, 0], np.int64))
+
+
 @pytest.mark.parametrize("tp", [tp for tp in TYPES if K.KERNELS[int(tp)].straight_tokens and tp not in (T.F16, T.BF16)],
                          ids=lambda t: t.name)
 def test_straight_and_decoded_routes_agree(tp):

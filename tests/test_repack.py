@@ -497,8 +497,9 @@ def _stop_once(bench, command: str, signum: int, force: bool, seed: int) -> None
     handled = 130 if signum == signal.SIGINT else 128 + signum
     context = f"{command} stopped by {signal.Signals(signum).name} after {delay:.2f} s: exit {proc.returncode}"
     # -signum: stopped before swapmoe took over the signal (Python itself starting: Ctrl-C there is
-    # a KeyboardInterrupt traceback, exit 1 or -2, before anything was written)
-    starting = signum == signal.SIGINT and err.strip().endswith("\nKeyboardInterrupt")
+    # a KeyboardInterrupt traceback, exit 1 or -2; in click before the command runs, click's
+    # "Aborted!", exit 1; both before anything was written)
+    starting = signum == signal.SIGINT and err.strip().endswith(("\nKeyboardInterrupt", "Aborted!"))
     assert proc.returncode in (0, handled, -signum) or (starting and proc.returncode == 1), context + "\n" + err
     if proc.returncode == handled:
         assert "Traceback" not in err and err.strip().endswith(("interrupted", signal.Signals(signum).name)), err

@@ -11,6 +11,7 @@ import pytest
 import swapmoe
 from swapmoe.errors import SwapmoeError
 from swapmoe.runtime.experts.options import StreamingOptions, plan
+from swapmoe.runtime.models import base
 from swapmoe.runtime.models.base import Routing
 
 PROMPT = [5, 60, 7, 300, 41, 42, 9, 120, 200, 11, 3, 77]
@@ -143,6 +144,32 @@ def test_resident_experts_are_computed_while_the_others_are_read(model_path):
     m.store.start_reads(2, list(range(full + 1)))  # one more than fits: the last is read later
     order = m.store.ready_first(2, list(range(full + 1)))
     assert sorted(order) == list(range(full + 1)) and order[-1] == full
+
+
+@pytest.mark.parametrize("io", ["mmap", "pread"])
+@pytest.mark.parametrize("repacked", [False, True], ids=["gate-up-apart", "repacked"])
+def test_resident_experts_computed_together_are_the_same(model_path, tmp_path, monkeypatch, io, repacked):
+    """While decoding, a layer's experts that were resident are computed with one kernel call per
+    projection for all of them (linear_apart), with the bits of one call each."""
+    path = swapmoe.repack(model_path, tmp_path / "r.gguf", progress=False) if repacked else model_path
+    m = swapmoe.load(path, io=io, expert_streaming=True, expert_cache_size=4)
+
+    def decode() -> list[np.ndarray]:
+        seq = m.start(PROMPT, 8, ignore_eos=True)
+        logits = [seq.logits]
+        while not seq.finished:
+            m.advance([seq])
+            logits.append(seq.logits)
+        return logits
+
+    together = []
+    apart = base.linear_apart
+    monkeypatch.setattr(base, "linear_apart", lambda ws, x: together.append(len(ws)) or apart(ws, x))
+    shared = decode()
+    assert together and max(together) == 2  # top-2: both experts resident in some layer
+    monkeypatch.setattr(base.Transformer, "_experts_together", lambda self, layer, experts, x: None)
+    alone = decode()
+    assert all(np.array_equal(a, b) for a, b in zip(shared, alone, strict=True))
 
 
 def test_keep_recent_evicts_older_experts(model_path):

@@ -14,12 +14,15 @@ from swapmoe.runtime import kernels
 @dataclass(frozen=True)
 class Weight:
     """rows x cols matrix in ggml row layout (rows = outputs); `raw` is a uint8 view, never a copy.
-    `stacked`: one expert of a stacked expert tensor (llama.cpp rounds those products differently)."""
+    `stacked`: one expert of a stacked expert tensor (llama.cpp rounds those products differently).
+    `at`: where raw begins in raw.base (bytes), for products of several weights of one buffer in
+    one call (linear_apart); -1 where not needed."""
     raw: np.ndarray
     ggml_type: T
     rows: int
     cols: int
     stacked: bool = False
+    at: int = -1
 
     @property
     def vec_dot_type(self) -> int:
@@ -78,6 +81,25 @@ def linear_each(x: np.ndarray, *weights: Weight,
             quantized[w.vec_dot_type] = kernels.quantize_activation(w.ggml_type, x)
         out.append(linear(w, x, quantized[w.vec_dot_type]))
     return out
+
+
+def linear_apart(weights: list[Weight], x: np.ndarray) -> np.ndarray | None:
+    """[linear(w, x[g]) for g, w in enumerate(weights)] as one product [G, rows], or None where
+    that cannot be: weights of one type and shape whose bytes lie apart in one buffer (a layer's
+    chosen experts, Weight.at known); x [G, cols], one row per weight, or [1, cols] for all. Each
+    row is computed as in its own product, so the bits are linear's."""
+    first = weights[0]
+    buffer = first.raw.base
+    if buffer is None or any(w.at < 0 or w.raw.base is not buffer or (w.ggml_type, w.rows, w.cols, w.stacked)
+                             != (first.ggml_type, first.rows, first.cols, first.stacked) for w in weights):
+        return None
+    qx = kernels.quantize_activation(first.ggml_type, x)
+    if len(x) == 1 < len(weights):
+        qx = qx._replace(**{f: np.repeat(getattr(qx, f), len(weights), axis=0) for f in ("qs", "d", "extra")})
+    starts = np.array([w.at for w in weights], np.int64)
+    y = kernels.matmul_q(first.ggml_type, buffer, len(weights) * first.rows, first.cols, qx, group_rows=first.rows,
+                         stacked=first.stacked, starts=starts)
+    return y.reshape(len(weights), first.rows)
 
 
 def rows_of(w: Weight, ids: np.ndarray) -> np.ndarray:

@@ -97,6 +97,8 @@ PRESETS: dict[str, SynthConfig] = {
     "tiny-qwen3next": SynthConfig("qwen3next", 4, 256, 4, 2, 64, 8, 2, 256, shared_ff=256, extra=_Q35_TINY),
     "tiny-laguna": SynthConfig("laguna", 4, 256, 4, 2, 64, 8, 2, 256, shared_ff=384, dense_ff=512, n_dense_lead=1,
                                rope_base=5e5, extra=_LAGUNA_TINY),
+    # --- small, for per-token overhead: Qwen3-30B-A3B's 128 experts, top-8, at hidden 512 ----
+    "small-qwen3moe": SynthConfig("qwen3moe", 12, 512, 8, 2, 64, 128, 8, 256),
     # --- real shapes -------------------------------------------------------------------
     "qwen3-30b-a3b": SynthConfig("qwen3moe", 48, 2048, 32, 4, 128, 128, 8, 768),
     "qwen3-235b-a22b": SynthConfig("qwen3moe", 94, 4096, 64, 4, 128, 128, 8, 1536),

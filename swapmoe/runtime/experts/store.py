@@ -30,6 +30,11 @@ from swapmoe.runtime.experts.io import MmapEngine, PreadEngine, Ranges, slot_nee
 from swapmoe.runtime.linear import Weight
 
 
+def _at(view: np.ndarray) -> int:
+    """Where a view of an engine's buffer begins in it (Weight.at; -1 for an array of its own)."""
+    return -1 if view.base is None else view.ctypes.data - view.base.ctypes.data
+
+
 @dataclass(frozen=True)
 class Expert:
     """One expert of one layer: its projections and any per-expert bias/scale vectors."""
@@ -123,7 +128,7 @@ class ExpertStore:
                 extras[name] = raw.view(np.float32)
             else:
                 weights[name] = Weight(raw, GGMLQuantizationType(int(index.part_type[layer, p])),
-                                       int(np.prod(ne[1:])), ne[0], stacked=True)
+                                       int(np.prod(ne[1:])), ne[0], stacked=True, at=_at(raw))
         if "down" not in weights:
             raise SwapmoeError(f"layer {layer} has no ffn_down_exps part")
         gate, up = weights.get("gate"), weights.get("up")
@@ -137,7 +142,7 @@ class ExpertStore:
             # rows % 8 (kernels.ggml_order).
             r, start, _ = place["gate"]
             both = range_views[r][start:place["up"][1] + place["up"][2]]
-            weights["gate_up"] = Weight(both, gate.ggml_type, 2 * gate.rows, gate.cols, stacked=True)
+            weights["gate_up"] = Weight(both, gate.ggml_type, 2 * gate.rows, gate.cols, stacked=True, at=gate.at)
             del weights["gate"], weights["up"]
         return Expert(extras=extras, **weights)
 
@@ -253,15 +258,22 @@ class ExpertStore:
 
     def ready_first(self, layer: int, ids) -> list[int]:
         """`ids` (after start_reads) in the order to compute them: the experts that were resident
-        before start_reads first, then the ones it started reading, then any it found no room
-        for (expert() reads those one at a time). The reads then overlap the computation of the
-        experts already in; the results do not depend on the order, and the order does not
-        depend on timing, so a replay of the same requests stays exact."""
+        before start_reads first (resident()), then the ones it started reading, then any it
+        found no room for (expert() reads those one at a time). The reads then overlap the
+        computation of the experts already in; the results do not depend on the order, and the
+        order does not depend on timing, so a replay of the same requests stays exact."""
         resident, reading, later = [], [], []
         for e in ids:
             entry = self._lru.get((layer, int(e)))
             (later if entry is None else reading if entry.origin == "demand" else resident).append(int(e))
         return resident + reading + later
+
+    def resident(self, layer: int, ids) -> list[int]:
+        """The experts of `ids` (after start_reads) that were resident before it, in ready_first's
+        order. Asking for them admits nothing, so all of them stay resident until another
+        expert is asked for: they can be computed together."""
+        return [int(e) for e in ids if (entry := self._lru.get((layer, int(e)))) is not None
+                and entry.origin != "demand"]
 
     def expert(self, layer: int, expert: int) -> Expert:
         """Expert `expert` of `layer`, resident; it is not evicted before the next expert is asked for."""

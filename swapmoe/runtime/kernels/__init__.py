@@ -16,6 +16,8 @@ share a vec_dot_type:
 
 W is the tensor's raw bytes as a 1-D uint8 array (typically a view of a
 memory map; never copied), rows are ggml rows (outputs), cols the row length.
+Several matrices that lie apart in one buffer (a layer's chosen experts) are one
+call: matmul_q(..., group_rows=rows of one, starts=where each begins).
 """
 from __future__ import annotations
 
@@ -88,7 +90,7 @@ from .simd import TILES  # noqa: E402
 
 class Kernel(NamedTuple):
     vec_dot_type: int
-    matmul: Callable  # (W, rows, group_rows, cols, qs, d, extra, out[T, rows], order, straight) -> None
+    matmul: Callable  # (W, starts, rows, group_rows, cols, qs, d, extra, out[T, rows], order, straight) -> None
     dequantize: Callable  # (W, cols, row_ids, out[n, cols]) -> None
     # up to this many tokens per row (per group) the matmul takes each token's sums straight from
     # the row bytes; more tokens share a row decoded once (kernels with one route ignore it)
@@ -169,6 +171,14 @@ def _check_weights(ggml_type: int, W: np.ndarray, rows: int, cols: int) -> None:
         raise ValueError(f"W holds {W.size} bytes, {rows} rows of {cols} need {need}")
 
 
+@functools.lru_cache(maxsize=4096)
+def _back_to_back(groups: int, group_bytes: int) -> np.ndarray:
+    """starts of `groups` matrices of group_bytes each, one after the other from byte 0."""
+    starts = np.arange(groups, dtype=np.int64) * group_bytes
+    starts.flags.writeable = False
+    return starts
+
+
 def quantize_activation(ggml_type: int, X: np.ndarray) -> QuantizedActivation:
     """Convert activations [cols] or [T, cols] to ggml_type's vec_dot_type."""
     X = np.ascontiguousarray(X, dtype=np.float32)
@@ -229,32 +239,44 @@ def separate_tokens():
 
 
 def matmul_q(ggml_type: int, W: np.ndarray, rows: int, cols: int, qx: QuantizedActivation,
-             group_rows: int | None = None, stacked: bool = False, straight: bool | None = None) -> np.ndarray:
+             group_rows: int | None = None, stacked: bool = False, straight: bool | None = None,
+             starts: np.ndarray | None = None) -> np.ndarray:
     """Y[T, rows] = X @ W.T with X already passed through quantize_activation.
 
     group_rows: W's rows form groups of this many, each with its own activations (e.g. MLA's
     per-head matrices stacked in one tensor): qx then holds T rows per group, group-major, and
     Y[:, g*group_rows:(g+1)*group_rows] = X_g @ W_g.T; one kernel call for all groups.
-    stacked: W is one expert of a stacked expert tensor (llama.cpp's MUL_MAT_ID), which changes
-    the rounding route llama.cpp takes (see ggml_order).
+    starts: byte offset in W of each group's first row (int64 [groups]; default: the groups back
+    to back from byte 0), for matrices that lie apart in one buffer.
+    stacked: W (each group, if grouped) is one expert of a stacked expert tensor (llama.cpp's
+    MUL_MAT_ID), which changes the rounding route llama.cpp takes (see ggml_order).
     straight: force the kernel's route (True: every token's sums from the row bytes; False: the
     row decoded once for all tokens) instead of KERNELS' choice by token count (straight_tokens).
     Both give the same bits; tests and tools/bench_routes.py compare them."""
     kernel = _kernel(ggml_type)
-    _check_weights(ggml_type, W, rows, cols)
-    if qx.vec_dot_type != kernel.vec_dot_type or qx.qs.shape[1] != cols:
-        raise ValueError("activation was quantized for another vec_dot_type or length")
     group_rows = group_rows or rows
     groups = rows // group_rows if rows else 1
     if group_rows * groups != rows or qx.qs.shape[0] % groups:
         raise ValueError(f"{rows} rows in groups of {group_rows} do not match {qx.qs.shape[0]} activation rows")
+    if starts is None:
+        _check_weights(ggml_type, W, rows, cols)
+        starts = _back_to_back(groups, _matrix_bytes(int(ggml_type), group_rows, cols))
+    else:
+        _check_weights(ggml_type, W, 0, cols)
+        need = _matrix_bytes(int(ggml_type), group_rows, cols)
+        if starts.dtype != np.int64 or starts.shape != (groups,) or (
+                groups and (starts.min() < 0 or starts.max() + need > W.size)):
+            raise ValueError(f"starts must be {groups} int64 offsets of {need}-byte matrices inside W's {W.size} bytes")
+    if qx.vec_dot_type != kernel.vec_dot_type or qx.qs.shape[1] != cols:
+        raise ValueError("activation was quantized for another vec_dot_type or length")
     out = np.empty((qx.qs.shape[0] // groups, rows), np.float32)
     if rows:
         n_tok = 1 if _separate_tokens else len(out)
-        order = ggml_order(ggml_type, group_rows, cols, n_tok, groups > 1, stacked)
+        order = ggml_order(ggml_type, group_rows, cols, n_tok, groups > 1 and not stacked, stacked)
         if straight is None:
             straight = len(out) <= kernel.straight_tokens
-        kernel.matmul(_readonly(W), rows, group_rows, cols, qx.qs, qx.d, qx.extra, out, order, straight)
+        kernel.matmul(_readonly(W), _readonly(starts), rows, group_rows, cols, qx.qs, qx.d, qx.extra, out, order,
+                      straight)
     return out
 
 

@@ -64,6 +64,14 @@ ROWS_PER_TASK = 8
 
 
 @njit(**INLINE)
+def row_start(starts, r, group_rows, rb):
+    """Where row r of a matmul's weights begins in W: its group's first row at byte starts[g], the
+    group's rows of rb bytes back to back (groups need not be; kernels.matmul_q)."""
+    g = r // group_rows
+    return starts[g] + (r - g * group_rows) * rb
+
+
+@njit(**INLINE)
 def tile_count(rows, group_rows):
     """How many 16-row tiles (simd.TILES) a matmul takes: each group of rows in tiles, its last one
     partial when group_rows is not a multiple of 16."""

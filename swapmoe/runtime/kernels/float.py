@@ -20,7 +20,7 @@ import numpy as np
 from numba import njit, prange
 
 from ._constants import ORDER_LANES
-from ._jit import INLINE, PARALLEL, SERIAL
+from ._jit import INLINE, PARALLEL, SERIAL, row_start
 from .simd import HW_HALF, bf16_pairs_dot, bf16_to_float, half_to_float, sgemm_dot, vec_dot_f32
 
 _F16_EXP_SCALE = np.float32(2.0**112)
@@ -97,11 +97,12 @@ def _widen_bf16(halves, bits):
 
 # Top-level on purpose: numba caches factory-made parallel kernels per process only (docs/kernels.md).
 @njit(**PARALLEL)
-def matmul_f32(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
+def matmul_f32(W, starts, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     for r in prange(rows):
         t0 = (r // group_rows) * n_tok
-        w = W[r * cols * 4:(r + 1) * cols * 4].view(np.float32)
+        at = row_start(starts, r, group_rows, cols * 4)
+        w = W[at:at + cols * 4].view(np.float32)
         for t in range(n_tok):
             if order == ORDER_LANES:
                 out[t, r] = sgemm_dot(w, qs[t0 + t], cols, cols)
@@ -119,11 +120,12 @@ def dequantize_f32(W, cols, row_ids, out):
 
 # Top-level on purpose: numba caches factory-made parallel kernels per process only (docs/kernels.md).
 @njit(**PARALLEL)
-def matmul_f16(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
+def matmul_f16(W, starts, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     for r in prange(rows):
         t0 = (r // group_rows) * n_tok
-        halves = W[r * cols * 2:(r + 1) * cols * 2].view(np.uint16)
+        at = row_start(starts, r, group_rows, cols * 2)
+        halves = W[at:at + cols * 2].view(np.uint16)
         if HW_HALF and straight:
             for t in range(n_tok):
                 out[t, r] = _dot_f16(halves, qs[t0 + t])
@@ -147,7 +149,7 @@ def dequantize_f16(W, cols, row_ids, out):
 
 # Top-level on purpose: numba caches factory-made parallel kernels per process only (docs/kernels.md).
 @njit(**PARALLEL)
-def matmul_bf16(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
+def matmul_bf16(W, starts, rows, group_rows, cols, qs, d, extra, out, order, straight):
     """AVX512-BF16's routes: tinyBLAS (ORDER_LANES) runs one vdpbf16ps accumulator per output,
     vec_dot two (simd.bf16_pairs_dot on the row's bytes and pair-split activations)."""
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
@@ -156,7 +158,8 @@ def matmul_bf16(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
         _pair_split(qs[t], xs[t])
     for r in prange(rows):
         t0 = (r // group_rows) * n_tok
-        halves = W[r * cols * 2:(r + 1) * cols * 2].view(np.uint16)
+        at = row_start(starts, r, group_rows, cols * 2)
+        halves = W[at:at + cols * 2].view(np.uint16)
         for t in range(n_tok):
             if order == ORDER_LANES:
                 out[t, r] = bf16_pairs_dot(halves, xs[t0 + t], 0, cols, 32)

@@ -49,6 +49,7 @@ from ._jit import (
     nibble_pair_words,
     nibble_row_dot,
     pair_order,
+    row_start,
     tile_count,
     tile_rows,
     u32,
@@ -178,7 +179,7 @@ def _tile_matmul(block_bytes, decode, scale16, factor):
     token takes 16 rows at a time (simd.int8_tile16_dot: ggml's tiled or vec_dot step per block),
     times the type's final factor."""
     @njit(**INLINE)
-    def tile_matmul(W, r0, n_rows, rb, nb, qs, d, extra, out, t0, n_tok, tiled):
+    def tile_matmul(W, at0, r0, n_rows, rb, nb, qs, d, extra, out, t0, n_tok, tiled):
         values = np.empty(TILE_ROWS * QK_K, np.int8)
         tile = np.empty(4096, np.uint8)
         scales = np.empty(16 * TILE_ROWS, np.int32)
@@ -186,7 +187,7 @@ def _tile_matmul(block_bytes, decode, scale16, factor):
         acc = np.zeros(n_tok * TILE_ROWS, np.float32)
         for b in range(nb):
             for i in range(n_rows):
-                o = (r0 + i) * rb + b * block_bytes
+                o = at0 + i * rb + b * block_bytes
                 prefetch_bytes(W, o + PREFETCH_AHEAD, block_bytes)
                 dw[i] = f16_to_f32(W[o], W[o + 1])
                 decode(W, o, values, i * QK_K, False)
@@ -206,20 +207,23 @@ def _tile_matmul(block_bytes, decode, scale16, factor):
 
 # Top-level on purpose: numba caches factory-made parallel kernels per process only (docs/kernels.md).
 @njit(**PARALLEL)
-def matmul_iq4_nl(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
+def matmul_iq4_nl(W, starts, rows, group_rows, cols, qs, d, extra, out, order, straight):
     """Values looked up in registers (simd.nibble_table_dot), every token straight from the row
     bytes: 2.5-4x faster than decoding the row once for a batch, even for 64 tokens.  Repacked by
-    llama.cpp (ORDER_GEMV; then rows % 8 == 0 and one group): eight rows per call (simd.rows_dot8)."""
+    llama.cpp (ORDER_GEMV; then group_rows % 8 == 0): eight rows per call (simd.rows_dot8)."""
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // QK4_NL
     rb = nb * IQ4_NL_BYTES
     if order == ORDER_GEMV:
         for task in prange(rows // 8):
+            g = task * 8 // group_rows
+            at = row_start(starts, task * 8, group_rows, rb)
             for t in range(n_tok):
-                _IQ4_NL_ROWS8(W, task * 8 * rb, rb, qs[t], d[t], nb, out[t], task * 8)
+                _IQ4_NL_ROWS8(W, at, rb, qs[g * n_tok + t], d[g * n_tok + t], nb, out[t], task * 8)
         return
     for r in prange(rows):
-        row = W[r * rb:(r + 1) * rb]
+        at = row_start(starts, r, group_rows, rb)
+        row = W[at:at + rb]
         t0 = (r // group_rows) * n_tok
         for t in range(n_tok):
             out[t, r] = _IQ4_NL_ROW(row, qs[t0 + t], d[t0 + t], nb, order)
@@ -270,7 +274,7 @@ _IQ4_XS_TILES = _tile_matmul(IQ4_XS_BYTES, _decode_iq4_xs, _scale16_iq4_xs, 1.0)
 
 # Top-level on purpose: numba caches factory-made parallel kernels per process only (docs/kernels.md).
 @njit(**PARALLEL)
-def matmul_iq4_xs(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
+def matmul_iq4_xs(W, starts, rows, group_rows, cols, qs, d, extra, out, order, straight):
     """Weights in pair order times their sub-block scale, against pair-ordered activations."""
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // QK_K
@@ -278,7 +282,8 @@ def matmul_iq4_xs(W, rows, group_rows, cols, qs, d, extra, out, order, straight)
     if straight:
         for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
             for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
-                row = W[r * rb:(r + 1) * rb]
+                at = row_start(starts, r, group_rows, rb)
+                row = W[at:at + rb]
                 t0 = (r // group_rows) * n_tok
                 for t in range(n_tok):
                     x, dx = qs[t0 + t], d[t0 + t]
@@ -294,7 +299,8 @@ def matmul_iq4_xs(W, rows, group_rows, cols, qs, d, extra, out, order, straight)
     if TILES:  # 16-row tiles (where vpdpbusd runs), a group's last one partial
         for tile in prange(tile_count(rows, group_rows)):
             r0, n_rows, g = tile_rows(tile, group_rows)
-            _IQ4_XS_TILES(W, r0, n_rows, rb, nb, qs, d, extra, out, g * n_tok, n_tok, order == ORDER_TILED)
+            at0 = row_start(starts, r0, group_rows, rb)
+            _IQ4_XS_TILES(W, at0, r0, n_rows, rb, nb, qs, d, extra, out, g * n_tok, n_tok, order == ORDER_TILED)
         return
     # else each row decoded once for all tokens
     xp = pair_order(qs)
@@ -302,7 +308,8 @@ def matmul_iq4_xs(W, rows, group_rows, cols, qs, d, extra, out, order, straight)
         ws = np.empty(cols, np.int16)
         dw = np.empty(nb, np.float32)
         for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
-            row = W[r * rb:(r + 1) * rb]
+            at = row_start(starts, r, group_rows, rb)
+            row = W[at:at + rb]
             for b in range(nb):
                 o = b * IQ4_XS_BYTES
                 prefetch_bytes(row, o + PREFETCH_AHEAD, IQ4_XS_BYTES)
@@ -369,7 +376,7 @@ _IQ2_XXS_TILES = _tile_matmul(IQ2_XXS_BYTES, _decode_iq2_xxs, _scale16_iq2_xxs, 
 
 # Top-level on purpose: numba caches factory-made parallel kernels per process only (docs/kernels.md).
 @njit(**PARALLEL)
-def matmul_iq2_xxs(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
+def matmul_iq2_xxs(W, starts, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // QK_K
     rb = nb * IQ2_XXS_BYTES
@@ -377,7 +384,8 @@ def matmul_iq2_xxs(W, rows, group_rows, cols, qs, d, extra, out, order, straight
         xs = iq2_xxs_activations(qs)
         for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
             for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
-                row = W[r * rb:(r + 1) * rb]
+                at = row_start(starts, r, group_rows, rb)
+                row = W[at:at + rb]
                 t0 = (r // group_rows) * n_tok
                 for t in range(n_tok):
                     out[t, r] = _IQ2_XXS_ROW(row, xs[t0 + t], d[t0 + t], nb, order)
@@ -385,14 +393,16 @@ def matmul_iq2_xxs(W, rows, group_rows, cols, qs, d, extra, out, order, straight
     if TILES:  # 16-row tiles (where vpdpbusd runs), a group's last one partial
         for tile in prange(tile_count(rows, group_rows)):
             r0, n_rows, g = tile_rows(tile, group_rows)
-            _IQ2_XXS_TILES(W, r0, n_rows, rb, nb, qs, d, extra, out, g * n_tok, n_tok, order == ORDER_TILED)
+            at0 = row_start(starts, r0, group_rows, rb)
+            _IQ2_XXS_TILES(W, at0, r0, n_rows, rb, nb, qs, d, extra, out, g * n_tok, n_tok, order == ORDER_TILED)
         return
     # else each row decoded once for all tokens
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         ws = np.empty(cols, np.int16)
         dw = np.empty(nb, np.float32)
         for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
-            row = W[r * rb:(r + 1) * rb]
+            at = row_start(starts, r, group_rows, rb)
+            row = W[at:at + rb]
             for b in range(nb):
                 o = b * IQ2_XXS_BYTES
                 prefetch_bytes(row, o + PREFETCH_AHEAD, IQ2_XXS_BYTES)
@@ -453,7 +463,7 @@ _IQ2_XS_TILES = _tile_matmul(IQ2_XS_BYTES, _decode_iq2_xs, _scale16_iq2_xs, 0.12
 
 # Top-level on purpose: numba caches factory-made parallel kernels per process only (docs/kernels.md).
 @njit(**PARALLEL)
-def matmul_iq2_xs(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
+def matmul_iq2_xs(W, starts, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // QK_K
     rb = nb * IQ2_XS_BYTES
@@ -461,7 +471,8 @@ def matmul_iq2_xs(W, rows, group_rows, cols, qs, d, extra, out, order, straight)
         xs = grid_activations(qs)
         for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
             for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
-                row = W[r * rb:(r + 1) * rb]
+                at = row_start(starts, r, group_rows, rb)
+                row = W[at:at + rb]
                 t0 = (r // group_rows) * n_tok
                 for t in range(n_tok):
                     out[t, r] = _IQ2_XS_ROW(row, xs[t0 + t], d[t0 + t], nb, order)
@@ -469,14 +480,16 @@ def matmul_iq2_xs(W, rows, group_rows, cols, qs, d, extra, out, order, straight)
     if TILES:  # 16-row tiles (where vpdpbusd runs), a group's last one partial
         for tile in prange(tile_count(rows, group_rows)):
             r0, n_rows, g = tile_rows(tile, group_rows)
-            _IQ2_XS_TILES(W, r0, n_rows, rb, nb, qs, d, extra, out, g * n_tok, n_tok, order == ORDER_TILED)
+            at0 = row_start(starts, r0, group_rows, rb)
+            _IQ2_XS_TILES(W, at0, r0, n_rows, rb, nb, qs, d, extra, out, g * n_tok, n_tok, order == ORDER_TILED)
         return
     # else each row decoded once for all tokens
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         ws = np.empty(cols, np.int16)
         dw = np.empty(nb, np.float32)
         for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
-            row = W[r * rb:(r + 1) * rb]
+            at = row_start(starts, r, group_rows, rb)
+            row = W[at:at + rb]
             for b in range(nb):
                 o = b * IQ2_XS_BYTES
                 prefetch_bytes(row, o + PREFETCH_AHEAD, IQ2_XS_BYTES)
@@ -535,7 +548,7 @@ _IQ2_S_TILES = _tile_matmul(IQ2_S_BYTES, _decode_iq2_s, _scale16_iq2_s, 0.125)
 
 # Top-level on purpose: numba caches factory-made parallel kernels per process only (docs/kernels.md).
 @njit(**PARALLEL)
-def matmul_iq2_s(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
+def matmul_iq2_s(W, starts, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // QK_K
     rb = nb * IQ2_S_BYTES
@@ -543,7 +556,8 @@ def matmul_iq2_s(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
         xs = grid_activations(qs)
         for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
             for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
-                row = W[r * rb:(r + 1) * rb]
+                at = row_start(starts, r, group_rows, rb)
+                row = W[at:at + rb]
                 t0 = (r // group_rows) * n_tok
                 for t in range(n_tok):
                     out[t, r] = _IQ2_S_ROW(row, xs[t0 + t], d[t0 + t], nb, order)
@@ -551,14 +565,16 @@ def matmul_iq2_s(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     if TILES:  # 16-row tiles (where vpdpbusd runs), a group's last one partial
         for tile in prange(tile_count(rows, group_rows)):
             r0, n_rows, g = tile_rows(tile, group_rows)
-            _IQ2_S_TILES(W, r0, n_rows, rb, nb, qs, d, extra, out, g * n_tok, n_tok, order == ORDER_TILED)
+            at0 = row_start(starts, r0, group_rows, rb)
+            _IQ2_S_TILES(W, at0, r0, n_rows, rb, nb, qs, d, extra, out, g * n_tok, n_tok, order == ORDER_TILED)
         return
     # else each row decoded once for all tokens
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         ws = np.empty(cols, np.int16)
         dw = np.empty(nb, np.float32)
         for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
-            row = W[r * rb:(r + 1) * rb]
+            at = row_start(starts, r, group_rows, rb)
+            row = W[at:at + rb]
             for b in range(nb):
                 o = b * IQ2_S_BYTES
                 prefetch_bytes(row, o + PREFETCH_AHEAD, IQ2_S_BYTES)
@@ -622,7 +638,7 @@ _IQ3_XXS_TILES = _tile_matmul(IQ3_XXS_BYTES, _decode_iq3_xxs, _scale16_iq3_xxs, 
 
 # Top-level on purpose: numba caches factory-made parallel kernels per process only (docs/kernels.md).
 @njit(**PARALLEL)
-def matmul_iq3_xxs(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
+def matmul_iq3_xxs(W, starts, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // QK_K
     rb = nb * IQ3_XXS_BYTES
@@ -630,7 +646,8 @@ def matmul_iq3_xxs(W, rows, group_rows, cols, qs, d, extra, out, order, straight
         xs = iq3_activations(qs)
         for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
             for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
-                row = W[r * rb:(r + 1) * rb]
+                at = row_start(starts, r, group_rows, rb)
+                row = W[at:at + rb]
                 t0 = (r // group_rows) * n_tok
                 for t in range(n_tok):
                     out[t, r] = _IQ3_XXS_ROW(row, xs[t0 + t], d[t0 + t], nb, order)
@@ -638,14 +655,16 @@ def matmul_iq3_xxs(W, rows, group_rows, cols, qs, d, extra, out, order, straight
     if TILES:  # 16-row tiles (where vpdpbusd runs), a group's last one partial
         for tile in prange(tile_count(rows, group_rows)):
             r0, n_rows, g = tile_rows(tile, group_rows)
-            _IQ3_XXS_TILES(W, r0, n_rows, rb, nb, qs, d, extra, out, g * n_tok, n_tok, order == ORDER_TILED)
+            at0 = row_start(starts, r0, group_rows, rb)
+            _IQ3_XXS_TILES(W, at0, r0, n_rows, rb, nb, qs, d, extra, out, g * n_tok, n_tok, order == ORDER_TILED)
         return
     # else each row decoded once for all tokens
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         ws = np.empty(cols, np.int16)
         dw = np.empty(nb, np.float32)
         for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
-            row = W[r * rb:(r + 1) * rb]
+            at = row_start(starts, r, group_rows, rb)
+            row = W[at:at + rb]
             for b in range(nb):
                 o = b * IQ3_XXS_BYTES
                 prefetch_bytes(row, o + PREFETCH_AHEAD, IQ3_XXS_BYTES)
@@ -706,7 +725,7 @@ _IQ3_S_TILES = _tile_matmul(IQ3_S_BYTES, _decode_iq3_s, _scale16_iq3_s, 1.0)
 
 # Top-level on purpose: numba caches factory-made parallel kernels per process only (docs/kernels.md).
 @njit(**PARALLEL)
-def matmul_iq3_s(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
+def matmul_iq3_s(W, starts, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // QK_K
     rb = nb * IQ3_S_BYTES
@@ -714,7 +733,8 @@ def matmul_iq3_s(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
         xs = iq3_activations(qs)
         for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
             for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
-                row = W[r * rb:(r + 1) * rb]
+                at = row_start(starts, r, group_rows, rb)
+                row = W[at:at + rb]
                 t0 = (r // group_rows) * n_tok
                 for t in range(n_tok):
                     out[t, r] = _IQ3_S_ROW(row, xs[t0 + t], d[t0 + t], nb, order)
@@ -722,14 +742,16 @@ def matmul_iq3_s(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     if TILES:  # 16-row tiles (where vpdpbusd runs), a group's last one partial
         for tile in prange(tile_count(rows, group_rows)):
             r0, n_rows, g = tile_rows(tile, group_rows)
-            _IQ3_S_TILES(W, r0, n_rows, rb, nb, qs, d, extra, out, g * n_tok, n_tok, order == ORDER_TILED)
+            at0 = row_start(starts, r0, group_rows, rb)
+            _IQ3_S_TILES(W, at0, r0, n_rows, rb, nb, qs, d, extra, out, g * n_tok, n_tok, order == ORDER_TILED)
         return
     # else each row decoded once for all tokens
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         ws = np.empty(cols, np.int16)
         dw = np.empty(nb, np.float32)
         for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
-            row = W[r * rb:(r + 1) * rb]
+            at = row_start(starts, r, group_rows, rb)
+            row = W[at:at + rb]
             for b in range(nb):
                 o = b * IQ3_S_BYTES
                 prefetch_bytes(row, o + PREFETCH_AHEAD, IQ3_S_BYTES)
@@ -793,7 +815,7 @@ def _decode_iq1_s(blk, o, ws, wo, scaled):
 
 # Top-level on purpose: numba caches factory-made parallel kernels per process only (docs/kernels.md).
 @njit(**PARALLEL)
-def matmul_iq1_s(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
+def matmul_iq1_s(W, starts, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // QK_K
     rb = nb * IQ1_S_BYTES
@@ -801,7 +823,8 @@ def matmul_iq1_s(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
         xs = grid_activations(qs)
         for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
             for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
-                row = W[r * rb:(r + 1) * rb]
+                at = row_start(starts, r, group_rows, rb)
+                row = W[at:at + rb]
                 t0 = (r // group_rows) * n_tok
                 for t in range(n_tok):
                     x, dx, bsums = xs[t0 + t], d[t0 + t], extra[t0 + t]
@@ -819,7 +842,8 @@ def matmul_iq1_s(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
         dw = np.empty(nb, np.float32)
         shift = np.empty(nb * 8, np.int32)
         for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
-            row = W[r * rb:(r + 1) * rb]
+            at = row_start(starts, r, group_rows, rb)
+            row = W[at:at + rb]
             for b in range(nb):
                 o = b * IQ1_S_BYTES
                 prefetch_bytes(row, o + PREFETCH_AHEAD, IQ1_S_BYTES)
@@ -896,7 +920,7 @@ def _decode_iq1_m(blk, o, ws, wo, scaled):
 
 # Top-level on purpose: numba caches factory-made parallel kernels per process only (docs/kernels.md).
 @njit(**PARALLEL)
-def matmul_iq1_m(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
+def matmul_iq1_m(W, starts, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // QK_K
     rb = nb * IQ1_M_BYTES
@@ -904,7 +928,8 @@ def matmul_iq1_m(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
         xs = grid_activations(qs)
         for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
             for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
-                row = W[r * rb:(r + 1) * rb]
+                at = row_start(starts, r, group_rows, rb)
+                row = W[at:at + rb]
                 t0 = (r // group_rows) * n_tok
                 for t in range(n_tok):
                     x, dx, bsums = xs[t0 + t], d[t0 + t], extra[t0 + t]
@@ -921,7 +946,8 @@ def matmul_iq1_m(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
         dw = np.empty(nb, np.float32)
         shifts = np.empty(cols, np.int16)
         for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
-            row = W[r * rb:(r + 1) * rb]
+            at = row_start(starts, r, group_rows, rb)
+            row = W[at:at + rb]
             for b in range(nb):
                 o = b * IQ1_M_BYTES
                 prefetch_bytes(row, o + PREFETCH_AHEAD, IQ1_M_BYTES)

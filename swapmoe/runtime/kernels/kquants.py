@@ -35,6 +35,7 @@ from ._jit import (
     block_sum,
     f16_to_f32,
     fma32,
+    row_start,
     tile_count,
     tile_rows,
     u32,
@@ -227,7 +228,7 @@ def _sum_mins_k4(bsums, bo, mins):
 
 # Top-level on purpose: numba caches factory-made parallel kernels per process only (docs/kernels.md).
 @njit(**PARALLEL)
-def matmul_q2_k(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
+def matmul_q2_k(W, starts, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // QK_K
     rb = nb * Q2_K_BYTES
@@ -236,7 +237,8 @@ def matmul_q2_k(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     if straight:
         for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
             for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
-                row = W[r * rb:(r + 1) * rb]
+                at = row_start(starts, r, group_rows, rb)
+                row = W[at:at + rb]
                 t0 = (r // group_rows) * n_tok
                 for t in range(n_tok):
                     out[t, r] = _q2_k_straight_dot(row, qs[t0 + t], d[t0 + t], extra[t0 + t], nb, order)
@@ -246,7 +248,8 @@ def matmul_q2_k(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
         dw = np.empty(nb, np.float32)
         dmin = np.empty(nb, np.float32)
         for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
-            row = W[r * rb:(r + 1) * rb]
+            at = row_start(starts, r, group_rows, rb)
+            row = W[at:at + rb]
             for b in range(nb):
                 o = b * Q2_K_BYTES
                 prefetch_bytes(row, o + PREFETCH_AHEAD, Q2_K_BYTES)
@@ -359,14 +362,15 @@ def _decode_q3_k(blk, o, wq):
 
 # Top-level on purpose: numba caches factory-made parallel kernels per process only (docs/kernels.md).
 @njit(**PARALLEL)
-def matmul_q3_k(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
+def matmul_q3_k(W, starts, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // QK_K
     rb = nb * Q3_K_BYTES
     if straight:  # from the row bytes
         for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
             for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
-                row = W[r * rb:(r + 1) * rb]
+                at = row_start(starts, r, group_rows, rb)
+                row = W[at:at + rb]
                 t0 = (r // group_rows) * n_tok
                 for t in range(n_tok):
                     x, dx, bsums = qs[t0 + t], d[t0 + t], extra[t0 + t]
@@ -383,7 +387,8 @@ def matmul_q3_k(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
         ws = np.empty(cols, np.int16)
         dw = np.empty(nb, np.float32)
         for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
-            row = W[r * rb:(r + 1) * rb]
+            at = row_start(starts, r, group_rows, rb)
+            row = W[at:at + rb]
             for b in range(nb):
                 o = b * Q3_K_BYTES
                 prefetch_bytes(row, o + PREFETCH_AHEAD, Q3_K_BYTES)
@@ -424,7 +429,7 @@ def dequantize_q3_k(W, cols, row_ids, out):
 
 # Top-level on purpose: numba caches factory-made parallel kernels per process only (docs/kernels.md).
 @njit(**PARALLEL)
-def matmul_q4_k(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
+def matmul_q4_k(W, starts, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // QK_K
     rb = nb * Q4_K_BYTES
@@ -436,7 +441,8 @@ def matmul_q4_k(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     if straight:
         for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
             for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
-                row = W[r * rb:(r + 1) * rb]
+                at = row_start(starts, r, group_rows, rb)
+                row = W[at:at + rb]
                 t0 = (r // group_rows) * n_tok
                 for t in range(t0, t0 + n_tok - 1, 2):  # token pairs share each block's unpacking
                     out[t - t0, r], out[t - t0 + 1, r] = _q4_k_gemv_dot2(row, qs[t], qs[t + 1], d[t], d[t + 1],
@@ -448,7 +454,8 @@ def matmul_q4_k(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     if TILES:  # 16-row tiles (where vpdpbusd runs), a group's last one partial
         for tile in prange(tile_count(rows, group_rows)):
             r0, n_rows, g = tile_rows(tile, group_rows)
-            _Q4_K_TILES(W, r0, n_rows, rb, nb, qs, d, extra, out, g * n_tok, n_tok, order, gemm_tokens)
+            at0 = row_start(starts, r0, group_rows, rb)
+            _Q4_K_TILES(W, at0, r0, n_rows, rb, nb, qs, d, extra, out, g * n_tok, n_tok, order, gemm_tokens)
         return
     # else each row decoded once for all tokens
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
@@ -457,7 +464,8 @@ def matmul_q4_k(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
         dmin = np.empty(nb, np.float32)
         mins = np.empty(nb, np.uint64)
         for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
-            row = W[r * rb:(r + 1) * rb]
+            at = row_start(starts, r, group_rows, rb)
+            row = W[at:at + rb]
             for b in range(nb):
                 o = b * Q4_K_BYTES
                 prefetch_bytes(row, o + PREFETCH_AHEAD, Q4_K_BYTES)
@@ -487,7 +495,7 @@ def _k4_tile_matmul(block_bytes, layout):
     (simd.q4_k_tile16_dot): the first gemm_tokens tokens rounded as ggml's repacked gemm, the rest
     by `order` (its repacked gemv where that is the gemm's)."""
     @njit(**INLINE)
-    def tile_matmul(W, r0, n_rows, rb, nb, qs, d, extra, out, t0, n_tok, order, gemm_tokens):
+    def tile_matmul(W, at0, r0, n_rows, rb, nb, qs, d, extra, out, t0, n_tok, order, gemm_tokens):
         tile = np.empty(4096, np.uint8)
         scales = np.empty(8 * TILE_ROWS, np.int32)
         mins = np.empty(8 * TILE_ROWS, np.int16)
@@ -496,7 +504,7 @@ def _k4_tile_matmul(block_bytes, layout):
         acc = np.zeros(n_tok * 2 * TILE_ROWS, np.float32)
         rest = ORDER_GEMV if order == ORDER_GEMM else order
         for b in range(nb):
-            o = r0 * rb + b * block_bytes
+            o = at0 + b * block_bytes
             for i in range(n_rows):
                 at = o + i * rb
                 prefetch_bytes(W, at + PREFETCH_AHEAD, block_bytes)
@@ -618,14 +626,15 @@ def _decode_q5_k(blk, o, wq):
 
 # Top-level on purpose: numba caches factory-made parallel kernels per process only (docs/kernels.md).
 @njit(**PARALLEL)
-def matmul_q5_k(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
+def matmul_q5_k(W, starts, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // QK_K
     rb = nb * Q5_K_BYTES
     if straight:  # from the row bytes
         for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
             for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
-                row = W[r * rb:(r + 1) * rb]
+                at = row_start(starts, r, group_rows, rb)
+                row = W[at:at + rb]
                 t0 = (r // group_rows) * n_tok
                 for t in range(n_tok):
                     x, dx, bsums = qs[t0 + t], d[t0 + t], extra[t0 + t]
@@ -643,7 +652,8 @@ def matmul_q5_k(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     if TILES:  # 16-row tiles (where vpdpbusd runs), a group's last one partial
         for tile in prange(tile_count(rows, group_rows)):
             r0, n_rows, g = tile_rows(tile, group_rows)
-            _Q5_K_TILES(W, r0, n_rows, rb, nb, qs, d, extra, out, g * n_tok, n_tok, order, 0)
+            at0 = row_start(starts, r0, group_rows, rb)
+            _Q5_K_TILES(W, at0, r0, n_rows, rb, nb, qs, d, extra, out, g * n_tok, n_tok, order, 0)
         return
     # else each row decoded once for all tokens
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
@@ -652,7 +662,8 @@ def matmul_q5_k(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
         dmin = np.empty(nb, np.float32)
         mins = np.empty(nb, np.uint64)
         for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
-            row = W[r * rb:(r + 1) * rb]
+            at = row_start(starts, r, group_rows, rb)
+            row = W[at:at + rb]
             for b in range(nb):
                 o = b * Q5_K_BYTES
                 prefetch_bytes(row, o + PREFETCH_AHEAD, Q5_K_BYTES)
@@ -710,14 +721,15 @@ def _decode_q6_k(blk, o, wq):
 
 # Top-level on purpose: numba caches factory-made parallel kernels per process only (docs/kernels.md).
 @njit(**PARALLEL)
-def matmul_q6_k(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
+def matmul_q6_k(W, starts, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // QK_K
     rb = nb * Q6_K_BYTES
     if straight:  # from the row bytes
         for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
             for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
-                row = W[r * rb:(r + 1) * rb]
+                at = row_start(starts, r, group_rows, rb)
+                row = W[at:at + rb]
                 t0 = (r // group_rows) * n_tok
                 for t in range(n_tok):
                     x, dx, bsums = qs[t0 + t], d[t0 + t], extra[t0 + t]
@@ -732,14 +744,16 @@ def matmul_q6_k(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
     if TILES:  # 16-row tiles (where vpdpbusd runs), a group's last one partial
         for tile in prange(tile_count(rows, group_rows)):
             r0, n_rows, g = tile_rows(tile, group_rows)
-            _q6_k_tile_matmul(W, r0, n_rows, rb, nb, qs, d, extra, out, g * n_tok, n_tok, order == ORDER_TILED)
+            at0 = row_start(starts, r0, group_rows, rb)
+            _q6_k_tile_matmul(W, at0, r0, n_rows, rb, nb, qs, d, extra, out, g * n_tok, n_tok, order == ORDER_TILED)
         return
     # else each row decoded once for all tokens
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         ws = np.empty(cols, np.int16)
         dw = np.empty(nb, np.float32)
         for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
-            row = W[r * rb:(r + 1) * rb]
+            at = row_start(starts, r, group_rows, rb)
+            row = W[at:at + rb]
             for b in range(nb):
                 o = b * Q6_K_BYTES
                 prefetch_bytes(row, o + PREFETCH_AHEAD, Q6_K_BYTES)
@@ -757,7 +771,7 @@ def matmul_q6_k(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
 
 
 @njit(**INLINE)
-def _q6_k_tile_matmul(W, r0, n_rows, rb, nb, qs, d, extra, out, t0, n_tok, tiled):
+def _q6_k_tile_matmul(W, at0, r0, n_rows, rb, nb, qs, d, extra, out, t0, n_tok, tiled):
     """Rows r0 .. r0 + n_rows - 1 of a Q6_K matmul (inside one group of rows, whose tokens are t0 ..
     t0 + n_tok - 1) a block at a time through a 16-row tile, rounded as ggml's tiled matmul
     (tiled) or its vec_dot."""
@@ -766,7 +780,7 @@ def _q6_k_tile_matmul(W, r0, n_rows, rb, nb, qs, d, extra, out, t0, n_tok, tiled
     dw = np.empty(TILE_ROWS, np.float32)
     acc = np.zeros(n_tok * TILE_ROWS, np.float32)
     for b in range(nb):
-        o = r0 * rb + b * Q6_K_BYTES
+        o = at0 + b * Q6_K_BYTES
         for i in range(n_rows):
             at = o + i * rb
             prefetch_bytes(W, at + PREFETCH_AHEAD, Q6_K_BYTES)

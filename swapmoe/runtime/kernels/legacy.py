@@ -36,7 +36,7 @@ from ._constants import (
     QK5_1,
     QK8_0,
 )
-from ._jit import INLINE, PARALLEL, SERIAL, f16_to_f32, u64
+from ._jit import INLINE, PARALLEL, SERIAL, f16_to_f32, row_start, u64
 from .simd import lanes_dot, rows_dot8
 
 _Q4_0_LANES, _Q4_1_LANES, _Q5_0_LANES, _Q5_1_LANES, _Q8_0_LANES = (
@@ -88,20 +88,23 @@ def _decode_q5(blk, o, offset, w64, wo):
 
 # Top-level on purpose: numba caches factory-made parallel kernels per process only (docs/kernels.md).
 @njit(**PARALLEL)
-def matmul_q4_0(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
-    """Repacked by llama.cpp (order != ORDER_LANES; then rows % 8 == 0 and one group,
-    kernels.ggml_order): eight rows per call, so that eight FMA chains are in flight (2x in
+def matmul_q4_0(W, starts, rows, group_rows, cols, qs, d, extra, out, order, straight):
+    """Repacked by llama.cpp (order != ORDER_LANES; then group_rows % 8 == 0, kernels.ggml_order):
+    eight rows per call, so that eight FMA chains are in flight (2x in
     cache; eight rows at once for the lane-rounded types measured 1.1-1.8x slower from DRAM)."""
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // QK4_0
     rb = nb * Q4_0_BYTES
     if order != ORDER_LANES:
         for task in prange(rows // 8):
+            g = task * 8 // group_rows
+            at = row_start(starts, task * 8, group_rows, rb)
             for t in range(n_tok):
-                _Q4_0_ROWS8(W, task * 8 * rb, rb, qs[t], d[t], nb, out[t], task * 8)
+                _Q4_0_ROWS8(W, at, rb, qs[g * n_tok + t], d[g * n_tok + t], nb, out[t], task * 8)
         return
     for r in prange(rows):
-        row = W[r * rb:(r + 1) * rb]
+        at = row_start(starts, r, group_rows, rb)
+        row = W[at:at + rb]
         t0 = (r // group_rows) * n_tok
         for t in range(n_tok):
             out[t, r] = _Q4_0_LANES(row, qs[t0 + t], d[t0 + t], d[t0 + t], nb)
@@ -127,12 +130,13 @@ def dequantize_q4_0(W, cols, row_ids, out):
 
 # Top-level on purpose: numba caches factory-made parallel kernels per process only (docs/kernels.md).
 @njit(**PARALLEL)
-def matmul_q4_1(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
+def matmul_q4_1(W, starts, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // QK4_1
     rb = nb * Q4_1_BYTES
     for r in prange(rows):
-        row = W[r * rb:(r + 1) * rb]
+        at = row_start(starts, r, group_rows, rb)
+        row = W[at:at + rb]
         t0 = (r // group_rows) * n_tok
         for t in range(n_tok):
             out[t, r] = _Q4_1_LANES(row, qs[t0 + t], d[t0 + t], extra[t0 + t], nb)
@@ -159,12 +163,13 @@ def dequantize_q4_1(W, cols, row_ids, out):
 
 # Top-level on purpose: numba caches factory-made parallel kernels per process only (docs/kernels.md).
 @njit(**PARALLEL)
-def matmul_q5_0(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
+def matmul_q5_0(W, starts, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // QK5_0
     rb = nb * Q5_0_BYTES
     for r in prange(rows):
-        row = W[r * rb:(r + 1) * rb]
+        at = row_start(starts, r, group_rows, rb)
+        row = W[at:at + rb]
         t0 = (r // group_rows) * n_tok
         for t in range(n_tok):
             out[t, r] = _Q5_0_LANES(row, qs[t0 + t], d[t0 + t], d[t0 + t], nb)
@@ -190,12 +195,13 @@ def dequantize_q5_0(W, cols, row_ids, out):
 
 # Top-level on purpose: numba caches factory-made parallel kernels per process only (docs/kernels.md).
 @njit(**PARALLEL)
-def matmul_q5_1(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
+def matmul_q5_1(W, starts, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // QK5_1
     rb = nb * Q5_1_BYTES
     for r in prange(rows):
-        row = W[r * rb:(r + 1) * rb]
+        at = row_start(starts, r, group_rows, rb)
+        row = W[at:at + rb]
         t0 = (r // group_rows) * n_tok
         for t in range(n_tok):
             out[t, r] = _Q5_1_LANES(row, qs[t0 + t], d[t0 + t], extra[t0 + t], nb)
@@ -222,12 +228,13 @@ def dequantize_q5_1(W, cols, row_ids, out):
 
 # Top-level on purpose: numba caches factory-made parallel kernels per process only (docs/kernels.md).
 @njit(**PARALLEL)
-def matmul_q8_0(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
+def matmul_q8_0(W, starts, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // QK8_0
     rb = nb * Q8_0_BYTES
     for r in prange(rows):
-        row = W[r * rb:(r + 1) * rb]
+        at = row_start(starts, r, group_rows, rb)
+        row = W[at:at + rb]
         t0 = (r // group_rows) * n_tok
         for t in range(n_tok):
             out[t, r] = _Q8_0_LANES(row, qs[t0 + t], d[t0 + t], d[t0 + t], nb)

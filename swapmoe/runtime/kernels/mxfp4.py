@@ -10,7 +10,7 @@ from gguf.quants import MXFP4
 from numba import njit, prange
 
 from ._constants import MXFP4_BYTES, ORDER_GEMV, QK_MXFP4
-from ._jit import E8M0_HALF, PARALLEL, SERIAL, nibble_row_dot
+from ._jit import E8M0_HALF, PARALLEL, SERIAL, nibble_row_dot, row_start
 from .simd import rows_dot8
 
 _KVALUES = np.array(MXFP4.kvalues, dtype=np.int8)
@@ -20,20 +20,23 @@ _ROWS8 = rows_dot8["mxfp4"]
 
 # Top-level on purpose: numba caches factory-made parallel kernels per process only (docs/kernels.md).
 @njit(**PARALLEL)
-def matmul_mxfp4(W, rows, group_rows, cols, qs, d, extra, out, order, straight):
+def matmul_mxfp4(W, starts, rows, group_rows, cols, qs, d, extra, out, order, straight):
     """Values looked up in registers (simd.nibble_table_dot), every token straight from the row
     bytes: 2.5-4x faster than decoding the row once for a batch, even for 64 tokens.  Repacked by
-    llama.cpp (ORDER_GEMV; then rows % 8 == 0 and one group): eight rows per call (simd.rows_dot8)."""
+    llama.cpp (ORDER_GEMV; then group_rows % 8 == 0): eight rows per call (simd.rows_dot8)."""
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // QK_MXFP4
     rb = nb * MXFP4_BYTES
     if order == ORDER_GEMV:
         for task in prange(rows // 8):
+            g = task * 8 // group_rows
+            at = row_start(starts, task * 8, group_rows, rb)
             for t in range(n_tok):
-                _ROWS8(W, task * 8 * rb, rb, qs[t], d[t], nb, out[t], task * 8)
+                _ROWS8(W, at, rb, qs[g * n_tok + t], d[g * n_tok + t], nb, out[t], task * 8)
         return
     for r in prange(rows):
-        row = W[r * rb:(r + 1) * rb]
+        at = row_start(starts, r, group_rows, rb)
+        row = W[at:at + rb]
         t0 = (r // group_rows) * n_tok
         for t in range(n_tok):
             out[t, r] = _ROW(row, qs[t0 + t], d[t0 + t], nb, order)

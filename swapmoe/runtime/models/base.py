@@ -42,7 +42,7 @@ from swapmoe.errors import SwapmoeError
 from swapmoe.gguf_file import GGUFFile
 from swapmoe.runtime import kernels, layers
 from swapmoe.runtime.experts.store import Expert
-from swapmoe.runtime.linear import Weight, linear, linear_each, rows_of, shared_products
+from swapmoe.runtime.linear import Weight, linear, linear_apart, linear_each, rows_of, shared_products
 
 ROPE_SCALE_LINEAR = "{arch}.rope.scale_linear"  # the older key for the linear factor; gguf-py no longer names it
 
@@ -531,8 +531,9 @@ class Transformer:
 
         Expert-major: each expert any token chose is fetched once and applied to all its tokens.
         All reads of the layer start at once, and the experts already resident are computed while
-        the others are read (store.ready_first). Under forward_together, the tokens of every
-        sequence meet here first."""
+        the others are read (store.ready_first); for one token, the resident ones in one kernel
+        call per projection (experts_ffn). Under forward_together, the tokens of every sequence
+        meet here first."""
         if self._meeting is not None:
             return self._meeting.experts(layer, x, ids, weights)
         return self.mix_experts(layer, x, ids, weights)
@@ -542,11 +543,13 @@ class Transformer:
         used = np.unique(ids)
         self.store.start_reads(layer, used)
         if T_ == 1:  # decoding: every expert reads the same x, converted once
-            quantized, ranked = {}, [None] * k
-            for e in self.store.ready_first(layer, used):
-                y = self.expert_ffn(layer, self.store.expert(layer, e), x, quantized)
-                for s in np.flatnonzero(ids[0] == e):
-                    ranked[s] = y * weights[0, s]
+            quantized, order = {}, self.store.ready_first(layer, used)
+            resident = self.store.resident(layer, used)  # order's first ones
+            ys = dict(zip(resident, self.experts_ffn(layer, [self.store.expert(layer, e) for e in resident], x,
+                                                     quantized)))
+            for e in order[len(resident):]:
+                ys[e] = self.expert_ffn(layer, self.store.expert(layer, e), x, quantized)
+            ranked = [ys[e] * weights[0, s] for s, e in enumerate(ids[0])]
         else:
             per_slot = np.zeros((T_, k, x.shape[1]), np.float32)
             for e in self.store.ready_first(layer, used):
@@ -572,6 +575,34 @@ class Transformer:
             gate, up = linear_each(x, expert.gate, expert.up, quantized=quantized)
             gate, up = _plus(gate, bias("gate.bias")), _plus(up, bias("up.bias"))
         return _plus(linear(expert.down, self.expert_activation(layer, gate, up)), bias("down.bias"))
+
+    def experts_ffn(self, layer: int, experts: list[Expert], x: np.ndarray,
+                    quantized: dict[int, kernels.QuantizedActivation]) -> list[np.ndarray]:
+        """[expert_ffn(layer, e, x, quantized) for e in experts] for one token x [1, H]: one
+        product per projection for all of them where they can share one (_experts_together)."""
+        together = self._experts_together(layer, experts, x) if len(experts) > 1 else None
+        if together is not None:
+            return [together[g:g + 1] for g in range(len(experts))]
+        return [self.expert_ffn(layer, e, x, quantized) for e in experts]
+
+    def _experts_together(self, layer: int, experts: list[Expert], x: np.ndarray) -> np.ndarray | None:
+        """The experts' outputs [G, H] for one token x, by one kernel call per projection for all
+        of them (linear_apart: the same bits as one call each), or None where their matrices do
+        not lie in one buffer or they have per-expert biases."""
+        if any(e.extras for e in experts):
+            return None
+        if all(e.gate_up is not None for e in experts):
+            both = linear_apart([e.gate_up for e in experts], x)
+            if both is None:
+                return None
+            gate, up = both[:, :both.shape[1] // 2], both[:, both.shape[1] // 2:]
+        elif all(e.gate is not None and e.up is not None for e in experts):
+            gate, up = linear_apart([e.gate for e in experts], x), linear_apart([e.up for e in experts], x)
+            if gate is None or up is None:
+                return None
+        else:
+            return None
+        return linear_apart([e.down for e in experts], self.expert_activation(layer, gate, up))
 
     def expert_activation(self, layer: int, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
         return layers.swiglu(gate, up)
