@@ -47,7 +47,7 @@ def test_attention_sums(T):
     scores = ggml_math.attention_scores(q, k)
     np.testing.assert_allclose(scores, exact, rtol=1e-5, atol=1e-4)
     p = ggml_math.softmax(scores)
-    values = ggml_math.attention_values(p, v)
+    values = ggml_math.attention_values(p, ggml_math.transposed_values(v))
     np.testing.assert_allclose(values, np.einsum("hts,shd->thd", p.astype(np.float64), v[:, kv_head]), rtol=1e-5,
                                atol=1e-5)
 
@@ -69,7 +69,7 @@ def test_attention_is_masked_softmax_attention():
     e = np.exp(scores - top)
     p = e / (e.sum(axis=-1, keepdims=True) + np.exp(sinks[:, None, None] - top))
     expected = np.einsum("hts,shd->thd", p, v[:, kv_head]).reshape(T, H * d)
-    got = layers.attention(q, k, v, q_pos, scale, window=window, sinks=sinks)
+    got = layers.attention(q, k, ggml_math.transposed_values(v), q_pos, scale, window=window, sinks=sinks)
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
 
 

@@ -7,7 +7,9 @@ Writes a synthetic model of a real shape (--preset, default Qwen3-30B-A3B), scal
 (a file made once and kept in --dir), reads it once so it is cached, then measures side by side in one
 run: rounds alternate between swapmoe (prompt of --prompt tokens, then --decode greedy
 tokens, streaming off) and, when a llama.cpp build is given or found, one `llama-bench`
-round on the same file with the same thread count.  Each llama-bench run allocates and frees
+round on the same file with the same thread count (its prompt from an empty context, its
+decode after --prompt tokens of context, `-d`, as swapmoe's; a long --prompt measures decode
+at that context length).  Each llama-bench run allocates and frees
 its own copy of the weights (it repacks them); on a VM that hands freed RAM back to its host
 that costs the next few seconds, so the next swapmoe round waits --settle seconds (measured
 here: swapmoe decode 24-33 tok/s right after a 4 GB allocation was freed, 40-47 five seconds
@@ -79,13 +81,14 @@ def _time_decode_deltanet(net) -> list[float]:
 
 def llama_speed(llama_bin: Path, path: Path, n_prompt: int, n_decode: int, threads: int,
                 extra: list[str]) -> tuple[float, float]:
-    """One llama-bench round on the same file: (prompt, decode) tok/s."""
+    """One llama-bench round on the same file: (prompt, decode) tok/s, the prompt from an empty
+    context and the decode after n_prompt tokens of context (`-d`), as swapmoe's round runs."""
     cmd = [str(llama_bin / "llama-bench"), "-m", str(path), "-p", str(n_prompt), "-n", str(n_decode),
-           "-t", str(threads), "-r", "1", "-o", "json", *extra]
+           "-d", f"0,{n_prompt}", "-t", str(threads), "-r", "1", "-o", "json", *extra]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     results = json.loads(out)
-    pp = next(r["avg_ts"] for r in results if r["n_prompt"] > 0)
-    tg = next(r["avg_ts"] for r in results if r["n_gen"] > 0)
+    pp = next(r["avg_ts"] for r in results if r["n_prompt"] > 0 and r["n_depth"] == 0)
+    tg = next(r["avg_ts"] for r in results if r["n_gen"] > 0 and r["n_depth"] == n_prompt)
     return pp, tg
 
 

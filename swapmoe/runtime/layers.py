@@ -131,19 +131,23 @@ class Rope:
 # --- attention ----------------------------------------------------------------------------
 
 class KVCache:
-    """Keys and values of every past position of one layer, in f32."""
+    """Keys and values of every past position of one layer, in f32. The values are kept
+    transposed ([Hkv, dv, positions], as llama.cpp's CPU cache keeps them without flash
+    attention), so attention reads them without transposing the whole cache at every token."""
 
     def __init__(self, n_ctx: int, n_head_kv: int, k_dim: int, v_dim: int):
         self.k = np.empty((n_ctx, n_head_kv, k_dim), F32)
-        self.v = np.empty((n_ctx, n_head_kv, v_dim), F32)
+        self.vt = np.zeros((n_head_kv, v_dim, ggml_math.values_width(n_ctx)), F32)
         self.length = 0
 
     def append(self, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Add positions' keys [n, Hkv, dk] and values [n, Hkv, dv]; the keys [S, Hkv, dk] and
+        transposed values [Hkv, dv, width] (attention's k and vt) of all positions so far."""
         n = len(k)
         self.k[self.length:self.length + n] = k
-        self.v[self.length:self.length + n] = v
+        self.vt[:, :, self.length:self.length + n] = v.transpose(1, 2, 0)
         self.length += n
-        return self.k[:self.length], self.v[:self.length]
+        return self.k[:self.length], self.vt
 
 
 class RecurrentState:
@@ -157,17 +161,18 @@ class RecurrentState:
         self.length = 0
 
 
-def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_pos: np.ndarray, scale: float,
+def attention(q: np.ndarray, k: np.ndarray, vt: np.ndarray, q_pos: np.ndarray, scale: float,
               window: int | None = None, sinks: np.ndarray | None = None) -> np.ndarray:
     """Causal multi-head attention with grouped KV heads.
 
-    q [T, H, d]; k [S, Hkv, d]; v [S, Hkv, dv] for positions 0..S-1; returns [T, H*dv].
+    q [T, H, d]; k [S, Hkv, d] for positions 0..S-1; vt their values transposed [Hkv, dv, ≥ S]
+    (KVCache.append's, or ggml_math.transposed_values of [S, Hkv, dv]); returns [T, H*dv].
     Query head h reads KV head h // (H / Hkv). `window`: keys with q_pos - k_pos >= window are
     masked (sliding-window layers). `sinks` [H]: per-head logits that join the softmax
     denominator but add no value.
     """
     T, H, _ = q.shape
-    S, Hkv, dv = v.shape
+    S, dv = len(k), vt.shape[1]
     k_pos = np.arange(S)
     masked = k_pos[None, :] > q_pos[:, None]
     if window is not None:
@@ -179,7 +184,7 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_pos: np.ndarray, sc
     scores = ggml_math.attention_scores(q, k) * F32(scale)  # [H, T, S]
     scores[:, masked] = -np.inf
     p = ggml_math.softmax(scores, head_sinks, padded=True)  # llama.cpp pads the KV rows to 256
-    return ggml_math.attention_values(p, v).reshape(T, H * dv)
+    return ggml_math.attention_values(p, vt).reshape(T, H * dv)
 
 
 # --- mixture of experts routing -----------------------------------------------------------

@@ -186,10 +186,11 @@ def _attention_scores(q, k, out):
 def _attention_values(p, vt, n, out):
     """out[t, h, c] = Σ_s p[h, t, s] vt[h // group, c, s], summed as a dot over the n rows of
     llama.cpp's padded V cache: a tinyBLAS dot for a batch of queries, vec_dot's for a single one
-    (llamafile takes only products of >= 2 columns).  vt: the V cache transposed, zero beyond
-    the S live rows and only as wide as the dots read (S rounded up to 64)."""
+    (llamafile takes only products of >= 2 columns).  vt: the V cache transposed, at least as
+    wide as the dots read (S rounded up to 64), finite past S (zero probabilities meet it)."""
     H, T, S = p.shape
-    Hkv, dv, width = vt.shape
+    Hkv, dv, _ = vt.shape
+    width = -(-S // 64) * 64
     group = H // Hkv
     for h in prange(H):
         a = np.zeros(width, np.float32)
@@ -212,13 +213,30 @@ def attention_scores(q: np.ndarray, k: np.ndarray) -> np.ndarray:
 KV_PAD = 256  # llama.cpp's CPU KV cache holds a multiple of 256 rows; the padding is masked
 
 
-def attention_values(p: np.ndarray, v: np.ndarray, n: int | None = None) -> np.ndarray:
-    """Σ p·v [T, H, dv] as llama.cpp sums it (the transposed V cache times the probabilities):
-    dots of n values (default: S rounded up to llama.cpp's KV cache padding; the rest zero)."""
+def values_width(S: int) -> int:
+    """Columns of transposed values attention_values reads for S positions: S rounded up to
+    the dots' step (4 x 16 floats)."""
+    return -(-S // (4 * LANES)) * 4 * LANES
+
+
+def transposed_values(v: np.ndarray) -> np.ndarray:
+    """Values [S, Hkv, dv] as attention_values reads them: [Hkv, dv, values_width(S)], zero
+    past S (as llama.cpp's CPU KV cache keeps V without flash attention)."""
     S, Hkv, dv = v.shape
-    vt = np.zeros((Hkv, dv, -(-S // (4 * LANES)) * 4 * LANES), F32)
+    vt = np.zeros((Hkv, dv, values_width(S)), F32)
     vt[:, :, :S] = v.transpose(1, 2, 0)
-    out = np.empty((p.shape[1], p.shape[0], dv), F32)
+    return vt
+
+
+def attention_values(p: np.ndarray, vt: np.ndarray, n: int | None = None) -> np.ndarray:
+    """Σ p·v [T, H, dv] as llama.cpp sums it (the transposed V cache times the probabilities
+    p [H, T, S]): dots of n values (default: S rounded up to llama.cpp's KV cache padding; the
+    rest zero). vt: the transposed values [Hkv, dv, width] (transposed_values, or a cache kept
+    that way): at least values_width(S) wide, finite past S (those columns meet zeros)."""
+    H, T, S = p.shape
+    if vt.shape[2] < values_width(S):
+        raise ValueError(f"transposed values of width {vt.shape[2]} for {S} positions")
+    out = np.empty((T, H, vt.shape[1]), F32)
     _attention_values(np.ascontiguousarray(p, F32), vt, -(-S // KV_PAD) * KV_PAD if n is None else n, out)
     return out
 

@@ -172,12 +172,12 @@ _IQ3_S_ROW = _grid_row_dot(iq3_s_isum, IQ3_S_BYTES, _GRID4_IQ3_S, _BYTE_MASKS, 1
 
 
 def _tile_matmul(block_bytes, decode, scale16, factor):
-    """Rows r0 .. r0 + n_rows - 1 (n_rows <= 16) of a matmul of a type without mins whose block is
-    d (fp16) first (inside one group of rows, whose tokens are t0 .. t0 + n_tok - 1), a block at a
-    time: each row's values decoded (decode(blk, o, values, wo, False), into int8) with the integer
-    scale of each 16 (scale16(blk, o, j)), the rows laid out as a tile (simd.int8_tile16) that every
-    token takes 16 rows at a time (simd.int8_tile16_dot: ggml's tiled or vec_dot step per block),
-    times the type's final factor."""
+    """Rows r0 .. r0 + n_rows - 1 (n_rows <= 16; row r0 at byte at0 of W) of a matmul of a type without
+    mins whose block is d (fp16) first (inside one group of rows, whose tokens are t0 .. t0 +
+    n_tok - 1), a block at a time: each row's values decoded (decode(blk, o, values, wo, False), into
+    int8) with the integer scale of each 16 (scale16(blk, o, j)), the rows laid out as a tile
+    (simd.int8_tile16) that every token takes 16 rows at a time (simd.int8_tile16_dot: ggml's tiled
+    or vec_dot step per block), times the type's final factor."""
     @njit(**INLINE)
     def tile_matmul(W, at0, r0, n_rows, rb, nb, qs, d, extra, out, t0, n_tok, tiled):
         values = np.empty(TILE_ROWS * QK_K, np.int8)

@@ -490,10 +490,10 @@ def matmul_q4_k(W, starts, rows, group_rows, cols, qs, d, extra, out, order, str
 
 
 def _k4_tile_matmul(block_bytes, layout):
-    """Rows r0 .. r0 + n_rows - 1 of a Q4_K / Q5_K matmul (block_bytes, its tile layout; inside one group
-    of rows, whose tokens are t0 .. t0 + n_tok - 1) a block at a time through a 16-row tile
-    (simd.q4_k_tile16_dot): the first gemm_tokens tokens rounded as ggml's repacked gemm, the rest
-    by `order` (its repacked gemv where that is the gemm's)."""
+    """Rows r0 .. r0 + n_rows - 1 (row r0 at byte at0 of W) of a Q4_K / Q5_K matmul (block_bytes, its
+    tile layout; inside one group of rows, whose tokens are t0 .. t0 + n_tok - 1) a block at a time
+    through a 16-row tile (simd.q4_k_tile16_dot): the first gemm_tokens tokens rounded as ggml's
+    repacked gemm, the rest by `order` (its repacked gemv where that is the gemm's)."""
     @njit(**INLINE)
     def tile_matmul(W, at0, r0, n_rows, rb, nb, qs, d, extra, out, t0, n_tok, order, gemm_tokens):
         tile = np.empty(4096, np.uint8)
@@ -772,8 +772,8 @@ def matmul_q6_k(W, starts, rows, group_rows, cols, qs, d, extra, out, order, str
 
 @njit(**INLINE)
 def _q6_k_tile_matmul(W, at0, r0, n_rows, rb, nb, qs, d, extra, out, t0, n_tok, tiled):
-    """Rows r0 .. r0 + n_rows - 1 of a Q6_K matmul (inside one group of rows, whose tokens are t0 ..
-    t0 + n_tok - 1) a block at a time through a 16-row tile, rounded as ggml's tiled matmul
+    """Rows r0 .. r0 + n_rows - 1 (row r0 at byte at0 of W) of a Q6_K matmul (inside one group of
+    rows, whose tokens are t0 .. t0 + n_tok - 1) a block at a time through a 16-row tile, rounded as ggml's tiled matmul
     (tiled) or its vec_dot."""
     tile = np.empty(4096, np.uint8)
     scales = np.empty(16 * TILE_ROWS, np.int32)

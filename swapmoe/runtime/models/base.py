@@ -42,6 +42,7 @@ from swapmoe.errors import SwapmoeError
 from swapmoe.gguf_file import GGUFFile
 from swapmoe.runtime import kernels, layers
 from swapmoe.runtime.experts.store import Expert
+from swapmoe.runtime.kernels import ggml_math
 from swapmoe.runtime.linear import Weight, linear, linear_apart, linear_each, rows_of, shared_products
 
 ROPE_SCALE_LINEAR = "{arch}.rope.scale_linear"  # the older key for the linear factor; gguf-py no longer names it
@@ -114,9 +115,11 @@ class Hparams:
         )
 
     def kv_cache_bytes(self, n_ctx: int) -> int:
-        """f32 keys and values of every layer and position: GQA's cache, an upper bound for the
-        architectures that cache less (MLA's latent rows, sliding windows)."""
-        return self.n_layer * n_ctx * self.n_head_kv * (self.head_dim + self.v_head_dim) * 4
+        """f32 keys and values of every layer and position (layers.KVCache: the values transposed,
+        their positions rounded up): GQA's cache, an upper bound for the architectures that cache
+        less (MLA's latent rows, sliding windows)."""
+        values = ggml_math.values_width(n_ctx) * self.v_head_dim
+        return self.n_layer * self.n_head_kv * (n_ctx * self.head_dim + values) * 4
 
     def context_attn_factor(self, mscale: float = 1.0, mscale_all_dims: float = 0.0) -> float:
         """llama.cpp's context attn_factor: with YaRN, get_mscale(f, 1) — or get_mscale(f, mscale) /

@@ -28,6 +28,7 @@ from gguf import Keys
 
 from swapmoe.errors import SwapmoeError
 from swapmoe.runtime import layers
+from swapmoe.runtime.kernels import ggml_math
 from swapmoe.runtime.linear import Weight, linear, linear_each, linear_per_group
 from swapmoe.runtime.models.base import Gating, MoE, Router, Transformer
 
@@ -136,7 +137,8 @@ class DeepSeek2(Transformer):
         if self.mla:
             q_latent = linear_per_group(a.k_b, q_nope)  # [T, H, c]
             keys, _ = cache.append(np.concatenate([latent[:, None, :], k_pe], axis=-1), np.empty((T_, 1, 0), F32))
-            out = layers.attention(np.concatenate([q_latent, q_pe], axis=-1), keys, keys[..., :c], positions,
+            out = layers.attention(np.concatenate([q_latent, q_pe], axis=-1), keys,
+                                   ggml_math.transposed_values(keys[..., :c]), positions,
                                    self.kq_scale).reshape(T_, hp.n_head, c)
             out = linear_per_group(a.v_b, out).reshape(T_, -1)
         else:

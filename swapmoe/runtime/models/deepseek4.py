@@ -340,7 +340,8 @@ class DeepSeek4(Transformer):
         scores = ggml_math.attention_scores(q, row_keys[:, None]) * F32(1.0 / math.sqrt(hd))  # [H, T, S]
         scores[:, hidden] = -np.inf
         p = ggml_math.softmax(scores, np.repeat(sinks, T_))
-        return ggml_math.attention_values(p, row_keys[:, None], n=width)  # [T, H, hd]
+        values = ggml_math.transposed_values(row_keys[:, None])
+        return ggml_math.attention_values(p, values, n=width)  # [T, H, hd]
 
     def rope_tail(self, rope: layers.Rope, x, cos, sin):
         """x [T, H, d] with RoPE on its last n_rot dims."""
