@@ -1,8 +1,12 @@
 """ggml-order element-wise math and attention sums against plain numpy."""
+import math
+
 import numpy as np
 import pytest
+from numba import njit, prange
 
 from swapmoe.runtime.kernels import ggml_math
+from swapmoe.runtime.kernels._jit import fma32
 
 RNG = np.random.default_rng(5)
 
@@ -13,6 +17,41 @@ def test_expf_within_its_documented_error():  # ggml: at most 1.45 ulp + 0.5 ulp
     exact = np.exp(x.astype(np.float64))
     assert np.all(np.abs(ours - exact) <= 2.5 * np.spacing(exact.astype(np.float32)))  # measured max: 2.17
     assert ggml_math.ggml_expf(np.float32(-200)) == 0 and np.isinf(ggml_math.ggml_expf(np.float32(200)))
+
+
+@njit
+def _expf_scaled_by_ldexp(x):
+    """ggml_expf with its last step as ldexp in double, rounded once to float: _mm512_scalef_ps."""
+    g = ggml_math
+    z = fma32(x, g._LOG2E, g._SHIFT)
+    n = np.float32(z - g._SHIFT)
+    b = fma32(-n, g._LN2_LO, fma32(-n, g._LN2_HI, x))
+    if abs(n) > 192:
+        return np.float32(np.inf) if n > 0 else np.float32(0.0)
+    u = np.float32(b * b)
+    j = fma32(fma32(fma32(g._C5, b, g._C4), u, fma32(g._C3, b, g._C2)), u, fma32(g._C1, b, np.float32(1.0)))
+    return np.float32(math.ldexp(j, int(n)))
+
+
+@njit(parallel=True)
+def _expf_mismatches(step):
+    """Float32 bit patterns 0, step, 2*step, ... where ggml_expf and the ldexp form differ."""
+    per_chunk = 1 << 20
+    chunks = ((1 << 32) // step + per_chunk - 1) // per_chunk
+    bad = np.zeros(chunks, np.int64)
+    for c in prange(chunks):
+        for i in range(c * per_chunk, min((c + 1) * per_chunk, (1 << 32) // step)):
+            x = np.array([np.uint32(i * step)]).view(np.float32)[0]
+            a, e = ggml_math.ggml_expf(x), _expf_scaled_by_ldexp(x)
+            if not (a == e or (a != a and e != e)):
+                bad[c] += 1
+    return bad.sum()
+
+
+@pytest.mark.parametrize("step", [4099, pytest.param(1, marks=pytest.mark.slow)], ids=["sample", "every-float"])
+def test_expf_scales_as_ldexp(step):
+    """Its scaling by a table of powers of two gives ldexp's bits (the slow case: all 2^32 inputs)."""
+    assert _expf_mismatches(step) == 0
 
 
 @pytest.mark.parametrize("n", [16, 37, 256])

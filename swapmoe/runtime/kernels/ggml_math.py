@@ -32,11 +32,14 @@ _C2 = F32(float.fromhex("0x1.fffdb6p-2"))
 _C3 = F32(float.fromhex("0x1.555e66p-3"))
 _C4 = F32(float.fromhex("0x1.573e2ep-5"))
 _C5 = F32(float.fromhex("0x1.0e4020p-7"))
+_POW2 = np.array([2.0**e for e in range(-126, 128)], F32)  # the normal powers of two
 
 
 @njit(cache=True)
 def ggml_expf(x):
-    """exp(x) for one float32, bit for bit as ggml_v_expf (AVX-512) computes it."""
+    """exp(x) for one float32, bit for bit as ggml_v_expf (AVX-512) computes it. Its final
+    _mm512_scalef_ps (j * 2^n, rounded once) is one float multiply where 2^n is a normal float
+    (the same bits as ldexp for every float32 input: all 2^32 compared), ldexp elsewhere."""
     z = fma32(x, _LOG2E, _SHIFT)
     n = np.float32(z - _SHIFT)
     b = fma32(-n, _LN2_LO, fma32(-n, _LN2_HI, x))
@@ -44,6 +47,8 @@ def ggml_expf(x):
         return np.float32(np.inf) if n > 0 else np.float32(0.0)
     u = np.float32(b * b)
     j = fma32(fma32(fma32(_C5, b, _C4), u, fma32(_C3, b, _C2)), u, fma32(_C1, b, np.float32(1.0)))
+    if -126 <= n <= 127:
+        return np.float32(j * _POW2[int(n) + 126])
     return np.float32(math.ldexp(j, int(n)))
 
 
