@@ -262,18 +262,23 @@ class ExpertStore:
         found no room for (expert() reads those one at a time). The reads then overlap the
         computation of the experts already in; the results do not depend on the order, and the
         order does not depend on timing, so a replay of the same requests stays exact."""
-        resident, reading, later = [], [], []
-        for e in ids:
-            entry = self._lru.get((layer, int(e)))
-            (later if entry is None else reading if entry.origin == "demand" else resident).append(int(e))
+        resident, reading, later = self._readiness(layer, ids)
         return resident + reading + later
 
     def resident(self, layer: int, ids) -> list[int]:
         """The experts of `ids` (after start_reads) that were resident before it, in ready_first's
         order. Asking for them admits nothing, so all of them stay resident until another
         expert is asked for: they can be computed together."""
-        return [int(e) for e in ids if (entry := self._lru.get((layer, int(e)))) is not None
-                and entry.origin != "demand"]
+        return self._readiness(layer, ids)[0]
+
+    def _readiness(self, layer: int, ids) -> tuple[list[int], list[int], list[int]]:
+        """`ids` (after start_reads) split into those resident before it, those it started
+        reading (origin "demand"), and those it found no room for, each in the order given."""
+        resident, reading, later = [], [], []
+        for e in ids:
+            entry = self._lru.get((layer, int(e)))
+            (later if entry is None else reading if entry.origin == "demand" else resident).append(int(e))
+        return resident, reading, later
 
     def expert(self, layer: int, expert: int) -> Expert:
         """Expert `expert` of `layer`, resident; it is not evicted before the next expert is asked for."""

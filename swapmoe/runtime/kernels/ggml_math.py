@@ -187,15 +187,22 @@ def _attention_scores(q, k, out):
                 out[h, t, s] = vec_dot_f32(q[t, h], k[s, g], d, d)
 
 
+@njit(cache=True)
+def values_width(S):
+    """Columns of transposed values attention_values reads for S positions: S rounded up to
+    the dots' step (4 x 16 floats)."""
+    return -(-S // (4 * LANES)) * 4 * LANES
+
+
 @njit(cache=True, nogil=True, parallel=True)
 def _attention_values(p, vt, n, out):
     """out[t, h, c] = Σ_s p[h, t, s] vt[h // group, c, s], summed as a dot over the n rows of
     llama.cpp's padded V cache: a tinyBLAS dot for a batch of queries, vec_dot's for a single one
     (llamafile takes only products of >= 2 columns).  vt: the V cache transposed, at least as
-    wide as the dots read (S rounded up to 64), finite past S (zero probabilities meet it)."""
+    wide as the dots read (values_width(S)), finite past S (zero probabilities meet it)."""
     H, T, S = p.shape
     Hkv, dv, _ = vt.shape
-    width = -(-S // 64) * 64
+    width = values_width(S)
     group = H // Hkv
     for h in prange(H):
         a = np.zeros(width, np.float32)
@@ -216,12 +223,6 @@ def attention_scores(q: np.ndarray, k: np.ndarray) -> np.ndarray:
 
 
 KV_PAD = 256  # llama.cpp's CPU KV cache holds a multiple of 256 rows; the padding is masked
-
-
-def values_width(S: int) -> int:
-    """Columns of transposed values attention_values reads for S positions: S rounded up to
-    the dots' step (4 x 16 floats)."""
-    return -(-S // (4 * LANES)) * 4 * LANES
 
 
 def transposed_values(v: np.ndarray) -> np.ndarray:
