@@ -128,3 +128,33 @@ def test_rope_rotate(neox):
     np.testing.assert_array_equal(out[..., a], (x0 * c - (x1 * s).astype(np.float32)).astype(np.float32))
     np.testing.assert_array_equal(out[..., b], (x0 * s + (x1 * c).astype(np.float32)).astype(np.float32))
     np.testing.assert_array_equal(out[..., n_rot:], x[..., n_rot:])
+
+
+@pytest.mark.parametrize("k", [1, 8, 40])
+def test_top_k_is_a_stable_sort_of_the_negated_scores(k):
+    """Ties in index order, -inf and NaN last, k above and below the scan's limit."""
+    from swapmoe.runtime import layers
+
+    for trial in range(60):
+        scores = np.round(RNG.standard_normal((3, 150)), 1 if trial % 2 else 6).astype(np.float32)
+        scores[RNG.random(scores.shape) < 0.1 * (trial % 3)] = np.nan
+        scores[RNG.random(scores.shape) < 0.1 * (trial % 4 == 1)] = -np.inf
+        np.testing.assert_array_equal(layers.top_k(scores, k), np.argsort(-scores, axis=-1, kind="stable")[:, :k])
+
+
+def test_normalize_and_sum_weighted_experts_round_as_numpy():
+    from swapmoe.runtime import layers
+
+    w = RNG.random((4, 8)).astype(np.float32)
+    w[1] *= 1e-7  # under the clamp
+    w[2, 3] = np.nan
+    total = np.zeros((4, 1))
+    for k in range(8):
+        total += w[:, k:k + 1]  # in double, left to right
+    want = w / np.maximum(total.astype(np.float32), np.float32(6.103515625e-5))
+    np.testing.assert_array_equal(layers.normalize_weights(w), want)
+    ys, rows = RNG.standard_normal((8, 300)).astype(np.float32), RNG.permutation(8)
+    out = ys[rows[0]] * w[0, 0]
+    for s in range(1, 8):
+        out = out + ys[rows[s]] * w[0, s]  # each product rounded, then added in rank order
+    np.testing.assert_array_equal(layers.weighted_sum(ys, rows, w[0])[0], out)

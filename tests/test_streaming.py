@@ -166,7 +166,7 @@ def test_resident_experts_computed_together_are_the_same(model_path, tmp_path, m
     apart = base.linear_apart
     monkeypatch.setattr(base, "linear_apart", lambda ws, x: together.append(len(ws)) or apart(ws, x))
     shared = decode()
-    assert together and max(together) == 2  # top-2: both experts resident in some layer
+    assert together and max(together) >= 2  # top-2: both experts resident in some layer
     monkeypatch.setattr(base.Transformer, "_experts_together", lambda self, layer, experts, x: None)
     alone = decode()
     assert all(np.array_equal(a, b) for a, b in zip(shared, alone, strict=True))

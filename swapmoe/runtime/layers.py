@@ -182,16 +182,60 @@ def attention(q: np.ndarray, k: np.ndarray, vt: np.ndarray, q_pos: np.ndarray, s
     # rounding boundary of the next 8-bit quantization (docs/benchmarks.md, parity); these kernels
     # were also as fast as numpy's BLAS or faster at every size measured (docs/kernels.md)
     scores = ggml_math.attention_scores(q, k) * F32(scale)  # [H, T, S]
-    scores[:, masked] = -np.inf
+    if masked.any():  # not while decoding without a window
+        scores[:, masked] = -np.inf
     p = ggml_math.softmax(scores, head_sinks, padded=True)  # llama.cpp pads the KV rows to 256
     return ggml_math.attention_values(p, vt).reshape(T, H * dv)
 
 
 # --- mixture of experts routing -----------------------------------------------------------
 
+def weighted_sum(ys: np.ndarray, rows: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """[1, H]: Σ_s weights[s] · ys[rows[s]], each product rounded to float and added in the order
+    of s (llama.cpp's sum of the weighted experts, in rank order)."""
+    out = np.empty((1, ys.shape[1]), F32)
+    _weighted_sum(ys, rows.astype(np.int64), np.ascontiguousarray(weights, F32), out[0])
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
+def _weighted_sum(ys, rows, weights, out):
+    for j in range(out.size):
+        out[j] = ys[rows[0], j] * weights[0]
+    for s in range(1, rows.size):
+        for j in range(out.size):
+            out[j] = out[j] + ys[rows[s], j] * weights[s]  # no fused multiply-add: numba does not contract
+
 def top_k(selection: np.ndarray, k: int) -> np.ndarray:
-    """Indices [T, k] of the k largest selection scores per token, best first."""
-    return np.argsort(-selection, axis=-1, kind="stable")[:, :k]
+    """Indices [T, k] of the k largest selection scores per token, best first; ties in index
+    order, NaN last (a stable sort of the negated scores)."""
+    scores = np.ascontiguousarray(selection, F32)
+    out = np.empty((len(scores), min(k, scores.shape[1])), np.int64)
+    _top_k(scores, out)
+    return out
+
+
+_SCAN_TOP_K = 16  # up to this many picks a scan per pick beats sorting the row
+
+
+@numba.njit(cache=True, nogil=True)
+def _top_k(scores, out):
+    rows, n = scores.shape
+    k = out.shape[1]
+    taken = np.zeros(n, np.bool_)
+    for r in range(rows):
+        if k > _SCAN_TOP_K:
+            out[r] = np.argsort(-scores[r], kind="mergesort")[:k]
+            continue
+        taken[:] = False
+        for j in range(k):
+            best = -1
+            for i in range(n):  # the first of the largest; NaN only where nothing else is left
+                if not taken[i] and (best < 0 or scores[r, i] > scores[r, best]
+                                     or (np.isnan(scores[r, best]) and not np.isnan(scores[r, i]))):
+                    best = i
+            taken[best] = True
+            out[r, j] = best
 
 
 def limit_to_groups(selection: np.ndarray, n_groups: int, n_groups_used: int) -> np.ndarray:
@@ -212,7 +256,20 @@ def limit_to_groups(selection: np.ndarray, n_groups: int, n_groups_used: int) ->
 def normalize_weights(w: np.ndarray) -> np.ndarray:
     """Scale the chosen experts' weights to sum to one (the sum clamped as llama.cpp does; summed
     in double from left to right, as ggml's sum_rows)."""
-    total = np.zeros(w.shape[:-1] + (1,), np.float64)
-    for k in range(w.shape[-1]):
-        total += w[..., k:k + 1]
-    return w / np.maximum(total.astype(F32), F32(6.103515625e-5))
+    rows = np.ascontiguousarray(w, F32).reshape(-1, w.shape[-1])
+    out = np.empty_like(rows)
+    _normalize_weights(rows, out)
+    return out.reshape(w.shape)
+
+
+@numba.njit(cache=True, nogil=True)
+def _normalize_weights(w, out):
+    for r in range(w.shape[0]):
+        total = 0.0
+        for j in range(w.shape[1]):
+            total += np.float64(w[r, j])
+        denominator = max(np.float32(total), np.float32(6.103515625e-5))  # NaN stays NaN, as np.maximum
+        if np.isnan(total):
+            denominator = np.float32(total)
+        for j in range(w.shape[1]):
+            out[r, j] = w[r, j] / denominator

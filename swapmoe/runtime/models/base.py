@@ -547,22 +547,22 @@ class Transformer:
         self.store.start_reads(layer, used)
         if T_ == 1:  # decoding: every expert reads the same x, converted once
             quantized, order = {}, self.store.ready_first(layer, used)
-            resident = self.store.resident(layer, used)  # order's first ones
-            ys = dict(zip(resident, self.experts_ffn(layer, [self.store.expert(layer, e) for e in resident], x,
-                                                     quantized)))
-            for e in order[len(resident):]:
-                ys[e] = self.expert_ffn(layer, self.store.expert(layer, e), x, quantized)
-            ranked = [ys[e] * weights[0, s] for s, e in enumerate(ids[0])]
-        else:
-            per_slot = np.zeros((T_, k, x.shape[1]), np.float32)
-            for e in self.store.ready_first(layer, used):
-                rows, slots = np.nonzero(ids == e)
-                y = self.expert_ffn(layer, self.store.expert(layer, e), x[rows])
-                per_slot[rows, slots] = y * weights[rows, slots, None]
-            ranked = [per_slot[:, s] for s in range(k)]
-        out = ranked[0]
+            n_resident = len(self.store.resident(layer, used))  # order's first ones
+            ys = np.empty((len(order), x.shape[1]), np.float32)
+            ys[:n_resident] = self.experts_ffn(layer, [self.store.expert(layer, e) for e in order[:n_resident]], x,
+                                               quantized)
+            for g in range(n_resident, len(order)):
+                ys[g] = self.expert_ffn(layer, self.store.expert(layer, order[g]), x, quantized)[0]
+            row_of = dict(zip(order, range(len(order))))
+            return layers.weighted_sum(ys, np.array([row_of[e] for e in ids[0].tolist()]), weights[0])
+        per_slot = np.zeros((T_, k, x.shape[1]), np.float32)
+        for e in self.store.ready_first(layer, used):
+            rows, slots = np.nonzero(ids == e)
+            y = self.expert_ffn(layer, self.store.expert(layer, e), x[rows])
+            per_slot[rows, slots] = y * weights[rows, slots, None]
+        out = per_slot[:, 0]
         for s in range(1, k):
-            out = out + ranked[s]
+            out = out + per_slot[:, s]
         return out
 
     def expert_ffn(self, layer: int, expert: Expert, x: np.ndarray,
@@ -580,13 +580,15 @@ class Transformer:
         return _plus(linear(expert.down, self.expert_activation(layer, gate, up)), bias("down.bias"))
 
     def experts_ffn(self, layer: int, experts: list[Expert], x: np.ndarray,
-                    quantized: dict[int, kernels.QuantizedActivation]) -> list[np.ndarray]:
-        """[expert_ffn(layer, e, x, quantized) for e in experts] for one token x [1, H]: one
-        product per projection for all of them where they can share one (_experts_together)."""
+                    quantized: dict[int, kernels.QuantizedActivation]) -> np.ndarray:
+        """The rows of expert_ffn(layer, e, x, quantized) for e in experts [G, H], for one token
+        x [1, H]: one product per projection for all of them where they can share one
+        (_experts_together)."""
         together = self._experts_together(layer, experts, x) if len(experts) > 1 else None
         if together is not None:
-            return [together[g:g + 1] for g in range(len(experts))]
-        return [self.expert_ffn(layer, e, x, quantized) for e in experts]
+            return together
+        return np.concatenate([self.expert_ffn(layer, e, x, quantized) for e in experts]) if experts else \
+            np.empty((0, x.shape[1]), np.float32)
 
     def _experts_together(self, layer: int, experts: list[Expert], x: np.ndarray) -> np.ndarray | None:
         """The experts' outputs [G, H] for one token x, by one kernel call per projection for all
@@ -600,9 +602,13 @@ class Transformer:
                 return None
             gate, up = both[:, :both.shape[1] // 2], both[:, both.shape[1] // 2:]
         elif all(e.gate is not None and e.up is not None for e in experts):
-            gate, up = linear_apart([e.gate for e in experts], x), linear_apart([e.up for e in experts], x)
-            if gate is None or up is None:
-                return None
+            both = linear_apart([e.gate for e in experts] + [e.up for e in experts], x)  # gates, then ups
+            if both is not None:
+                gate, up = both[:len(experts)], both[len(experts):]
+            else:  # gate and up of different types: one product each
+                gate, up = linear_apart([e.gate for e in experts], x), linear_apart([e.up for e in experts], x)
+                if gate is None or up is None:
+                    return None
         else:
             return None
         return linear_apart([e.down for e in experts], self.expert_activation(layer, gate, up))
