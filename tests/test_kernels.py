@@ -312,6 +312,10 @@ def test_starts_outside_the_buffer_are_refused():
         K.matmul_q(T.Q4_K, W, 2, 256, qx, group_rows=1, starts=np.array([0, 145], np.int64))
     with pytest.raises(ValueError, match="starts"):
         K.matmul_q(T.Q4_K, W, 2, 256, qx, group_rows=1, starts=np.array([-1, 0], np.int64))
+    qf = K.quantize_activation(T.F32, np.ones((2, 256), np.float32))  # float rows are viewed as floats
+    with pytest.raises(ValueError, match="multiples"):
+        K.matmul_q(T.F32, np.zeros(4 * 512 + 2, np.uint8), 2, 256, qf, group_rows=1,
+                   starts=np.array([0, 1026], np.int64))
 
 
 @pytest.mark.parametrize("tp", [tp for tp in TYPES if K.KERNELS[int(tp)].straight_tokens and tp not in (T.F16, T.BF16)],

@@ -179,6 +179,9 @@ def _back_to_back(groups: int, group_bytes: int) -> np.ndarray:
     return starts
 
 
+_FLOAT_SIZES = {int(T.F32): 4, int(T.F16): 2, int(T.BF16): 2}  # the float kernels view W as their elements
+
+
 def quantize_activation(ggml_type: int, X: np.ndarray) -> QuantizedActivation:
     """Convert activations [cols] or [T, cols] to ggml_type's vec_dot_type."""
     X = np.ascontiguousarray(X, dtype=np.float32)
@@ -267,6 +270,8 @@ def matmul_q(ggml_type: int, W: np.ndarray, rows: int, cols: int, qx: QuantizedA
         if starts.dtype != np.int64 or starts.shape != (groups,) or (
                 groups and (starts.min() < 0 or starts.max() + need > W.size)):
             raise ValueError(f"starts must be {groups} int64 offsets of {need}-byte matrices inside W's {W.size} bytes")
+        if int(ggml_type) in _FLOAT_SIZES and (starts % _FLOAT_SIZES[int(ggml_type)]).any():
+            raise ValueError(f"starts of {T(int(ggml_type)).name} matrices must be multiples of its element size")
     if qx.vec_dot_type != kernel.vec_dot_type or qx.qs.shape[1] != cols:
         raise ValueError("activation was quantized for another vec_dot_type or length")
     out = np.empty((qx.qs.shape[0] // groups, rows), np.float32)

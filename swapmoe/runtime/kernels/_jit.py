@@ -34,7 +34,6 @@ from ._constants import ORDER_GEMV, ORDER_TILED, QK8_0, QK_K
 from .simd import (
     PREFETCH_AHEAD,
     REORDERED,
-    TILE_ROWS,
     f16_to_f32,
     nibble_table_dot,
     prefetch_bytes,
@@ -72,18 +71,21 @@ def row_start(starts, r, group_rows, rb):
 
 
 @njit(**INLINE)
-def tile_count(rows, group_rows):
-    """How many 16-row tiles (simd.TILES) a matmul takes: each group of rows in tiles, its last one
-    partial when group_rows is not a multiple of 16."""
-    return rows // group_rows * ((group_rows + TILE_ROWS - 1) // TILE_ROWS)
+def chunk_count(rows, group_rows, size):
+    """How many chunks of `size` rows a matmul's rows split into when no chunk spans two groups
+    (each group's last chunk partial): the parallel tasks of the row kernels (ROWS_PER_TASK),
+    the 16-row tiles of the tiled ones (simd.TILES)."""
+    return rows // group_rows * ((group_rows + size - 1) // size)
 
 
 @njit(**INLINE)
-def tile_rows(tile, group_rows):
-    """(first row, row count, group) of tile number `tile` (tile_count's numbering)."""
-    per_group = (group_rows + TILE_ROWS - 1) // TILE_ROWS
-    g, j = tile // per_group, tile % per_group
-    return g * group_rows + j * TILE_ROWS, min(TILE_ROWS, group_rows - j * TILE_ROWS), g
+def chunk_rows(chunk, group_rows, size):
+    """(first row, row count, group) of chunk number `chunk` (chunk_count's numbering). The rows
+    of a chunk share their group's activations: a kernel makes each token's activation views once
+    per chunk (a view made per row cost as much as a one-block row's dot)."""
+    per_group = (group_rows + size - 1) // size
+    g, j = chunk // per_group, chunk % per_group
+    return g * group_rows + j * size, min(size, group_rows - j * size), g
 
 
 # ggml_e8m0_to_fp32_half: 0.5 * 2^(e - 127) for each exponent byte

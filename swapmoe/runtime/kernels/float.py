@@ -20,7 +20,7 @@ import numpy as np
 from numba import njit, prange
 
 from ._constants import ORDER_LANES
-from ._jit import INLINE, PARALLEL, SERIAL, row_start
+from ._jit import INLINE, PARALLEL, ROWS_PER_TASK, SERIAL, chunk_count, chunk_rows, row_start
 from .simd import HW_HALF, bf16_pairs_dot, bf16_to_float, half_to_float, sgemm_dot, vec_dot_f32
 
 _F16_EXP_SCALE = np.float32(2.0**112)
@@ -99,15 +99,15 @@ def _widen_bf16(halves, bits):
 @njit(**PARALLEL)
 def matmul_f32(W, starts, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
-    for r in prange(rows):
-        t0 = (r // group_rows) * n_tok
-        at = row_start(starts, r, group_rows, cols * 4)
-        w = W[at:at + cols * 4].view(np.float32)
-        for t in range(n_tok):
-            if order == ORDER_LANES:
-                out[t, r] = sgemm_dot(w, qs[t0 + t], cols, cols)
-            else:
-                out[t, r] = vec_dot_f32(w, qs[t0 + t], cols, cols)
+    values = W[:W.size - W.size % 4].view(np.float32)  # one view: rows start at multiples of 4 bytes
+    for task in prange(chunk_count(rows, group_rows, ROWS_PER_TASK)):
+        r0, n_rows, g = chunk_rows(task, group_rows, ROWS_PER_TASK)
+        for t in range(n_tok):  # each token's activation row viewed once per task, not per row
+            x = qs[g * n_tok + t]
+            for r in range(r0, r0 + n_rows):
+                at = row_start(starts, r, group_rows, cols * 4) // 4
+                w = values[at:at + cols]
+                out[t, r] = sgemm_dot(w, x, cols, cols) if order == ORDER_LANES else vec_dot_f32(w, x, cols, cols)
 
 
 @njit(**SERIAL)
@@ -122,14 +122,20 @@ def dequantize_f32(W, cols, row_ids, out):
 @njit(**PARALLEL)
 def matmul_f16(W, starts, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
+    if HW_HALF and straight:
+        values = W[:W.size - W.size % 2].view(np.uint16)  # one view: rows start at even bytes
+        for task in prange(chunk_count(rows, group_rows, ROWS_PER_TASK)):
+            r0, n_rows, g = chunk_rows(task, group_rows, ROWS_PER_TASK)
+            for t in range(n_tok):  # each token's activation row viewed once per task, not per row
+                x = qs[g * n_tok + t]
+                for r in range(r0, r0 + n_rows):
+                    at = row_start(starts, r, group_rows, cols * 2) // 2
+                    out[t, r] = _dot_f16(values[at:at + cols], x)
+        return
     for r in prange(rows):
         t0 = (r // group_rows) * n_tok
         at = row_start(starts, r, group_rows, cols * 2)
         halves = W[at:at + cols * 2].view(np.uint16)
-        if HW_HALF and straight:
-            for t in range(n_tok):
-                out[t, r] = _dot_f16(halves, qs[t0 + t])
-            continue
         bits = np.empty(cols, np.uint32)
         w = bits.view(np.float32)
         _widen_f16(halves, bits, w)
@@ -156,15 +162,16 @@ def matmul_bf16(W, starts, rows, group_rows, cols, qs, d, extra, out, order, str
     xs = np.empty_like(qs)
     for t in range(qs.shape[0]):
         _pair_split(qs[t], xs[t])
-    for r in prange(rows):
-        t0 = (r // group_rows) * n_tok
-        at = row_start(starts, r, group_rows, cols * 2)
-        halves = W[at:at + cols * 2].view(np.uint16)
-        for t in range(n_tok):
-            if order == ORDER_LANES:
-                out[t, r] = bf16_pairs_dot(halves, xs[t0 + t], 0, cols, 32)
-            else:
-                out[t, r] = _bf16_vec_dot(halves, xs[t0 + t], cols)
+    values = W[:W.size - W.size % 2].view(np.uint16)  # one view: rows start at even bytes
+    for task in prange(chunk_count(rows, group_rows, ROWS_PER_TASK)):
+        r0, n_rows, g = chunk_rows(task, group_rows, ROWS_PER_TASK)
+        for t in range(n_tok):  # each token's activation row viewed once per task, not per row
+            x = xs[g * n_tok + t]
+            for r in range(r0, r0 + n_rows):
+                at = row_start(starts, r, group_rows, cols * 2) // 2
+                halves = values[at:at + cols]
+                out[t, r] = bf16_pairs_dot(halves, x, 0, cols, 32) if order == ORDER_LANES else \
+                    _bf16_vec_dot(halves, x, cols)
 
 
 @njit(**SERIAL)

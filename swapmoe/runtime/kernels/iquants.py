@@ -41,6 +41,8 @@ from ._jit import (
     ROWS_PER_TASK,
     SERIAL,
     block_step,
+    chunk_count,
+    chunk_rows,
     decode_pairs,
     f16_to_f32,
     grid_activations,
@@ -50,8 +52,6 @@ from ._jit import (
     nibble_row_dot,
     pair_order,
     row_start,
-    tile_count,
-    tile_rows,
     u32,
     widen4,
     widen8,
@@ -221,12 +221,15 @@ def matmul_iq4_nl(W, starts, rows, group_rows, cols, qs, d, extra, out, order, s
             for t in range(n_tok):
                 _IQ4_NL_ROWS8(W, at, rb, qs[g * n_tok + t], d[g * n_tok + t], nb, out[t], task * 8)
         return
-    for r in prange(rows):
-        at = row_start(starts, r, group_rows, rb)
-        row = W[at:at + rb]
-        t0 = (r // group_rows) * n_tok
-        for t in range(n_tok):
-            out[t, r] = _IQ4_NL_ROW(row, qs[t0 + t], d[t0 + t], nb, order)
+    for task in prange(chunk_count(rows, group_rows, ROWS_PER_TASK)):
+        r0, n_rows, g = chunk_rows(task, group_rows, ROWS_PER_TASK)
+        t0 = g * n_tok
+        for t in range(n_tok):  # each token's activation rows viewed once per task, not per row
+            x, dx = qs[t0 + t], d[t0 + t]
+            for r in range(r0, r0 + n_rows):
+                at = row_start(starts, r, group_rows, rb)
+                row = W[at:at + rb]
+                out[t, r] = _IQ4_NL_ROW(row, x, dx, nb, order)
 
 
 @njit(**SERIAL)
@@ -280,13 +283,14 @@ def matmul_iq4_xs(W, starts, rows, group_rows, cols, qs, d, extra, out, order, s
     nb = cols // QK_K
     rb = nb * IQ4_XS_BYTES
     if straight:
-        for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-            for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
-                at = row_start(starts, r, group_rows, rb)
-                row = W[at:at + rb]
-                t0 = (r // group_rows) * n_tok
-                for t in range(n_tok):
-                    x, dx = qs[t0 + t], d[t0 + t]
+        for task in prange(chunk_count(rows, group_rows, ROWS_PER_TASK)):
+            r0, n_rows, g = chunk_rows(task, group_rows, ROWS_PER_TASK)
+            t0 = g * n_tok
+            for t in range(n_tok):  # each token's activation rows viewed once per task, not per row
+                x, dx = qs[t0 + t], d[t0 + t]
+                for r in range(r0, r0 + n_rows):
+                    at = row_start(starts, r, group_rows, rb)
+                    row = W[at:at + rb]
                     acc = np.float32(0.0)
                     for b in range(nb):
                         o = b * IQ4_XS_BYTES
@@ -297,8 +301,8 @@ def matmul_iq4_xs(W, starts, rows, group_rows, cols, qs, d, extra, out, order, s
                     out[t, r] = acc
         return
     if TILES:  # 16-row tiles (where vpdpbusd runs), a group's last one partial
-        for tile in prange(tile_count(rows, group_rows)):
-            r0, n_rows, g = tile_rows(tile, group_rows)
+        for tile in prange(chunk_count(rows, group_rows, TILE_ROWS)):
+            r0, n_rows, g = chunk_rows(tile, group_rows, TILE_ROWS)
             at0 = row_start(starts, r0, group_rows, rb)
             _IQ4_XS_TILES(W, at0, r0, n_rows, rb, nb, qs, d, extra, out, g * n_tok, n_tok, order == ORDER_TILED)
         return
@@ -382,17 +386,19 @@ def matmul_iq2_xxs(W, starts, rows, group_rows, cols, qs, d, extra, out, order, 
     rb = nb * IQ2_XXS_BYTES
     if straight:  # from the row bytes
         xs = iq2_xxs_activations(qs)
-        for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-            for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
-                at = row_start(starts, r, group_rows, rb)
-                row = W[at:at + rb]
-                t0 = (r // group_rows) * n_tok
-                for t in range(n_tok):
-                    out[t, r] = _IQ2_XXS_ROW(row, xs[t0 + t], d[t0 + t], nb, order)
+        for task in prange(chunk_count(rows, group_rows, ROWS_PER_TASK)):
+            r0, n_rows, g = chunk_rows(task, group_rows, ROWS_PER_TASK)
+            t0 = g * n_tok
+            for t in range(n_tok):  # each token's activation rows viewed once per task, not per row
+                x, dx = xs[t0 + t], d[t0 + t]
+                for r in range(r0, r0 + n_rows):
+                    at = row_start(starts, r, group_rows, rb)
+                    row = W[at:at + rb]
+                    out[t, r] = _IQ2_XXS_ROW(row, x, dx, nb, order)
         return
     if TILES:  # 16-row tiles (where vpdpbusd runs), a group's last one partial
-        for tile in prange(tile_count(rows, group_rows)):
-            r0, n_rows, g = tile_rows(tile, group_rows)
+        for tile in prange(chunk_count(rows, group_rows, TILE_ROWS)):
+            r0, n_rows, g = chunk_rows(tile, group_rows, TILE_ROWS)
             at0 = row_start(starts, r0, group_rows, rb)
             _IQ2_XXS_TILES(W, at0, r0, n_rows, rb, nb, qs, d, extra, out, g * n_tok, n_tok, order == ORDER_TILED)
         return
@@ -469,17 +475,19 @@ def matmul_iq2_xs(W, starts, rows, group_rows, cols, qs, d, extra, out, order, s
     rb = nb * IQ2_XS_BYTES
     if straight:  # from the row bytes
         xs = grid_activations(qs)
-        for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-            for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
-                at = row_start(starts, r, group_rows, rb)
-                row = W[at:at + rb]
-                t0 = (r // group_rows) * n_tok
-                for t in range(n_tok):
-                    out[t, r] = _IQ2_XS_ROW(row, xs[t0 + t], d[t0 + t], nb, order)
+        for task in prange(chunk_count(rows, group_rows, ROWS_PER_TASK)):
+            r0, n_rows, g = chunk_rows(task, group_rows, ROWS_PER_TASK)
+            t0 = g * n_tok
+            for t in range(n_tok):  # each token's activation rows viewed once per task, not per row
+                x, dx = xs[t0 + t], d[t0 + t]
+                for r in range(r0, r0 + n_rows):
+                    at = row_start(starts, r, group_rows, rb)
+                    row = W[at:at + rb]
+                    out[t, r] = _IQ2_XS_ROW(row, x, dx, nb, order)
         return
     if TILES:  # 16-row tiles (where vpdpbusd runs), a group's last one partial
-        for tile in prange(tile_count(rows, group_rows)):
-            r0, n_rows, g = tile_rows(tile, group_rows)
+        for tile in prange(chunk_count(rows, group_rows, TILE_ROWS)):
+            r0, n_rows, g = chunk_rows(tile, group_rows, TILE_ROWS)
             at0 = row_start(starts, r0, group_rows, rb)
             _IQ2_XS_TILES(W, at0, r0, n_rows, rb, nb, qs, d, extra, out, g * n_tok, n_tok, order == ORDER_TILED)
         return
@@ -554,17 +562,19 @@ def matmul_iq2_s(W, starts, rows, group_rows, cols, qs, d, extra, out, order, st
     rb = nb * IQ2_S_BYTES
     if straight:  # from the row bytes
         xs = grid_activations(qs)
-        for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-            for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
-                at = row_start(starts, r, group_rows, rb)
-                row = W[at:at + rb]
-                t0 = (r // group_rows) * n_tok
-                for t in range(n_tok):
-                    out[t, r] = _IQ2_S_ROW(row, xs[t0 + t], d[t0 + t], nb, order)
+        for task in prange(chunk_count(rows, group_rows, ROWS_PER_TASK)):
+            r0, n_rows, g = chunk_rows(task, group_rows, ROWS_PER_TASK)
+            t0 = g * n_tok
+            for t in range(n_tok):  # each token's activation rows viewed once per task, not per row
+                x, dx = xs[t0 + t], d[t0 + t]
+                for r in range(r0, r0 + n_rows):
+                    at = row_start(starts, r, group_rows, rb)
+                    row = W[at:at + rb]
+                    out[t, r] = _IQ2_S_ROW(row, x, dx, nb, order)
         return
     if TILES:  # 16-row tiles (where vpdpbusd runs), a group's last one partial
-        for tile in prange(tile_count(rows, group_rows)):
-            r0, n_rows, g = tile_rows(tile, group_rows)
+        for tile in prange(chunk_count(rows, group_rows, TILE_ROWS)):
+            r0, n_rows, g = chunk_rows(tile, group_rows, TILE_ROWS)
             at0 = row_start(starts, r0, group_rows, rb)
             _IQ2_S_TILES(W, at0, r0, n_rows, rb, nb, qs, d, extra, out, g * n_tok, n_tok, order == ORDER_TILED)
         return
@@ -644,17 +654,19 @@ def matmul_iq3_xxs(W, starts, rows, group_rows, cols, qs, d, extra, out, order, 
     rb = nb * IQ3_XXS_BYTES
     if straight:  # from the row bytes
         xs = iq3_activations(qs)
-        for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-            for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
-                at = row_start(starts, r, group_rows, rb)
-                row = W[at:at + rb]
-                t0 = (r // group_rows) * n_tok
-                for t in range(n_tok):
-                    out[t, r] = _IQ3_XXS_ROW(row, xs[t0 + t], d[t0 + t], nb, order)
+        for task in prange(chunk_count(rows, group_rows, ROWS_PER_TASK)):
+            r0, n_rows, g = chunk_rows(task, group_rows, ROWS_PER_TASK)
+            t0 = g * n_tok
+            for t in range(n_tok):  # each token's activation rows viewed once per task, not per row
+                x, dx = xs[t0 + t], d[t0 + t]
+                for r in range(r0, r0 + n_rows):
+                    at = row_start(starts, r, group_rows, rb)
+                    row = W[at:at + rb]
+                    out[t, r] = _IQ3_XXS_ROW(row, x, dx, nb, order)
         return
     if TILES:  # 16-row tiles (where vpdpbusd runs), a group's last one partial
-        for tile in prange(tile_count(rows, group_rows)):
-            r0, n_rows, g = tile_rows(tile, group_rows)
+        for tile in prange(chunk_count(rows, group_rows, TILE_ROWS)):
+            r0, n_rows, g = chunk_rows(tile, group_rows, TILE_ROWS)
             at0 = row_start(starts, r0, group_rows, rb)
             _IQ3_XXS_TILES(W, at0, r0, n_rows, rb, nb, qs, d, extra, out, g * n_tok, n_tok, order == ORDER_TILED)
         return
@@ -731,17 +743,19 @@ def matmul_iq3_s(W, starts, rows, group_rows, cols, qs, d, extra, out, order, st
     rb = nb * IQ3_S_BYTES
     if straight:  # from the row bytes
         xs = iq3_activations(qs)
-        for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-            for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
-                at = row_start(starts, r, group_rows, rb)
-                row = W[at:at + rb]
-                t0 = (r // group_rows) * n_tok
-                for t in range(n_tok):
-                    out[t, r] = _IQ3_S_ROW(row, xs[t0 + t], d[t0 + t], nb, order)
+        for task in prange(chunk_count(rows, group_rows, ROWS_PER_TASK)):
+            r0, n_rows, g = chunk_rows(task, group_rows, ROWS_PER_TASK)
+            t0 = g * n_tok
+            for t in range(n_tok):  # each token's activation rows viewed once per task, not per row
+                x, dx = xs[t0 + t], d[t0 + t]
+                for r in range(r0, r0 + n_rows):
+                    at = row_start(starts, r, group_rows, rb)
+                    row = W[at:at + rb]
+                    out[t, r] = _IQ3_S_ROW(row, x, dx, nb, order)
         return
     if TILES:  # 16-row tiles (where vpdpbusd runs), a group's last one partial
-        for tile in prange(tile_count(rows, group_rows)):
-            r0, n_rows, g = tile_rows(tile, group_rows)
+        for tile in prange(chunk_count(rows, group_rows, TILE_ROWS)):
+            r0, n_rows, g = chunk_rows(tile, group_rows, TILE_ROWS)
             at0 = row_start(starts, r0, group_rows, rb)
             _IQ3_S_TILES(W, at0, r0, n_rows, rb, nb, qs, d, extra, out, g * n_tok, n_tok, order == ORDER_TILED)
         return
@@ -821,13 +835,14 @@ def matmul_iq1_s(W, starts, rows, group_rows, cols, qs, d, extra, out, order, st
     rb = nb * IQ1_S_BYTES
     if straight:  # from the row bytes
         xs = grid_activations(qs)
-        for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-            for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
-                at = row_start(starts, r, group_rows, rb)
-                row = W[at:at + rb]
-                t0 = (r // group_rows) * n_tok
-                for t in range(n_tok):
-                    x, dx, bsums = xs[t0 + t], d[t0 + t], extra[t0 + t]
+        for task in prange(chunk_count(rows, group_rows, ROWS_PER_TASK)):
+            r0, n_rows, g = chunk_rows(task, group_rows, ROWS_PER_TASK)
+            t0 = g * n_tok
+            for t in range(n_tok):  # each token's activation rows viewed once per task, not per row
+                x, dx, bsums = xs[t0 + t], d[t0 + t], extra[t0 + t]
+                for r in range(r0, r0 + n_rows):
+                    at = row_start(starts, r, group_rows, rb)
+                    row = W[at:at + rb]
                     acc = np.float32(0.0)
                     for b in range(nb):
                         o = b * IQ1_S_BYTES
@@ -926,13 +941,14 @@ def matmul_iq1_m(W, starts, rows, group_rows, cols, qs, d, extra, out, order, st
     rb = nb * IQ1_M_BYTES
     if straight:  # from the row bytes
         xs = grid_activations(qs)
-        for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-            for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
-                at = row_start(starts, r, group_rows, rb)
-                row = W[at:at + rb]
-                t0 = (r // group_rows) * n_tok
-                for t in range(n_tok):
-                    x, dx, bsums = xs[t0 + t], d[t0 + t], extra[t0 + t]
+        for task in prange(chunk_count(rows, group_rows, ROWS_PER_TASK)):
+            r0, n_rows, g = chunk_rows(task, group_rows, ROWS_PER_TASK)
+            t0 = g * n_tok
+            for t in range(n_tok):  # each token's activation rows viewed once per task, not per row
+                x, dx, bsums = xs[t0 + t], d[t0 + t], extra[t0 + t]
+                for r in range(r0, r0 + n_rows):
+                    at = row_start(starts, r, group_rows, rb)
+                    row = W[at:at + rb]
                     acc = np.float32(0.0)
                     for b in range(nb):
                         prefetch_bytes(row, b * IQ1_M_BYTES + PREFETCH_AHEAD, IQ1_M_BYTES)

@@ -33,11 +33,11 @@ from ._jit import (
     SERIAL,
     block_step,
     block_sum,
+    chunk_count,
+    chunk_rows,
     f16_to_f32,
     fma32,
     row_start,
-    tile_count,
-    tile_rows,
     u32,
 )
 from .simd import (
@@ -235,13 +235,15 @@ def matmul_q2_k(W, starts, rows, group_rows, cols, qs, d, extra, out, order, str
     gemm_tokens = n_tok - n_tok % 4 if order == ORDER_GEMM and n_tok > 3 else 0
     straight = straight and gemm_tokens == 0  # from the row bytes
     if straight:
-        for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-            for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
-                at = row_start(starts, r, group_rows, rb)
-                row = W[at:at + rb]
-                t0 = (r // group_rows) * n_tok
-                for t in range(n_tok):
-                    out[t, r] = _q2_k_straight_dot(row, qs[t0 + t], d[t0 + t], extra[t0 + t], nb, order)
+        for task in prange(chunk_count(rows, group_rows, ROWS_PER_TASK)):
+            r0, n_rows, g = chunk_rows(task, group_rows, ROWS_PER_TASK)
+            t0 = g * n_tok
+            for t in range(n_tok):  # each token's activation rows viewed once per task, not per row
+                x, dx, bsums = qs[t0 + t], d[t0 + t], extra[t0 + t]
+                for r in range(r0, r0 + n_rows):
+                    at = row_start(starts, r, group_rows, rb)
+                    row = W[at:at + rb]
+                    out[t, r] = _q2_k_straight_dot(row, x, dx, bsums, nb, order)
         return
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         ws = np.empty(cols, np.int16)
@@ -367,13 +369,14 @@ def matmul_q3_k(W, starts, rows, group_rows, cols, qs, d, extra, out, order, str
     nb = cols // QK_K
     rb = nb * Q3_K_BYTES
     if straight:  # from the row bytes
-        for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-            for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
-                at = row_start(starts, r, group_rows, rb)
-                row = W[at:at + rb]
-                t0 = (r // group_rows) * n_tok
-                for t in range(n_tok):
-                    x, dx, bsums = qs[t0 + t], d[t0 + t], extra[t0 + t]
+        for task in prange(chunk_count(rows, group_rows, ROWS_PER_TASK)):
+            r0, n_rows, g = chunk_rows(task, group_rows, ROWS_PER_TASK)
+            t0 = g * n_tok
+            for t in range(n_tok):  # each token's activation rows viewed once per task, not per row
+                x, dx, bsums = qs[t0 + t], d[t0 + t], extra[t0 + t]
+                for r in range(r0, r0 + n_rows):
+                    at = row_start(starts, r, group_rows, rb)
+                    row = W[at:at + rb]
                     acc = np.float32(0.0)
                     for b in range(nb):
                         o = b * Q3_K_BYTES
@@ -439,21 +442,25 @@ def matmul_q4_k(W, starts, rows, group_rows, cols, qs, d, extra, out, order, str
     # one decoded int16 row
     straight = straight and (order == ORDER_GEMM or order == ORDER_GEMV) and gemm_tokens == 0
     if straight:
-        for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-            for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
-                at = row_start(starts, r, group_rows, rb)
-                row = W[at:at + rb]
-                t0 = (r // group_rows) * n_tok
-                for t in range(t0, t0 + n_tok - 1, 2):  # token pairs share each block's unpacking
-                    out[t - t0, r], out[t - t0 + 1, r] = _q4_k_gemv_dot2(row, qs[t], qs[t + 1], d[t], d[t + 1],
-                                                                         extra[t], extra[t + 1], nb)
-                if n_tok % 2:
-                    t = t0 + n_tok - 1
-                    out[n_tok - 1, r] = _q4_k_gemv_dot(row, qs[t], d[t], extra[t], nb)
+        for task in prange(chunk_count(rows, group_rows, ROWS_PER_TASK)):
+            r0, n_rows, g = chunk_rows(task, group_rows, ROWS_PER_TASK)
+            t0 = g * n_tok
+            for t in range(0, n_tok - 1, 2):  # token pairs share each block's unpacking
+                x1, x2, dx1, dx2, bsums1, bsums2 = qs[t0 + t], qs[t0 + t + 1], d[t0 + t], d[t0 + t + 1], \
+                    extra[t0 + t], extra[t0 + t + 1]
+                for r in range(r0, r0 + n_rows):
+                    at = row_start(starts, r, group_rows, rb)
+                    out[t, r], out[t + 1, r] = _q4_k_gemv_dot2(W[at:at + rb], x1, x2, dx1, dx2, bsums1, bsums2, nb)
+            if n_tok % 2:  # each token's activation rows viewed once per task, not per row
+                t = n_tok - 1
+                x, dx, bsums = qs[t0 + t], d[t0 + t], extra[t0 + t]
+                for r in range(r0, r0 + n_rows):
+                    at = row_start(starts, r, group_rows, rb)
+                    out[t, r] = _q4_k_gemv_dot(W[at:at + rb], x, dx, bsums, nb)
         return
     if TILES:  # 16-row tiles (where vpdpbusd runs), a group's last one partial
-        for tile in prange(tile_count(rows, group_rows)):
-            r0, n_rows, g = tile_rows(tile, group_rows)
+        for tile in prange(chunk_count(rows, group_rows, TILE_ROWS)):
+            r0, n_rows, g = chunk_rows(tile, group_rows, TILE_ROWS)
             at0 = row_start(starts, r0, group_rows, rb)
             _Q4_K_TILES(W, at0, r0, n_rows, rb, nb, qs, d, extra, out, g * n_tok, n_tok, order, gemm_tokens)
         return
@@ -631,13 +638,14 @@ def matmul_q5_k(W, starts, rows, group_rows, cols, qs, d, extra, out, order, str
     nb = cols // QK_K
     rb = nb * Q5_K_BYTES
     if straight:  # from the row bytes
-        for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-            for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
-                at = row_start(starts, r, group_rows, rb)
-                row = W[at:at + rb]
-                t0 = (r // group_rows) * n_tok
-                for t in range(n_tok):
-                    x, dx, bsums = qs[t0 + t], d[t0 + t], extra[t0 + t]
+        for task in prange(chunk_count(rows, group_rows, ROWS_PER_TASK)):
+            r0, n_rows, g = chunk_rows(task, group_rows, ROWS_PER_TASK)
+            t0 = g * n_tok
+            for t in range(n_tok):  # each token's activation rows viewed once per task, not per row
+                x, dx, bsums = qs[t0 + t], d[t0 + t], extra[t0 + t]
+                for r in range(r0, r0 + n_rows):
+                    at = row_start(starts, r, group_rows, rb)
+                    row = W[at:at + rb]
                     acc = np.float32(0.0)
                     for b in range(nb):
                         o = b * Q5_K_BYTES
@@ -650,8 +658,8 @@ def matmul_q5_k(W, starts, rows, group_rows, cols, qs, d, extra, out, order, str
                     out[t, r] = acc
         return
     if TILES:  # 16-row tiles (where vpdpbusd runs), a group's last one partial
-        for tile in prange(tile_count(rows, group_rows)):
-            r0, n_rows, g = tile_rows(tile, group_rows)
+        for tile in prange(chunk_count(rows, group_rows, TILE_ROWS)):
+            r0, n_rows, g = chunk_rows(tile, group_rows, TILE_ROWS)
             at0 = row_start(starts, r0, group_rows, rb)
             _Q5_K_TILES(W, at0, r0, n_rows, rb, nb, qs, d, extra, out, g * n_tok, n_tok, order, 0)
         return
@@ -726,13 +734,14 @@ def matmul_q6_k(W, starts, rows, group_rows, cols, qs, d, extra, out, order, str
     nb = cols // QK_K
     rb = nb * Q6_K_BYTES
     if straight:  # from the row bytes
-        for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-            for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
-                at = row_start(starts, r, group_rows, rb)
-                row = W[at:at + rb]
-                t0 = (r // group_rows) * n_tok
-                for t in range(n_tok):
-                    x, dx, bsums = qs[t0 + t], d[t0 + t], extra[t0 + t]
+        for task in prange(chunk_count(rows, group_rows, ROWS_PER_TASK)):
+            r0, n_rows, g = chunk_rows(task, group_rows, ROWS_PER_TASK)
+            t0 = g * n_tok
+            for t in range(n_tok):  # each token's activation rows viewed once per task, not per row
+                x, dx, bsums = qs[t0 + t], d[t0 + t], extra[t0 + t]
+                for r in range(r0, r0 + n_rows):
+                    at = row_start(starts, r, group_rows, rb)
+                    row = W[at:at + rb]
                     acc = np.float32(0.0)
                     for b in range(nb):
                         o = b * Q6_K_BYTES
@@ -742,8 +751,8 @@ def matmul_q6_k(W, starts, rows, group_rows, cols, qs, d, extra, out, order, str
                     out[t, r] = acc
         return
     if TILES:  # 16-row tiles (where vpdpbusd runs), a group's last one partial
-        for tile in prange(tile_count(rows, group_rows)):
-            r0, n_rows, g = tile_rows(tile, group_rows)
+        for tile in prange(chunk_count(rows, group_rows, TILE_ROWS)):
+            r0, n_rows, g = chunk_rows(tile, group_rows, TILE_ROWS)
             at0 = row_start(starts, r0, group_rows, rb)
             _q6_k_tile_matmul(W, at0, r0, n_rows, rb, nb, qs, d, extra, out, g * n_tok, n_tok, order == ORDER_TILED)
         return

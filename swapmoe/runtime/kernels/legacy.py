@@ -36,7 +36,7 @@ from ._constants import (
     QK5_1,
     QK8_0,
 )
-from ._jit import INLINE, PARALLEL, SERIAL, f16_to_f32, row_start, u64
+from ._jit import INLINE, PARALLEL, ROWS_PER_TASK, SERIAL, chunk_count, chunk_rows, f16_to_f32, row_start, u64
 from .simd import lanes_dot, rows_dot8
 
 _Q4_0_LANES, _Q4_1_LANES, _Q5_0_LANES, _Q5_1_LANES, _Q8_0_LANES = (
@@ -102,12 +102,15 @@ def matmul_q4_0(W, starts, rows, group_rows, cols, qs, d, extra, out, order, str
             for t in range(n_tok):
                 _Q4_0_ROWS8(W, at, rb, qs[g * n_tok + t], d[g * n_tok + t], nb, out[t], task * 8)
         return
-    for r in prange(rows):
-        at = row_start(starts, r, group_rows, rb)
-        row = W[at:at + rb]
-        t0 = (r // group_rows) * n_tok
-        for t in range(n_tok):
-            out[t, r] = _Q4_0_LANES(row, qs[t0 + t], d[t0 + t], d[t0 + t], nb)
+    for task in prange(chunk_count(rows, group_rows, ROWS_PER_TASK)):
+        r0, n_rows, g = chunk_rows(task, group_rows, ROWS_PER_TASK)
+        t0 = g * n_tok
+        for t in range(n_tok):  # each token's activation rows viewed once per task, not per row
+            x, dx = qs[t0 + t], d[t0 + t]
+            for r in range(r0, r0 + n_rows):
+                at = row_start(starts, r, group_rows, rb)
+                row = W[at:at + rb]
+                out[t, r] = _Q4_0_LANES(row, x, dx, dx, nb)
 
 
 @njit(**SERIAL)
@@ -134,12 +137,15 @@ def matmul_q4_1(W, starts, rows, group_rows, cols, qs, d, extra, out, order, str
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // QK4_1
     rb = nb * Q4_1_BYTES
-    for r in prange(rows):
-        at = row_start(starts, r, group_rows, rb)
-        row = W[at:at + rb]
-        t0 = (r // group_rows) * n_tok
-        for t in range(n_tok):
-            out[t, r] = _Q4_1_LANES(row, qs[t0 + t], d[t0 + t], extra[t0 + t], nb)
+    for task in prange(chunk_count(rows, group_rows, ROWS_PER_TASK)):
+        r0, n_rows, g = chunk_rows(task, group_rows, ROWS_PER_TASK)
+        t0 = g * n_tok
+        for t in range(n_tok):  # each token's activation rows viewed once per task, not per row
+            x, dx, bsums = qs[t0 + t], d[t0 + t], extra[t0 + t]
+            for r in range(r0, r0 + n_rows):
+                at = row_start(starts, r, group_rows, rb)
+                row = W[at:at + rb]
+                out[t, r] = _Q4_1_LANES(row, x, dx, bsums, nb)
 
 
 @njit(**SERIAL)
@@ -167,12 +173,15 @@ def matmul_q5_0(W, starts, rows, group_rows, cols, qs, d, extra, out, order, str
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // QK5_0
     rb = nb * Q5_0_BYTES
-    for r in prange(rows):
-        at = row_start(starts, r, group_rows, rb)
-        row = W[at:at + rb]
-        t0 = (r // group_rows) * n_tok
-        for t in range(n_tok):
-            out[t, r] = _Q5_0_LANES(row, qs[t0 + t], d[t0 + t], d[t0 + t], nb)
+    for task in prange(chunk_count(rows, group_rows, ROWS_PER_TASK)):
+        r0, n_rows, g = chunk_rows(task, group_rows, ROWS_PER_TASK)
+        t0 = g * n_tok
+        for t in range(n_tok):  # each token's activation rows viewed once per task, not per row
+            x, dx = qs[t0 + t], d[t0 + t]
+            for r in range(r0, r0 + n_rows):
+                at = row_start(starts, r, group_rows, rb)
+                row = W[at:at + rb]
+                out[t, r] = _Q5_0_LANES(row, x, dx, dx, nb)
 
 
 @njit(**SERIAL)
@@ -199,12 +208,15 @@ def matmul_q5_1(W, starts, rows, group_rows, cols, qs, d, extra, out, order, str
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // QK5_1
     rb = nb * Q5_1_BYTES
-    for r in prange(rows):
-        at = row_start(starts, r, group_rows, rb)
-        row = W[at:at + rb]
-        t0 = (r // group_rows) * n_tok
-        for t in range(n_tok):
-            out[t, r] = _Q5_1_LANES(row, qs[t0 + t], d[t0 + t], extra[t0 + t], nb)
+    for task in prange(chunk_count(rows, group_rows, ROWS_PER_TASK)):
+        r0, n_rows, g = chunk_rows(task, group_rows, ROWS_PER_TASK)
+        t0 = g * n_tok
+        for t in range(n_tok):  # each token's activation rows viewed once per task, not per row
+            x, dx, bsums = qs[t0 + t], d[t0 + t], extra[t0 + t]
+            for r in range(r0, r0 + n_rows):
+                at = row_start(starts, r, group_rows, rb)
+                row = W[at:at + rb]
+                out[t, r] = _Q5_1_LANES(row, x, dx, bsums, nb)
 
 
 @njit(**SERIAL)
@@ -232,12 +244,15 @@ def matmul_q8_0(W, starts, rows, group_rows, cols, qs, d, extra, out, order, str
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     nb = cols // QK8_0
     rb = nb * Q8_0_BYTES
-    for r in prange(rows):
-        at = row_start(starts, r, group_rows, rb)
-        row = W[at:at + rb]
-        t0 = (r // group_rows) * n_tok
-        for t in range(n_tok):
-            out[t, r] = _Q8_0_LANES(row, qs[t0 + t], d[t0 + t], d[t0 + t], nb)
+    for task in prange(chunk_count(rows, group_rows, ROWS_PER_TASK)):
+        r0, n_rows, g = chunk_rows(task, group_rows, ROWS_PER_TASK)
+        t0 = g * n_tok
+        for t in range(n_tok):  # each token's activation rows viewed once per task, not per row
+            x, dx = qs[t0 + t], d[t0 + t]
+            for r in range(r0, r0 + n_rows):
+                at = row_start(starts, r, group_rows, rb)
+                row = W[at:at + rb]
+                out[t, r] = _Q8_0_LANES(row, x, dx, dx, nb)
 
 
 @njit(**SERIAL)

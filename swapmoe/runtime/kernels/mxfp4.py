@@ -10,7 +10,7 @@ from gguf.quants import MXFP4
 from numba import njit, prange
 
 from ._constants import MXFP4_BYTES, ORDER_GEMV, QK_MXFP4
-from ._jit import E8M0_HALF, PARALLEL, SERIAL, nibble_row_dot, row_start
+from ._jit import E8M0_HALF, PARALLEL, ROWS_PER_TASK, SERIAL, chunk_count, chunk_rows, nibble_row_dot, row_start
 from .simd import rows_dot8
 
 _KVALUES = np.array(MXFP4.kvalues, dtype=np.int8)
@@ -34,12 +34,15 @@ def matmul_mxfp4(W, starts, rows, group_rows, cols, qs, d, extra, out, order, st
             for t in range(n_tok):
                 _ROWS8(W, at, rb, qs[g * n_tok + t], d[g * n_tok + t], nb, out[t], task * 8)
         return
-    for r in prange(rows):
-        at = row_start(starts, r, group_rows, rb)
-        row = W[at:at + rb]
-        t0 = (r // group_rows) * n_tok
-        for t in range(n_tok):
-            out[t, r] = _ROW(row, qs[t0 + t], d[t0 + t], nb, order)
+    for task in prange(chunk_count(rows, group_rows, ROWS_PER_TASK)):
+        r0, n_rows, g = chunk_rows(task, group_rows, ROWS_PER_TASK)
+        t0 = g * n_tok
+        for t in range(n_tok):  # each token's activation rows viewed once per task, not per row
+            x, dx = qs[t0 + t], d[t0 + t]
+            for r in range(r0, r0 + n_rows):
+                at = row_start(starts, r, group_rows, rb)
+                row = W[at:at + rb]
+                out[t, r] = _ROW(row, x, dx, nb, order)
 
 
 @njit(**SERIAL)
