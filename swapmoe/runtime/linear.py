@@ -89,16 +89,17 @@ def linear_apart(weights: list[Weight], x: np.ndarray) -> np.ndarray | None:
     chosen experts, Weight.at known); x [G, cols], one row per weight, or [1, cols] for all. Each
     row is computed as in its own product, so the bits are linear's."""
     first = weights[0]
-    buffer = first.raw.base
-    if buffer is None or any(w.at < 0 or w.raw.base is not buffer or (w.ggml_type, w.rows, w.cols, w.stacked)
-                             != (first.ggml_type, first.rows, first.cols, first.stacked) for w in weights):
+    buffer, shape = first.raw.base, (first.ggml_type, first.rows, first.cols, first.stacked)
+    starts = [w.at for w in weights]
+    if buffer is None or min(starts) < 0 or any(w.raw.base is not buffer for w in weights) or \
+            any((w.ggml_type, w.rows, w.cols, w.stacked) != shape for w in weights):
         return None
     qx = kernels.quantize_activation(first.ggml_type, x)
     if len(x) == 1 < len(weights):
-        qx = qx._replace(**{f: np.repeat(getattr(qx, f), len(weights), axis=0) for f in ("qs", "d", "extra")})
-    starts = np.array([w.at for w in weights], np.int64)
+        qx = kernels.QuantizedActivation(qx.vec_dot_type, *(np.repeat(a, len(weights), axis=0)
+                                                            for a in (qx.qs, qx.d, qx.extra)))
     y = kernels.matmul_q(first.ggml_type, buffer, len(weights) * first.rows, first.cols, qx, group_rows=first.rows,
-                         stacked=first.stacked, starts=starts)
+                         stacked=first.stacked, starts=np.array(starts, np.int64))
     return y.reshape(len(weights), first.rows)
 
 

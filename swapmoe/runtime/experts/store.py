@@ -245,11 +245,12 @@ class ExpertStore:
     def start_reads(self, layer: int, ids) -> None:
         """Start reading every expert of `ids` that is not resident, so the reads overlap each
         other and the computation of the ones already in (as far as the budget allows)."""
+        ids = _ints(ids)
         # the resident ones are needed now too: never evict them to make room for the others
-        self._needed = {(layer, int(e)) for e in ids}
-        self._latest[layer] = {int(e) for e in ids}
+        self._needed = {(layer, e) for e in ids}
+        self._latest[layer] = set(ids)
         for e in ids:
-            key = (layer, int(e))
+            key = (layer, e)
             if key not in self._lru:
                 try:
                     self._admit(*key, origin="demand", wait=False)
@@ -275,9 +276,9 @@ class ExpertStore:
         """`ids` (after start_reads) split into those resident before it, those it started
         reading (origin "demand"), and those it found no room for, each in the order given."""
         resident, reading, later = [], [], []
-        for e in ids:
-            entry = self._lru.get((layer, int(e)))
-            (later if entry is None else reading if entry.origin == "demand" else resident).append(int(e))
+        for e in _ints(ids):
+            entry = self._lru.get((layer, e))
+            (later if entry is None else reading if entry.origin == "demand" else resident).append(e)
         return resident, reading, later
 
     def expert(self, layer: int, expert: int) -> Expert:
@@ -347,3 +348,8 @@ class ExpertStore:
             if entry.pending is not None:
                 entry.pending.result()
         self.engine.close()
+
+
+def _ints(ids) -> list[int]:
+    """Expert ids as Python ints (one conversion for a whole array)."""
+    return ids.tolist() if isinstance(ids, np.ndarray) else [int(e) for e in ids]

@@ -175,16 +175,17 @@ def softmax(x: np.ndarray, sinks: np.ndarray | None = None, padded: bool = False
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def _attention_scores(q, k, out):
-    """out[h, t, s] = q[t, h, :] . k[s, h // group, :] in ggml's order."""
+def _attention_scores(q, k, scale, out):
+    """out[h, t, s] = (q[t, h, :] . k[s, h // group, :]) * scale, the dot in ggml's order."""
     T, H, d = q.shape
     S, Hkv, _ = k.shape
     group = H // Hkv
     for h in prange(H):
         g = h // group
         for t in range(T):
+            x = q[t, h]
             for s in range(S):
-                out[h, t, s] = vec_dot_f32(q[t, h], k[s, g], d, d)
+                out[h, t, s] = vec_dot_f32(x, k[s, g], d, d) * scale
 
 
 @njit(cache=True)
@@ -213,12 +214,12 @@ def _attention_values(p, vt, n, out):
                 out[t, h, c] = sgemm_dot(a, vt[g, c], n, S) if T > 1 else vec_dot_f32(a, vt[g, c], n, S)
 
 
-def attention_scores(q: np.ndarray, k: np.ndarray) -> np.ndarray:
+def attention_scores(q: np.ndarray, k: np.ndarray, scale: float = 1.0) -> np.ndarray:
     """q·k for every head, token and key [H, T, S], summed as llama.cpp's CPU backend does (its
     vec_dot_f32: the queries are a non-contiguous view, and a single query is too few columns
-    for tinyBLAS)."""
+    for tinyBLAS), each then times the float `scale` (ggml's scaled softmax input)."""
     out = np.empty((q.shape[1], q.shape[0], k.shape[0]), F32)
-    _attention_scores(np.ascontiguousarray(q, F32), np.ascontiguousarray(k, F32), out)
+    _attention_scores(np.ascontiguousarray(q, F32), np.ascontiguousarray(k, F32), F32(scale), out)
     return out
 
 

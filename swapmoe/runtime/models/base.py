@@ -332,7 +332,7 @@ class Routing:
             self._passes = 0
         if decoding and self.prefetch_previous:
             for layer, ids in self._last.items():
-                self.store.prefetch(layer, ids)
+                self.store.prefetch(layer, np.unique(ids))
         elif decoding and self._pinned:  # fixed experts are known for the whole pass
             for layer, ids in self._pinned.items():
                 self.store.prefetch(layer, ids)
@@ -357,7 +357,7 @@ class Routing:
             ids = layers.top_k(selection, k)
             if self._decoding and self.fixation:
                 self._pinned[layer] = ids[0]
-        self._last[layer] = np.unique(ids)
+        self._last[layer] = ids
         if self.trace:
             self.trace(self._pass, self._decoding, layer, ids, False)
         return ids
@@ -520,7 +520,7 @@ class Transformer:
         if r.n_groups > 1:
             selection = layers.limit_to_groups(selection, r.n_groups, r.n_groups_used)
         ids = self.routing.select(i, selection, self.hp.n_expert_used)
-        weights = np.take_along_axis(probs, ids, axis=-1)
+        weights = probs[np.arange(len(ids))[:, None], ids]
         if r.gating == Gating.SOFTMAX_WEIGHT:
             weights = layers.softmax(weights)
         if r.normalize:
@@ -596,7 +596,7 @@ class Transformer:
         not lie in one buffer or they have per-expert biases."""
         if any(e.extras for e in experts):
             return None
-        if all(e.gate_up is not None for e in experts):
+        if experts[0].gate_up is not None and all(e.gate_up is not None for e in experts):
             both = linear_apart([e.gate_up for e in experts], x)
             if both is None:
                 return None

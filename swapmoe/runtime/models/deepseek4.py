@@ -337,7 +337,7 @@ class DeepSeek4(Transformer):
         hidden = np.ones((len(q), width), bool)
         hidden[:, at] = masked
         T_, H, hd = q.shape
-        scores = ggml_math.attention_scores(q, row_keys[:, None]) * F32(1.0 / math.sqrt(hd))  # [H, T, S]
+        scores = ggml_math.attention_scores(q, row_keys[:, None], 1.0 / math.sqrt(hd))  # [H, T, S]
         scores[:, hidden] = -np.inf
         p = ggml_math.softmax(scores, np.repeat(sinks, T_))
         values = ggml_math.transposed_values(row_keys[:, None])
