@@ -194,7 +194,7 @@ def weighted_sum(ys: np.ndarray, rows: np.ndarray, weights: np.ndarray) -> np.nd
     """[1, H]: Σ_s weights[s] · ys[rows[s]], each product rounded to float and added in the order
     of s (llama.cpp's sum of the weighted experts, in rank order)."""
     out = np.empty((1, ys.shape[1]), F32)
-    _weighted_sum(ys, rows.astype(np.int64), np.ascontiguousarray(weights, F32), out[0])
+    _weighted_sum(ys, np.asarray(rows, np.int64), np.ascontiguousarray(weights, F32), out[0])
     return out
 
 

@@ -182,6 +182,16 @@ def _back_to_back(groups: int, group_bytes: int) -> np.ndarray:
 _FLOAT_SIZES = {int(T.F32): 4, int(T.F16): 2, int(T.BF16): 2}  # the float kernels view W as their elements
 
 
+@numba.njit(cache=True)
+def _inside(starts, need, size, step):
+    """Whether every matrix of `need` bytes at starts[g] lies inside `size` bytes, at a multiple
+    of `step` (a loop: numpy's min and max took 2.7 us a call)."""
+    for s in starts:
+        if s < 0 or s + need > size or s % step:
+            return False
+    return True
+
+
 def quantize_activation(ggml_type: int, X: np.ndarray) -> QuantizedActivation:
     """Convert activations [cols] or [T, cols] to ggml_type's vec_dot_type."""
     X = np.ascontiguousarray(X, dtype=np.float32)
@@ -267,10 +277,9 @@ def matmul_q(ggml_type: int, W: np.ndarray, rows: int, cols: int, qx: QuantizedA
     else:
         _check_weights(ggml_type, W, 0, cols)
         need = _matrix_bytes(int(ggml_type), group_rows, cols)
-        if starts.dtype != np.int64 or starts.shape != (groups,) or (
-                groups and (starts.min() < 0 or starts.max() + need > W.size)):
+        if starts.dtype != np.int64 or starts.shape != (groups,) or not _inside(starts, need, W.size, 1):
             raise ValueError(f"starts must be {groups} int64 offsets of {need}-byte matrices inside W's {W.size} bytes")
-        if int(ggml_type) in _FLOAT_SIZES and (starts % _FLOAT_SIZES[int(ggml_type)]).any():
+        if int(ggml_type) in _FLOAT_SIZES and not _inside(starts, need, W.size, _FLOAT_SIZES[int(ggml_type)]):
             raise ValueError(f"starts of {T(int(ggml_type)).name} matrices must be multiples of its element size")
     if qx.vec_dot_type != kernel.vec_dot_type or qx.qs.shape[1] != cols:
         raise ValueError("activation was quantized for another vec_dot_type or length")

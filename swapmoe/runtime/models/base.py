@@ -543,7 +543,7 @@ class Transformer:
 
     def mix_experts(self, layer: int, x: np.ndarray, ids: np.ndarray, weights: np.ndarray) -> np.ndarray:
         T_, k = ids.shape
-        used = np.unique(ids)
+        used = sorted(set(ids.ravel().tolist()))
         self.store.start_reads(layer, used)
         if T_ == 1:  # decoding: every expert reads the same x, converted once
             quantized, order = {}, self.store.ready_first(layer, used)
@@ -553,8 +553,7 @@ class Transformer:
                                                quantized)
             for g in range(n_resident, len(order)):
                 ys[g] = self.expert_ffn(layer, self.store.expert(layer, order[g]), x, quantized)[0]
-            row_of = dict(zip(order, range(len(order))))
-            return layers.weighted_sum(ys, np.array([row_of[e] for e in ids[0].tolist()]), weights[0])
+            return layers.weighted_sum(ys, np.array([order.index(e) for e in ids[0].tolist()]), weights[0])
         per_slot = np.zeros((T_, k, x.shape[1]), np.float32)
         for e in self.store.ready_first(layer, used):
             rows, slots = np.nonzero(ids == e)
