@@ -300,9 +300,10 @@ class ExpertStore:
         self._needed.discard(key)
         self._current = key
         self._lru.move_to_end(key)
-        self._recent[layer][key[1]] = None
-        self._recent[layer].move_to_end(key[1])
-        return self._ready(entry)
+        recent = self._recent[layer]
+        recent[key[1]] = None
+        recent.move_to_end(key[1])
+        return entry.expert if entry.expert is not None else self._ready(entry)
 
     def prefetch(self, layer: int, ids, evict: bool = True, certain: bool = False) -> None:
         """Start bringing in experts that will probably (certain=True: surely) be needed soon; never
