@@ -72,7 +72,7 @@ def test_min_never_reads_more_than_the_others(rt, runs, name):
             assert budget < rt.largest_visit(trace, s.sizes)
             continue
         feasible += 1
-        for policy in ("store", "lru", "lfu", "stale", "forecast"):
+        for policy in ("store", "lru", "lfu"):
             other = rt.replay(trace, s, budget, policy)
             assert other.requests == best.requests == trace.requests
             assert best.bytes_read <= other.bytes_read and best.misses <= other.misses, (budget, policy)
@@ -144,7 +144,7 @@ def test_min_matches_brute_force_on_random_traces(rt, tmp_path):
         for capacity in (2, 3, 4, 6):
             best = rt.replay(trace, s, capacity * 4096, "min")
             assert best.misses == brute_force_misses(requests, capacity), (case, capacity)
-            for policy in ("store", "lru", "lfu", "stale", "forecast"):
+            for policy in ("store", "lru", "lfu"):
                 assert rt.replay(trace, s, capacity * 4096, policy).misses >= best.misses
 
 
@@ -169,5 +169,5 @@ def test_command_line(rt, runs, capsys):
     assert out.count("| store |") == 3 and "1.00 MiB (10.5 %) *" in out  # the recorded budget added, marked
     assert rt.main([str(path), "--wide", "--budget-fractions", "0.5"]) == 0
     wide = capsys.readouterr().out
-    assert "| budget | store | lru | lfu | stale | forecast | min: misses, MiB |" in wide
+    assert "| budget | store | lru | lfu | min: misses, MiB |" in wide
     assert len([line for line in wide.splitlines() if line.startswith("| 1.00 MiB")]) == 1

@@ -76,9 +76,9 @@ def _capacity(m) -> int:
 
 def test_eviction_follows_the_layer_cycle(model_path):
     """Every token needs the same experts, one more than fit: a global LRU would evict exactly
-    the expert needed next and miss all of them every token; evicting the layer that comes
-    back last misses one or two per token (two when layer 0 evicts from the last layer, which
-    the same token needs again)."""
+    the expert needed next and miss all of them every token; evicting the expert whose layer
+    comes back last misses one or two per token (two when layer 0 evicts from the last layer,
+    which the same token needs again)."""
     m = swapmoe.load(model_path, io="pread", expert_cache_size=2)
     n = _capacity(m) + 1
     needs = {0: list(range(n - 2 * (n // 3))), 1: list(range(n // 3)), 2: list(range(n // 3))}
@@ -91,7 +91,7 @@ def test_eviction_follows_the_layer_cycle(model_path):
                 m.store.expert(layer, e)
         m.store.end_pass()
         misses.append(m.store.stats.misses - before)
-    assert misses[0] == n and max(misses[1:]) <= 2 and sum(misses[1:]) <= 8
+    assert misses[0] == n and max(misses[1:]) <= 2
 
 
 def test_stale_experts_go_first(model_path):
@@ -111,6 +111,23 @@ def test_stale_experts_go_first(model_path):
     use(2, [0])
     assert (0, 0) not in m.store._lru
     assert all((1, e) in m.store._lru for e in range(full - 2))
+
+
+def test_a_prompts_last_tokens_keep_their_experts(model_path):
+    """A prompt's tokens chose experts F-1, ..., 1, 0, then F (one each): when room is needed, the
+    expert of its first token goes first (decoding continues from its last tokens), although the
+    layer computed them in the order 0, 1, ..., F."""
+    m = swapmoe.load(model_path, io="pread", expert_cache_size=2)
+    full = _capacity(m)
+    first, last = full - 3, full - 2
+    choice = np.array([*range(first, -1, -1), last])[:, None]
+    m.store.start_reads(0, choice)
+    for e in m.store.ready_first(0, list(range(last + 1))):
+        m.store.expert(0, e)
+    m.store.end_pass()
+    m.store.start_reads(1, [0, 1])  # one more than is free: one eviction
+    assert (0, first) not in m.store._lru
+    assert all((0, e) in m.store._lru for e in range(last + 1) if e != first)
 
 
 def test_start_reads_keeps_resident_experts_it_needs(model_path):

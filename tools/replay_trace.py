@@ -1,33 +1,25 @@
 """Replay recorded routing traces through expert-cache policies, against Belady's MIN.
 
     python tools/replay_trace.py TRACE... [--budgets MiB,MiB,... | --budget-fractions 0.1,0.25,...]
-        [--policies store,lru,lfu,stale,forecast,min] [--keep-recent N|off] [--io mmap|pread]
-        [--sizes auto|header|model] [--model GGUF] [--forecast-weight W] [--wide]
+        [--policies store,lru,lfu,min] [--keep-recent N|off] [--io mmap|pread]
+        [--sizes auto|header|model] [--model GGUF] [--wide]
 
 A trace (`swapmoe run MODEL --trace FILE`, `swapmoe.load(path, trace=FILE)`, `swapmoe serve
 --trace`; RoutingTrace in swapmoe/runtime/model.py) holds every MoE layer's expert choice of
 every forward pass.  The expert store sees, per pass and layer (a "visit"), start_reads(layer,
-unique ids), then expert(layer, e) for each unique id in ascending order (a "request"), and
+each token's ids), then expert(layer, e) for each unique id in ascending order (a "request"), and
 end_pass() after each pass.  This replays exactly that demand sequence, without computing or
 reading anything, through each policy at several byte budgets, and prints per policy and budget
 the misses, the bytes read, and those bytes divided by MIN's.
 
 Policies:
-  store     swapmoe's own, exactly: the real ExpertStore (swapmoe/runtime/experts/store.py) driven
-            by a do-nothing engine (zero-filled views, no I/O), with the trace's keep_recent (or
-            --keep-recent); its stats.misses and bytes_loaded are reported.
+  store     swapmoe's own (the expert whose next use is expected farthest ahead first; see
+            ExpertStore._victims), exactly: the real ExpertStore (swapmoe/runtime/experts/store.py)
+            driven by a do-nothing engine (zero-filled views, no I/O), with the trace's keep_recent
+            (or --keep-recent); its stats.misses and bytes_loaded are reported.
   lru       least recently used expert first, over all layers.
   lfu       fewest requests so far first (counted over the whole replay, also while evicted),
             least recently used first among equals.
-  stale     experts their layer did not choose on its latest visit first, then the rest; least
-            recently used first within each group: the store's first rule without its layer order.
-            While every pass visits every MoE layer in turn, an expert is stale exactly when its
-            last use is more than one cycle of layer visits ago, so this evicts what LRU evicts.
-  forecast  farthest expected next use first: an expert of layer l is taken to be chosen at each
-            visit of l with probability p, an exponentially weighted share of l's visits that chose
-            it (weight --forecast-weight on the newest, starting from n_expert_used / n_expert);
-            its next use is then expected (l's distance ahead in the layer cycle) + n_layers *
-            (1/p - 1) visits away.  Least recently used first among equals.
   min       Belady's offline MIN: the resident expert whose next request is farthest in the future
             (or never comes) first.  Optimal (fewest misses, so fewest bytes) when all experts have
             the same size; with unequal sizes (e.g. Q4_K_M's Q6_K ffn_down on some layers) it is the
@@ -72,9 +64,8 @@ from swapmoe.runtime.experts.io import DIRECT_ALIGN, PreadEngine, slot_need
 from swapmoe.runtime.experts.store import ExpertStore
 
 MiB = 1 << 20
-POLICIES = ("store", "lru", "lfu", "stale", "forecast", "min")
+POLICIES = ("store", "lru", "lfu", "min")
 FRACTIONS = (0.1, 0.25, 0.5)
-FORECAST_WEIGHT = 0.1  # forecast: weight of the newest visit in an expert's usage share (--forecast-weight)
 
 
 # --- the trace --------------------------------------------------------------------------------
@@ -83,6 +74,7 @@ class Trace:
     path: Path
     header: dict
     visits: list[tuple[int, int, tuple[int, ...]]]  # (pass, layer, unique ids ascending)
+    choices: list[np.ndarray]  # per visit: each token's ids, [tokens, k]
     phases: dict[int, str]  # pass -> prompt | decode
 
     @property
@@ -105,7 +97,7 @@ def read_trace(path: str | Path) -> Trace:
         raise SwapmoeError(f"{path}: not a swapmoe routing trace (no swapmoe-trace header)")
     if header.get("version") != 1:
         raise SwapmoeError(f"{path}: trace version {header.get('version')}; this tool reads version 1")
-    visits, phases = [], {}
+    visits, choices, phases = [], [], {}
     for n, line in enumerate(lines[1:], 2):
         try:
             rec = json.loads(line)
@@ -113,10 +105,12 @@ def read_trace(path: str | Path) -> Trace:
             if n == len(lines):  # a run killed while writing its last line
                 break
             raise SwapmoeError(f"{path}:{n}: not JSON") from None
-        ids = tuple(int(e) for e in np.unique(np.asarray(rec["ids"], dtype=np.int64)))
-        visits.append((int(rec["pass"]), int(rec["layer"]), ids))
+        choice = np.asarray(rec["ids"], dtype=np.int64)
+        choice = choice.reshape(-1, choice.shape[-1]) if choice.ndim > 1 else choice[None]
+        visits.append((int(rec["pass"]), int(rec["layer"]), tuple(np.unique(choice).tolist())))
+        choices.append(choice)
         phases[int(rec["pass"])] = rec.get("phase", "?")
-    return Trace(path, header, visits, phases)
+    return Trace(path, header, visits, choices, phases)
 
 
 # --- what the store needs in place of an index and an engine -----------------------------------
@@ -226,7 +220,6 @@ class Setup:
     source: str  # "header" or "model"
     sizes: dict[tuple[int, int], int]  # (layer, expert) -> bytes charged
     keep_recent: int | None
-    forecast_weight: float = FORECAST_WEIGHT
 
     def engine(self, budget: int):
         largest = max(self.sizes.values())
@@ -281,13 +274,13 @@ def replay_store(trace: Trace, s: Setup, budget: int) -> Result:
     store = ExpertStore(s.index, s.engine(budget), budget, s.keep_recent)
     previous, before_decode = None, None
     try:
-        for n, layer, ids in trace.visits:
+        for (n, layer, ids), choice in zip(trace.visits, trace.choices):
             if previous is not None and n != previous:
                 store.end_pass()
             previous = n
             if before_decode is None and trace.phases.get(n) == "decode":
                 before_decode = store.stats.bytes_loaded
-            store.start_reads(layer, np.asarray(ids, dtype=np.int64))
+            store.start_reads(layer, choice)
             for e in store.ready_first(layer, ids):
                 store.expert(layer, e)
         store.end_pass()
@@ -328,12 +321,9 @@ class _Lazy:
 
 
 class Policy:
-    """Residency decisions of one policy: told of every visit and request, asked for victims."""
+    """Residency decisions of one policy: told of every request, asked for victims."""
 
     def __init__(self, trace: Trace, s: Setup):
-        pass
-
-    def visit(self, layer: int, ids: tuple[int, ...]) -> None:
         pass
 
     def used(self, key, t: int, hit: bool) -> None:
@@ -362,25 +352,6 @@ class LRU(Policy):
         del self.order[key]
 
 
-class Stale(LRU):
-    def __init__(self, trace, s):
-        super().__init__(trace, s)
-        self.latest: dict[int, set[int]] = {}
-
-    def visit(self, layer, ids):
-        self.latest[layer] = set(ids)
-
-    def victim(self, pinned):
-        fallback = None
-        for key in self.order:
-            if key in pinned:
-                continue
-            if key[1] not in self.latest.get(key[0], ()):
-                return key
-            fallback = fallback or key
-        return fallback
-
-
 class LFU(Policy):
     def __init__(self, trace, s):
         self.count: dict = {}
@@ -395,43 +366,6 @@ class LFU(Policy):
 
     def evicted(self, key):
         self.heap.drop(key)
-
-
-class Forecast(Policy):
-    def __init__(self, trace, s):
-        h = trace.header
-        self.cycle = trace.layers
-        self.position = {layer: i for i, layer in enumerate(self.cycle)}
-        self.share = np.full((h["n_layer"], h["n_expert"]), h["n_expert_used"] / h["n_expert"])
-        self.last: dict = {}
-        self.layer = self.cycle[0] if self.cycle else 0
-        self.weight = s.forecast_weight
-
-    def visit(self, layer, ids):
-        self.layer = layer
-        chosen = np.zeros(self.share.shape[1])
-        chosen[list(ids)] = 1.0
-        self.share[layer] += self.weight * (chosen - self.share[layer])
-
-    def used(self, key, t, hit):
-        self.last[key] = t
-
-    def victim(self, pinned):
-        n, here = len(self.cycle), self.position[self.layer]
-        best, best_rank = None, None
-        for key, t in self.last.items():
-            if key in pinned:
-                continue
-            ahead = (self.position[key[0]] - here) % n or n
-            p = self.share[key]
-            expected = ahead + n * (1.0 / p - 1.0) if p > 1e-12 else float("inf")
-            rank = (expected, -t)
-            if best_rank is None or rank > best_rank:
-                best, best_rank = key, rank
-        return best
-
-    def evicted(self, key):
-        del self.last[key]
 
 
 class MIN(Policy):
@@ -454,7 +388,7 @@ class MIN(Policy):
         self.heap.drop(key)
 
 
-SIMULATED = {"lru": LRU, "lfu": LFU, "stale": Stale, "forecast": Forecast, "min": MIN}
+SIMULATED = {"lru": LRU, "lfu": LFU, "min": MIN}
 
 
 def largest_visit(trace: Trace, sizes: dict) -> int:
@@ -473,7 +407,6 @@ def replay_policy(trace: Trace, s: Setup, budget: int, name: str) -> Result:
     used = misses = read = decode_read = t = 0
     for n_pass, layer, ids in trace.visits:
         decoding = trace.phases.get(n_pass) == "decode"
-        policy.visit(layer, ids)
         pinned = {(layer, e) for e in ids}  # still to be used in this visit
         for e in ids:
             key = (layer, e)
@@ -625,8 +558,6 @@ def main(argv=None) -> int:
                     help="expert sizes from the model's index (auto: when the file exists and matches) or the header")
     ap.add_argument("--model", type=Path, metavar="GGUF",
                     help="the model file, if not where the header says (or beside the trace)")
-    ap.add_argument("--forecast-weight", type=float, default=FORECAST_WEIGHT, metavar="W",
-                    help=f"forecast: weight of the newest visit in an expert's usage share (default {FORECAST_WEIGHT})")
     ap.add_argument("--wide", action="store_true", help="one row per budget, ratios to MIN per policy")
     args = ap.parse_args(argv)
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
@@ -637,7 +568,6 @@ def main(argv=None) -> int:
         for path in args.traces:
             trace = read_trace(path)
             s = setup(trace, args.io, args.sizes, args.keep_recent, args.model)
-            s.forecast_weight = args.forecast_weight
             budgets = default_budgets(trace, s, args.budget_fractions or FRACTIONS, args.budgets)
             report(trace, s, budgets, policies, args.wide)
     except SwapmoeError as e:
