@@ -91,6 +91,7 @@ class ExpertStore:
         self.engine = engine
         self.budget = budget_bytes
         self.keep_recent = keep_recent
+        self.evicts = budget_bytes is not None or isinstance(engine, PreadEngine)  # else all stay once read
         self.stats = StoreStats()
         self.resident_bytes = 0
         self._lru: OrderedDict[tuple[int, int], _Entry] = OrderedDict()
@@ -252,7 +253,8 @@ class ExpertStore:
         token's)."""
         choice = np.asarray(ids, dtype=np.int64)
         choice = choice.reshape(-1, choice.shape[-1]) if choice.ndim > 1 else choice[None]
-        self._count(layer, choice)
+        if self.evicts:
+            self._count(layer, choice)
         # the resident ones are needed now too: never evict them to make room for the others
         ids = sorted(set(choice.ravel().tolist()))
         self._needed = {(layer, e) for e in ids}
