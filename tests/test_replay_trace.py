@@ -171,3 +171,30 @@ def test_command_line(rt, runs, capsys):
     wide = capsys.readouterr().out
     assert "| budget | store | lru | lfu | min: misses, MiB |" in wide
     assert len([line for line in wide.splitlines() if line.startswith("| 1.00 MiB")]) == 1
+
+
+def test_pread_slots_come_in_each_slice_size():
+    from swapmoe.runtime.experts.io import slot_layout, slot_plan
+
+    needs = [3] * 6 + [5] * 6  # bytes: 18 of size 3, 30 of size 5
+    assert slot_plan(needs, None, 1) == {3: 6, 5: 6}
+    assert slot_plan(needs, 24, 1) == {3: 3, 5: 3}  # the budget split as the bytes are: 9 + 15
+    assert slot_plan(needs, 8, 2) == {3: 2, 5: 2}  # at least `least` of each
+    assert slot_plan([3] * 2 + [5] * 6, 1000, 1) == {3: 2, 5: 6}  # never more than the slices
+    assert slot_layout({3: 2, 5: 1}) == ([0, 3, 6], {3: [0, 1], 5: [2]}, 11)
+
+
+def test_the_store_evicts_an_expert_whose_slot_fits(rt):
+    """Layer 0's experts take 4 KiB slots, layer 1's 8 KiB: room for a layer-0 expert comes from
+    another layer-0 expert, although layer 1's, chosen once long ago, are the likelier victims."""
+    from swapmoe.runtime.experts.store import ExpertStore
+
+    index = rt.HeaderIndex([[4096] * 8, [8192] * 8])
+    store = ExpertStore(index, rt.NullPreadEngine({4096: 2, 8192: 2}, 8192), 2 * 4096 + 2 * 8192)
+    for layer, ids in [(1, [0, 1])] + [(0, [0, 1])] * 5:
+        store.start_reads(layer, ids)
+        for e in ids:
+            store.expert(layer, e)
+    store.start_reads(0, [2])
+    store.expert(0, 2)
+    assert sorted(store._lru) == [(0, 1), (0, 2), (1, 0), (1, 1)]

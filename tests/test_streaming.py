@@ -69,9 +69,9 @@ def test_defaults_fit_the_machine():
 
 def _capacity(m) -> int:
     """How many experts the pread engine can hold at once (all slices have the same size)."""
-    n = len(m.store.engine.free_slots)
-    assert n * m.store._new_entry(0, 0).nbytes <= m.store.budget
-    return n
+    (size, free), = m.store.engine.free.items()
+    assert len(free) * size == len(free) * m.store._new_entry(0, 0).nbytes <= m.store.budget
+    return len(free)
 
 
 def test_eviction_follows_the_layer_cycle(model_path):

@@ -192,6 +192,7 @@ def main():
                     help="no cap and a warm page cache: compare e.g. --configs default streaming-off")
     default_bin = os.environ.get("SWAPMOE_LLAMA_BIN", str(Path.home() / ".cache/swapmoe-ref/llama-build/bin"))
     ap.add_argument("--llama-bin", type=Path, default=Path(default_bin))
+    ap.add_argument("--no-llama", action="store_true", help="leave llama.cpp out (minutes per run on big files)")
     args = ap.parse_args()
     if args.child:
         args.model = args.child
@@ -270,7 +271,7 @@ def main():
             print(f"{'':30} hash-routed layers while decoding, resident or in flight when asked: " + ", ".join(
                 f"layer {layer} {row['decode_layers'][str(layer)][0]}/{row['decode_layers'][str(layer)][1]}"
                 for layer in row["hash_layers"] if str(layer) in row["decode_layers"]))
-    if (args.llama_bin / "llama-completion").exists() and not args.cached:
+    if (args.llama_bin / "llama-completion").exists() and not args.cached and not args.no_llama:
         row = run_llama(args.llama_bin, original, args)
         rows["llama.cpp"] = row
         if "error" in row:

@@ -33,11 +33,11 @@ A budget below the largest expert is too small for those policies (the store is 
 
 Sizes: the bytes the store charges for each expert: the sum of its slice's ranges (the mmap engine)
 or its pread slot need (--io pread: ranges widened to 4 KiB for O_DIRECT; the store's pread
-capacity is budget // the largest slot need, in slots).  They come from the model's index when the
-header's model file exists and matches the header (--sizes model), else from the header's
-expert_bytes (--sizes header: one part per expert; for pread, slices assumed page-aligned).  A real
-run with --io auto and a budget smaller than the model's experts uses pread: replay it with --io
-pread to get its counters.
+capacity is in slots of each slot need, the budget split between them as io.slot_plan does).
+They come from the model's index when the header's model file exists and matches the header
+(--sizes model), else from the header's expert_bytes (--sizes header: one part per expert; for
+pread, slices assumed page-aligned).  A real run with --io auto and a budget smaller than the
+model's experts uses pread: replay it with --io pread to get its counters.
 
 Not replayed: the store's prefetches (--expert-prefetch previous/lookahead, the pinned experts that
 --expert-fixation prefetches, hash-routed layers' experts read as soon as a token is known): a
@@ -60,7 +60,7 @@ from gguf import GGMLQuantizationType
 
 from swapmoe.errors import SwapmoeError
 from swapmoe.repack.index import Range
-from swapmoe.runtime.experts.io import DIRECT_ALIGN, PreadEngine, slot_need
+from swapmoe.runtime.experts.io import DIRECT_ALIGN, PreadEngine, slot_layout, slot_need, slot_plan
 from swapmoe.runtime.experts.store import ExpertStore
 
 MiB = 1 << 20
@@ -165,9 +165,8 @@ class NullPreadEngine(PreadEngine):
 
     name = "replay-pread"
 
-    def __init__(self, slot_bytes: int, n_slots: int, largest: int):  # no super().__init__: nothing to open
-        self.slot_bytes = -(-slot_bytes // DIRECT_ALIGN) * DIRECT_ALIGN
-        self.free_slots = list(range(n_slots))
+    def __init__(self, slots: dict[int, int], largest: int):  # no super().__init__: nothing to open
+        _, self.free, _ = slot_layout(slots)
         self._zeros = np.zeros(largest, np.uint8)
 
     def read(self, slot: int, ranges) -> Future:
@@ -220,15 +219,14 @@ class Setup:
     source: str  # "header" or "model"
     sizes: dict[tuple[int, int], int]  # (layer, expert) -> bytes charged
     keep_recent: int | None
+    n_expert_used: int  # the pread engine keeps room for one token's experts of a layer in every slot size
 
     def engine(self, budget: int):
         largest = max(self.sizes.values())
         if self.io == "mmap":
             return NullEngine(largest)
         # as Model._store sizes the pread pool
-        n_slices = len(self.sizes)
-        slot_bytes = max(self.sizes.values())
-        return NullPreadEngine(slot_bytes, min(max(1, budget // slot_bytes), n_slices), largest)
+        return NullPreadEngine(slot_plan(list(self.sizes.values()), budget, self.n_expert_used), largest)
 
 
 def setup(trace: Trace, io: str = "mmap", sizes: str = "auto", keep_recent: int | str | None = "trace",
@@ -254,7 +252,7 @@ def setup(trace: Trace, io: str = "mmap", sizes: str = "auto", keep_recent: int 
                 ranges = [(r.file, r.offset, r.length) for r in idx.slice(layer, e)]
                 charged[(layer, e)] = slot_need(ranges) if io == "pread" else sum(n for _, _, n in ranges)
     keep = trace.header.get("keep_recent") if keep_recent == "trace" else keep_recent
-    return Setup(idx, io, source, charged, keep)
+    return Setup(idx, io, source, charged, keep, max(1, int(trace.header.get("n_expert_used") or 1)))
 
 
 # --- replays ------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from swapmoe.memcap import available_memory
 from swapmoe.repack import index as expert_index
 from swapmoe.runtime import layers
 from swapmoe.runtime.experts import options as streaming_options
-from swapmoe.runtime.experts.io import MmapEngine, PreadEngine, slot_need
+from swapmoe.runtime.experts.io import MmapEngine, PreadEngine, slot_need, slot_plan
 from swapmoe.runtime.experts.store import ExpertStore
 from swapmoe.runtime.models import ARCHITECTURES
 from swapmoe.runtime.sampling import Sampler, Sampling
@@ -156,11 +156,10 @@ class Model:
         idx, plan = self.index, self.plan
         paths = idx.paths or [shard.path for shard in self.gguf.shards]
         if plan.engine == "pread":
-            slices = [[(r.file, r.offset, r.length) for r in idx.slice(layer, e)]
-                      for layer in idx.moe_layers() if layer < self.hparams.n_layer for e in range(idx.n_expert)]
-            slot_bytes = max(slot_need(ranges) for ranges in slices)
-            n_slots = len(slices) if plan.budget_bytes is None else max(1, plan.budget_bytes // slot_bytes)
-            engine = PreadEngine(paths, slot_bytes, min(n_slots, len(slices)))
+            needs = [slot_need([(r.file, r.offset, r.length) for r in idx.slice(layer, e)])
+                     for layer in idx.moe_layers() if layer < self.hparams.n_layer for e in range(idx.n_expert)]
+            least = max(idx.n_expert_used, self.hparams.n_expert_used, 1)  # one token's experts of a layer
+            engine = PreadEngine(paths, slot_plan(needs, plan.budget_bytes, least))
         else:
             engine = MmapEngine(paths, expert_regions(idx) if plan.streaming else None)
         return ExpertStore(idx, engine, plan.budget_bytes, plan.keep_recent)

@@ -7,16 +7,17 @@ mmap   The files are mapped. Expert regions get MADV_RANDOM, so a fault never dr
        readahead window of neighbours. `load` asks for exactly the slice's pages (MADV_WILLNEED:
        large reads) and waits for them (MADV_POPULATE_READ); `prefetch` only asks;
        `release` drops them from the mapping and the page cache.
-pread  swapmoe owns the memory: a pool of equal slots, one expert slice each, filled by
-       `os.preadv` from worker threads (O_DIRECT where the file system allows, so the page
-       cache neither doubles the memory nor competes with it). Reads run while numba
-       computes (the kernels release the GIL).
+pread  swapmoe owns the memory: a pool of slots, one expert slice each (one slot size per slice
+       size), filled by `os.preadv` from worker threads (O_DIRECT where the file system allows,
+       so the page cache neither doubles the memory nor competes with it). Reads run while
+       numba computes (the kernels release the GIL).
 """
 from __future__ import annotations
 
 import mmap
 import os
 import threading
+from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -117,11 +118,34 @@ def slot_need(ranges: Ranges) -> int:
     return sum(span for _, _, span, _, _ in direct_spans(ranges))
 
 
+def slot_plan(needs: list[int], budget: int | None, least: int) -> dict[int, int]:
+    """How many pread slots of each size: one size per distinct slot need (`needs`: every expert
+    slice's), the budget split between the sizes in proportion to their experts' bytes, at least
+    `least` slots of each (or all its slices). One size for all would give a Q4_K_M file's
+    experts with a Q4_K ffn_down slots sized for its Q6_K ones: 13 % of their room unused."""
+    counts = Counter(needs)
+    if budget is None:
+        return dict(counts)
+    total = sum(size * n for size, n in counts.items())
+    return {size: min(n, max(least, budget * n // total)) for size, n in counts.items()}
+
+
+def slot_layout(slots: dict[int, int]) -> tuple[list[int], dict[int, list[int]], int]:
+    """Where each slot begins in the pool, the slots of each size (all free), and the pool's size."""
+    base, free, end = [], {}, 0
+    for size, n in sorted(slots.items()):
+        free[size] = list(range(len(base), len(base) + n))
+        base += range(end, end + size * n, size)
+        end += size * n
+    return base, free, end
+
+
 class PreadEngine:
     name = "pread"
 
-    def __init__(self, paths: list[Path], slot_bytes: int, n_slots: int, workers: int = 4):
-        self.slot_bytes = -(-slot_bytes // DIRECT_ALIGN) * DIRECT_ALIGN
+    def __init__(self, paths: list[Path], slots: dict[int, int], workers: int = 4):
+        """slots: how many slots of each size in bytes (slot_plan); a slice goes in a slot of its
+        slot_need."""
         self.direct = True
         self._paths = paths
         self._fds = []
@@ -131,20 +155,26 @@ class PreadEngine:
             except OSError:  # tmpfs and some others refuse O_DIRECT
                 self.direct = False
                 self._fds.append(os.open(p, os.O_RDONLY))
-        self._pool = mmap.mmap(-1, self.slot_bytes * n_slots)
+        self._base, self.free, end = slot_layout(slots)
+        self._pool = mmap.mmap(-1, max(1, end))
         self._memory = np.frombuffer(self._pool, np.uint8)
         self._memory[::PAGE] = 0  # first touch is slow on this kind of VM: pay it at load, not per token
-        self.free_slots = list(range(n_slots))
         self._executor = ThreadPoolExecutor(workers, thread_name_prefix="swapmoe-read")
         self._lock = threading.Lock()
         self.bytes_read = 0
 
-    @property
-    def n_slots(self) -> int:
-        return len(self._memory) // self.slot_bytes
+    def room(self, need: int) -> bool:
+        """Is a slot of size `need` (a slice's slot_need) free?"""
+        return bool(self.free.get(need))
+
+    def take(self, need: int) -> int:
+        return self.free[need].pop()
+
+    def give(self, slot: int, need: int) -> None:
+        self.free[need].append(slot)
 
     def _read(self, slot: int, ranges: Ranges) -> None:
-        base = slot * self.slot_bytes
+        base = self._base[slot]
         total = 0
         for (f, start, span, pos, skip), (_, offset, length) in zip(direct_spans(ranges), ranges):
             view = memoryview(self._memory[base + pos:base + pos + span])
@@ -166,7 +196,7 @@ class PreadEngine:
         return self._executor.submit(self._read, slot, ranges)
 
     def views(self, slot: int, ranges: Ranges) -> list[np.ndarray]:
-        base = slot * self.slot_bytes
+        base = self._base[slot]
         return [self._memory[base + pos + skip:base + pos + skip + n]
                 for (_, _, _, pos, skip), (_, _, n) in zip(direct_spans(ranges), ranges)]
 

@@ -91,7 +91,8 @@ class ExpertStore:
         self.engine = engine
         self.budget = budget_bytes
         self.keep_recent = keep_recent
-        self.evicts = budget_bytes is not None or isinstance(engine, PreadEngine)  # else all stay once read
+        self._slotted = isinstance(engine, PreadEngine)  # room is a free slot of the expert's size
+        self.evicts = budget_bytes is not None or self._slotted  # else all stay once read
         self.stats = StoreStats()
         self.resident_bytes = 0
         self._lru: OrderedDict[tuple[int, int], _Entry] = OrderedDict()
@@ -110,7 +111,7 @@ class ExpertStore:
         if not in_range or not index.part_length[layer, expert].any():
             raise SwapmoeError(f"no routed expert {expert} in layer {layer}")
         ranges = [(r.file, r.offset, r.length) for r in index.slice(layer, expert)]
-        nbytes = slot_need(ranges) if isinstance(self.engine, PreadEngine) else sum(n for _, _, n in ranges)
+        nbytes = slot_need(ranges) if self._slotted else sum(n for _, _, n in ranges)
         return _Entry((layer, expert), ranges, nbytes)
 
     def _build_expert(self, entry: _Entry, range_views: list[np.ndarray]) -> Expert:
@@ -153,9 +154,10 @@ class ExpertStore:
         return Expert(extras=extras, **weights)
 
     # --- residency --------------------------------------------------------------------------
-    def _victims(self, layer: int) -> Iterator[tuple[int, int]]:
-        """Evictable experts while `layer` is being served, the best victim first: the one whose
-        next use is expected farthest ahead.  An expert of layer l chosen by a share p of l's
+    def _victims(self, layer: int, need: int) -> Iterator[tuple[int, int]]:
+        """Evictable experts while `layer` is being served and an expert of `need` bytes waits for
+        room (with the pread engine, only those whose slot it can take), the best victim first:
+        the one whose next use is expected farthest ahead.  An expert of layer l chosen by a share p of l's
         tokens is expected back at l's next visit with probability p, so after about 1/p visits
         of l: (l's distance ahead in the layer cycle) + (1/p - 1) cycles of layer visits.  The
         least recently used first among equals.  An expert read on a guess and not used yet is
@@ -171,6 +173,8 @@ class ExpertStore:
         for key, entry in self._lru.items():  # LRU order
             if key == self._current or key in self._needed or entry.origin == "demand":
                 continue  # in use, or read for the current layer and not used yet
+            if self._slotted and entry.nbytes != need:
+                continue  # its slot is of another size
             keys.append(key)
             guessed.append(entry.origin == "prefetch")
             certain.append(entry.origin == "expected")
@@ -188,7 +192,7 @@ class ExpertStore:
 
     def _over(self, nbytes: int) -> bool:
         """Would `nbytes` more exceed the budget (or find no free slot)?"""
-        if isinstance(self.engine, PreadEngine) and not self.engine.free_slots:
+        if self._slotted and not self.engine.room(nbytes):
             return True
         return self.budget is not None and self.resident_bytes + nbytes > self.budget
 
@@ -196,7 +200,7 @@ class ExpertStore:
         """Evict unpinned experts (in _victims order) until `nbytes` more fit the budget (and a slot is free)."""
         if not self._over(nbytes):
             return
-        for key in self._victims(layer):
+        for key in self._victims(layer, nbytes):
             self._evict(key)
             if not self._over(nbytes):
                 return
@@ -207,8 +211,8 @@ class ExpertStore:
         entry = self._lru.pop(key)
         if entry.pending is not None:
             entry.pending.result()  # never reuse a slot a read is still filling
-        if isinstance(self.engine, PreadEngine):
-            self.engine.free_slots.append(entry.slot)
+        if self._slotted:
+            self.engine.give(entry.slot, entry.nbytes)
         else:
             self.engine.release(entry.read_ranges)
         self.resident_bytes -= entry.nbytes
@@ -219,8 +223,8 @@ class ExpertStore:
         entry = self._new_entry(layer, expert)
         self._make_room(entry.nbytes, layer)
         entry.origin = origin
-        if isinstance(self.engine, PreadEngine):
-            entry.slot = self.engine.free_slots.pop()
+        if self._slotted:
+            entry.slot = self.engine.take(entry.nbytes)
             entry.pending = self.engine.read(entry.slot, entry.read_ranges)
         elif wait:
             entry.expert = self._build_expert(entry, self.engine.load(entry.read_ranges))
@@ -235,7 +239,7 @@ class ExpertStore:
     def _ready(self, entry: _Entry) -> Expert:
         if entry.expert is None:
             start = time.perf_counter()
-            if isinstance(self.engine, PreadEngine):
+            if self._slotted:
                 entry.pending.result()
                 entry.pending = None
                 views = self.engine.views(entry.slot, entry.read_ranges)
