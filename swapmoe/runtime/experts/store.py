@@ -157,16 +157,16 @@ class ExpertStore:
     def _victims(self, layer: int, need: int) -> Iterator[tuple[int, int]]:
         """Evictable experts while `layer` is being served and an expert of `need` bytes waits for
         room (with the pread engine, only those whose slot it can take), the best victim first:
-        the one whose next use is expected farthest ahead.  An expert of layer l chosen by a share p of l's
-        tokens is expected back at l's next visit with probability p, so after about 1/p visits
-        of l: (l's distance ahead in the layer cycle) + (1/p - 1) cycles of layer visits.  The
-        least recently used first among equals.  An expert read on a guess and not used yet is
-        expected at its layer's next visit; experts certain to be needed soon (origin "expected")
-        come after all others, in the same order among themselves.
+        the one whose next use is expected farthest ahead.  An expert of layer l chosen by a share
+        p of l's tokens is expected back at l's next visit with probability p, so after about 1/p
+        visits of l: (l's distance ahead in the layer cycle) + (1/p - 1) cycles of layer visits.
+        The least recently used first among equals.  An expert read on a guess and not used yet
+        is expected at its layer's next visit; experts certain to be needed soon (origin
+        "expected") come after all others, in the same order among themselves.
 
-        Replayed on recorded traces (tools/replay_trace.py), this reads 10-30 % less than LRU where
-        the budget holds a fifth of the experts or less, and about as much with more; after a
-        prompt it keeps the experts of the prompt's last tokens, which decoding chooses again."""
+        Replayed on recorded traces (tools/replay_trace.py), this reads 9-31 % less than LRU where
+        the budget holds a fifth of the experts or less, 0-21 % less with more; after a prompt it
+        keeps the experts of the prompt's last tokens, which decoding chooses again."""
         n = len(self._cycle)
         here = self._cycle.get(layer, 0)
         keys, guessed, certain = [], [], []
