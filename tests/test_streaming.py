@@ -130,6 +130,20 @@ def test_a_prompts_last_tokens_keep_their_experts(model_path):
     assert all((0, e) in m.store._lru for e in range(last + 1) if e != first)
 
 
+def test_a_wrong_guess_is_not_kept_as_one(model_path):
+    """An expert prefetched for its layer's next visit counts as needed then; once that visit
+    chose other experts it is judged by its share like any other, not kept for good."""
+    m = swapmoe.load(model_path, io="pread", expert_cache_size=2)
+    full = _capacity(m)
+    m.store.start_reads(0, list(range(full - 1)))
+    for e in range(full - 1):
+        m.store.expert(0, e)
+    m.store.prefetch(1, [5])  # the cache is full now
+    m.store.start_reads(1, [6])  # layer 1 chose another expert: the guess goes first
+    assert (1, 5) not in m.store._lru
+    assert all((0, e) in m.store._lru for e in range(full - 1))
+
+
 def test_start_reads_keeps_resident_experts_it_needs(model_path):
     m = swapmoe.load(model_path, io="pread", expert_cache_size=2)
     full = _capacity(m)

@@ -101,6 +101,7 @@ class ExpertStore:
         # per layer and expert: the share of the layer's tokens that chose it, newest weighted most
         self._share = np.zeros((index.n_layer, index.n_expert))
         self._cycle = {layer: i for i, layer in enumerate(index.moe_layers())}  # place in the layer cycle
+        self._guessed: dict[int, set[int]] = defaultdict(set)  # per layer: read on a guess for its next visit
         self._recent: dict[int, OrderedDict[int, None]] = defaultdict(OrderedDict)
         self._majflt_start = resource.getrusage(resource.RUSAGE_SELF).ru_majflt
 
@@ -160,9 +161,10 @@ class ExpertStore:
         the one whose next use is expected farthest ahead.  An expert of layer l chosen by a share
         p of l's tokens is expected back at l's next visit with probability p, so after about 1/p
         visits of l: (l's distance ahead in the layer cycle) + (1/p - 1) cycles of layer visits.
-        The least recently used first among equals.  An expert read on a guess and not used yet
-        is expected at its layer's next visit; experts certain to be needed soon (origin
-        "expected") come after all others, in the same order among themselves.
+        The least recently used first among equals.  An expert read on a guess is expected at its
+        layer's next visit (until that visit, which judges it by its share if it did not choose
+        it); experts certain to be needed soon (origin "expected") come after all others, in the
+        same order among themselves.
 
         Replayed on recorded traces (tools/replay_trace.py), this reads 9-31 % less than LRU where
         the budget holds a fifth of the experts or less, 0-21 % less with more; after a prompt it
@@ -262,6 +264,10 @@ class ExpertStore:
         # the resident ones are needed now too: never evict them to make room for the others
         ids = sorted(set(choice.ravel().tolist()))
         self._needed = {(layer, e) for e in ids}
+        for e in self._guessed.pop(layer, ()):  # the visit they were read for: a wrong guess is
+            entry = self._lru.get((layer, e))  # judged from now on like any expert
+            if entry is not None and entry.origin in ("prefetch", "expected") and e not in ids:
+                entry.origin = "used"
         for e in ids:
             key = (layer, e)
             if key not in self._lru:
@@ -340,6 +346,7 @@ class ExpertStore:
                 self._admit(*key, origin="expected" if certain else "prefetch", wait=False)
             except SwapmoeError:  # no room without evicting what is in use: skip the hint
                 return
+            self._guessed[layer].add(key[1])
             self.stats.prefetch_issued += 1
 
     def end_pass(self) -> None:
