@@ -327,10 +327,12 @@ class ExpertStore:
         entry.origin = "used"
         self._needed.discard(key)
         self._current = key
-        self._lru.move_to_end(key)
-        recent = self._recent[layer]
-        recent[key[1]] = None
-        recent.move_to_end(key[1])
+        if self.evicts:
+            self._lru.move_to_end(key)
+        if self.keep_recent is not None:
+            recent = self._recent[layer]
+            recent[key[1]] = None
+            recent.move_to_end(key[1])
         return entry.expert if entry.expert is not None else self._ready(entry)
 
     def prefetch(self, layer: int, ids, evict: bool = True, certain: bool = False) -> None:
