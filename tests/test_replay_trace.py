@@ -197,4 +197,4 @@ def test_the_store_evicts_an_expert_whose_slot_fits(rt):
             store.expert(layer, e)
     store.start_reads(0, [2])
     store.expert(0, 2)
-    assert sorted(store._lru) == [(0, 1), (0, 2), (1, 0), (1, 1)]
+    assert sorted(store._entries) == [(0, 1), (0, 2), (1, 0), (1, 1)]

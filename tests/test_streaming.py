@@ -109,8 +109,8 @@ def test_stale_experts_go_first(model_path):
     use(0, [0])
     use(0, [1])  # layer 0 moved on: (0, 0) is stale; the cache is full
     use(2, [0])
-    assert (0, 0) not in m.store._lru
-    assert all((1, e) in m.store._lru for e in range(full - 2))
+    assert (0, 0) not in m.store._entries
+    assert all((1, e) in m.store._entries for e in range(full - 2))
 
 
 def test_a_prompts_last_tokens_keep_their_experts(model_path):
@@ -126,8 +126,8 @@ def test_a_prompts_last_tokens_keep_their_experts(model_path):
         m.store.expert(0, e)
     m.store.end_pass()
     m.store.start_reads(1, [0, 1])  # one more than is free: one eviction
-    assert (0, first) not in m.store._lru
-    assert all((0, e) in m.store._lru for e in range(last + 1) if e != first)
+    assert (0, first) not in m.store._entries
+    assert all((0, e) in m.store._entries for e in range(last + 1) if e != first)
 
 
 def test_a_wrong_guess_is_not_kept_as_one(model_path):
@@ -140,8 +140,8 @@ def test_a_wrong_guess_is_not_kept_as_one(model_path):
         m.store.expert(0, e)
     m.store.prefetch(1, [5])  # the cache is full now
     m.store.start_reads(1, [6])  # layer 1 chose another expert: the guess goes first
-    assert (1, 5) not in m.store._lru
-    assert all((0, e) in m.store._lru for e in range(full - 1))
+    assert (1, 5) not in m.store._entries
+    assert all((0, e) in m.store._entries for e in range(full - 1))
 
 
 def test_start_reads_keeps_resident_experts_it_needs(model_path):
@@ -150,7 +150,7 @@ def test_start_reads_keeps_resident_experts_it_needs(model_path):
     for e in range(full):
         m.store.expert(1, e)  # full; expert 0 of layer 1 is the least recently used
     m.store.start_reads(1, [0, full, full + 1])  # two misses need room: not at the cost of expert 0
-    assert (1, 0) in m.store._lru
+    assert (1, 0) in m.store._entries
     before = m.store.stats.hits
     m.store.expert(1, 0)
     assert m.store.stats.hits == before + 1
@@ -207,7 +207,7 @@ def test_keep_recent_evicts_older_experts(model_path):
     m = swapmoe.load(model_path, io="mmap", expert_streaming=True, expert_keep_recent=2)
     list(m.generate_ids(PROMPT, max_tokens=5, ignore_eos=True))
     for layer in m.index.moe_layers():
-        resident = [key for key in m.store._lru if key[0] == layer]
+        resident = [key for key in m.store._entries if key[0] == layer]
         assert len(resident) <= 2
         # the survivors are the last experts that layer used
         last = np.unique(m.net.routing._last[layer]).tolist()
@@ -286,7 +286,7 @@ def test_mmap_release_drops_pages(tmp_path):
             if r.offset < skip:
                 continue
             in_ram = _resident_pages(engine._arrays[r.file], r.offset, r.length // mmap.PAGESIZE * mmap.PAGESIZE)
-            expected = r.length // mmap.PAGESIZE if (layer, e) in m.store._lru else 0
+            expected = r.length // mmap.PAGESIZE if (layer, e) in m.store._entries else 0
             assert in_ram == expected, (layer, e)
             checked += 1
     assert checked >= 20 and m.store.stats.evictions > 0
@@ -310,3 +310,17 @@ def test_repacked_file_computes_the_same(model_path, reference, tmp_path, io):
     assert swapmoe.load(model_path, expert_streaming=False).store.expert(0, 0).gate_up is None
     np.testing.assert_array_equal(m.logits(PROMPT), reference[0])
     assert list(m.generate_ids(PROMPT, max_tokens=8, ignore_eos=True)) == reference[1]
+
+
+def test_farthest_first_in_chunks_is_a_full_sort():
+    """The chunked ranking yields the order of one full sort: farthest expected use first, least
+    recently used among equals (many ties and infinities, chunks smaller than the ties)."""
+    from swapmoe.runtime.experts.store import _farthest_first
+
+    rng = np.random.default_rng(5)
+    expected = rng.choice([1.0, 2.5, 7.0, np.inf], size=300)
+    used_at = rng.permutation(300)
+    candidates = np.flatnonzero(rng.random(300) < 0.8)
+    want = candidates[np.lexsort((used_at[candidates], -expected[candidates]))].tolist()
+    for chunk in (1, 7, 64, 1000):
+        assert list(_farthest_first(candidates, expected, used_at, chunk)) == want

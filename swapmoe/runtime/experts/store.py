@@ -31,6 +31,8 @@ from swapmoe.runtime.experts.io import MmapEngine, PreadEngine, Ranges, slot_nee
 from swapmoe.runtime.linear import Weight
 
 SHARE_WEIGHT = 0.1  # weight of a layer's newest token in its experts' running shares (see _victims)
+ORIGINS = ("used", "prefetch", "expected", "demand")  # _Entry.origin, and its code in ExpertStore._origin
+USED, PREFETCH, EXPECTED, DEMAND = range(len(ORIGINS))
 
 
 def _at(view: np.ndarray) -> int:
@@ -95,12 +97,22 @@ class ExpertStore:
         self.evicts = budget_bytes is not None or self._slotted  # else all stay once read
         self.stats = StoreStats()
         self.resident_bytes = 0
-        self._lru: OrderedDict[tuple[int, int], _Entry] = OrderedDict()
+        self._entries: dict[tuple[int, int], _Entry] = {}
+        # per layer and expert, for ranking victims in one pass: its origin's code (-1: not
+        # resident), its bytes, and when it was last used or read
+        shape = (index.n_layer, index.n_expert)
+        self._origin = np.full(shape, -1, np.int8)
+        self._nbytes = np.zeros(shape, np.int64)
+        self._used_at = np.zeros(shape, np.int64)
+        self._clock = 0
         self._current: tuple[int, int] | None = None  # the expert being computed: never evicted
         self._needed: set[tuple[int, int]] = set()  # asked for by start_reads and not used yet
         # per layer and expert: the share of the layer's tokens that chose it, newest weighted most
         self._share = np.zeros((index.n_layer, index.n_expert))
-        self._cycle = {layer: i for i, layer in enumerate(index.moe_layers())}  # place in the layer cycle
+        self._cycle = np.zeros(index.n_layer, np.int64)  # each MoE layer's place in the layer cycle
+        moe_layers = index.moe_layers()
+        self._cycle[moe_layers] = np.arange(len(moe_layers))
+        self._cycle_length = max(1, len(moe_layers))
         self._guessed: dict[int, set[int]] = defaultdict(set)  # per layer: read on a guess for its next visit
         self._recent: dict[int, OrderedDict[int, None]] = defaultdict(OrderedDict)
         self._majflt_start = resource.getrusage(resource.RUSAGE_SELF).ru_majflt
@@ -169,28 +181,26 @@ class ExpertStore:
         Replayed on recorded traces (tools/replay_trace.py), this reads 9-31 % less than LRU where
         the budget holds a fifth of the experts or less, 0-21 % less with more; after a prompt it
         keeps the experts of the prompt's last tokens, which decoding chooses again."""
-        n = len(self._cycle)
-        here = self._cycle.get(layer, 0)
-        keys, guessed, certain = [], [], []
-        for key, entry in self._lru.items():  # LRU order
-            if key == self._current or key in self._needed or entry.origin == "demand":
-                continue  # in use, or read for the current layer and not used yet
-            if self._slotted and entry.nbytes != need:
-                continue  # its slot is of another size
-            keys.append(key)
-            guessed.append(entry.origin == "prefetch")
-            certain.append(entry.origin == "expected")
-        if not keys:
+        candidate = (self._origin >= 0) & (self._origin != DEMAND)  # demand: read for this layer, not used yet
+        if self._slotted:
+            candidate &= self._nbytes == need  # else its slot is of another size
+        for key in self._needed | {self._current}:  # in use
+            if key is not None:
+                candidate[key] = False
+        layers_, experts = np.nonzero(candidate)
+        if not len(layers_):
             return
-        at = np.array(keys).T
-        ahead = (np.array([self._cycle.get(lay, 0) for lay in at[0].tolist()]) - here) % n
+        n = self._cycle_length
+        ahead = (self._cycle[layers_] - self._cycle[layer]) % n
         ahead[ahead == 0] = n
-        share = np.where(guessed, 1.0, self._share[at[0], at[1]])
+        origin = self._origin[layers_, experts]
+        share = np.where(origin == PREFETCH, 1.0, self._share[layers_, experts])
         with np.errstate(divide="ignore"):
             expected = ahead + n * (1.0 / share - 1.0)
-        order = np.lexsort((-expected, certain))  # stable: LRU order among equals
-        for i in order.tolist():
-            yield keys[i]
+        used_at = self._used_at[layers_, experts]
+        for group in (origin != EXPECTED, origin == EXPECTED):
+            for i in _farthest_first(np.flatnonzero(group), expected, used_at):
+                yield int(layers_[i]), int(experts[i])
 
     def _over(self, nbytes: int) -> bool:
         """Would `nbytes` more exceed the budget (or find no free slot)?"""
@@ -198,11 +208,15 @@ class ExpertStore:
             return True
         return self.budget is not None and self.resident_bytes + nbytes > self.budget
 
-    def _make_room(self, nbytes: int, layer: int) -> None:
-        """Evict unpinned experts (in _victims order) until `nbytes` more fit the budget (and a slot is free)."""
+    def _make_room(self, nbytes: int, layer: int, victims: dict | None = None) -> None:
+        """Evict unpinned experts (in _victims order) until `nbytes` more fit the budget (and a slot
+        is free). `victims`: rankings made earlier in the same start_reads, by bytes needed; its
+        admissions change no other expert's rank, so one ranking serves them all."""
         if not self._over(nbytes):
             return
-        for key in self._victims(layer, nbytes):
+        ranking = self._victims(layer, nbytes) if victims is None else victims.setdefault(
+            nbytes, self._victims(layer, nbytes))
+        for key in ranking:
             self._evict(key)
             if not self._over(nbytes):
                 return
@@ -210,21 +224,21 @@ class ExpertStore:
             raise SwapmoeError("the expert cache is too small for one layer's experts; raise --expert-cache-size")
 
     def _evict(self, key: tuple[int, int]) -> None:
-        entry = self._lru.pop(key)
+        entry = self._entries.pop(key)
         if entry.pending is not None:
             entry.pending.result()  # never reuse a slot a read is still filling
         if self._slotted:
             self.engine.give(entry.slot, entry.nbytes)
         else:
             self.engine.release(entry.read_ranges)
+        self._origin[key] = -1
         self.resident_bytes -= entry.nbytes
         self.stats.evictions += 1
 
-    def _admit(self, layer: int, expert: int, origin: str, wait: bool) -> _Entry:
+    def _admit(self, layer: int, expert: int, origin: str, wait: bool, victims: dict | None = None) -> _Entry:
         """Make room for an expert and start reading it (wait=True: and finish reading it)."""
         entry = self._new_entry(layer, expert)
-        self._make_room(entry.nbytes, layer)
-        entry.origin = origin
+        self._make_room(entry.nbytes, layer, victims)
         if self._slotted:
             entry.slot = self.engine.take(entry.nbytes)
             entry.pending = self.engine.read(entry.slot, entry.read_ranges)
@@ -232,11 +246,22 @@ class ExpertStore:
             entry.expert = self._build_expert(entry, self.engine.load(entry.read_ranges))
         else:
             self.engine.prefetch(entry.read_ranges)
-        self._lru[entry.key] = entry
+        self._entries[entry.key] = entry
+        self._mark(entry, origin)
+        self._nbytes[entry.key] = entry.nbytes
+        self._touch(entry.key)
         self.resident_bytes += entry.nbytes
         self.stats.bytes_loaded += entry.nbytes
         self.stats.peak_resident_bytes = max(self.stats.peak_resident_bytes, self.resident_bytes)
         return entry
+
+    def _mark(self, entry: _Entry, origin: str) -> None:
+        entry.origin = origin
+        self._origin[entry.key] = ORIGINS.index(origin)
+
+    def _touch(self, key: tuple[int, int]) -> None:
+        self._clock += 1
+        self._used_at[key] = self._clock
 
     def _ready(self, entry: _Entry) -> Expert:
         if entry.expert is None:
@@ -265,14 +290,15 @@ class ExpertStore:
         ids = sorted(set(choice.ravel().tolist()))
         self._needed = {(layer, e) for e in ids}
         for e in self._guessed.pop(layer, ()):  # the visit they were read for: a wrong guess is
-            entry = self._lru.get((layer, e))  # judged from now on like any expert
+            entry = self._entries.get((layer, e))  # judged from now on like any expert
             if entry is not None and entry.origin in ("prefetch", "expected") and e not in ids:
-                entry.origin = "used"
+                self._mark(entry, "used")
+        victims: dict = {}
         for e in ids:
             key = (layer, e)
-            if key not in self._lru:
+            if key not in self._entries:
                 try:
-                    self._admit(*key, origin="demand", wait=False)
+                    self._admit(*key, origin="demand", wait=False, victims=victims)
                 except SwapmoeError:  # the rest will be read one by one as they are asked for
                     return
 
@@ -305,7 +331,7 @@ class ExpertStore:
         reading (origin "demand"), and those it found no room for, each in the order given."""
         resident, reading, later = [], [], []
         for e in _ints(ids):
-            entry = self._lru.get((layer, e))
+            entry = self._entries.get((layer, e))
             (later if entry is None else reading if entry.origin == "demand" else resident).append(e)
         return resident, reading, later
 
@@ -313,7 +339,7 @@ class ExpertStore:
         """Expert `expert` of `layer`, resident; it is not evicted before the next expert is asked for."""
         key = (layer, int(expert))
         self._current = None
-        entry = self._lru.get(key)
+        entry = self._entries.get(key)
         self.stats.requests += 1
         if entry is None:
             entry = self._admit(*key, origin="demand", wait=True)
@@ -324,11 +350,11 @@ class ExpertStore:
             self.stats.hits += 1
             self.stats.hits_per_layer[layer] += 1
             self.stats.prefetch_used += entry.origin in ("prefetch", "expected")
-        entry.origin = "used"
+        self._mark(entry, "used")
         self._needed.discard(key)
         self._current = key
         if self.evicts:
-            self._lru.move_to_end(key)
+            self._touch(key)
         if self.keep_recent is not None:
             recent = self._recent[layer]
             recent[key[1]] = None
@@ -340,7 +366,7 @@ class ExpertStore:
         evicts ones in use (evict=False: none at all, only free room is filled)."""
         for e in ids:
             key = (layer, int(e))
-            if key in self._lru:
+            if key in self._entries:
                 continue
             if not evict and self._over(self._new_entry(*key).nbytes):
                 return
@@ -358,14 +384,14 @@ class ExpertStore:
         for layer, recent in self._recent.items():
             while len(recent) > self.keep_recent:
                 expert, _ = recent.popitem(last=False)
-                if (layer, expert) in self._lru and (layer, expert) != self._current:
+                if (layer, expert) in self._entries and (layer, expert) != self._current:
                     self._evict((layer, expert))
 
     def preload(self) -> None:
         """Read every expert now (streaming off): nothing is read later, nothing is evicted."""
         for layer in self.index.moe_layers():
             for expert in range(self.index.n_expert):
-                if (layer, expert) not in self._lru:
+                if (layer, expert) not in self._entries:
                     self._ready(self._admit(layer, expert, origin="used", wait=True))
 
     def summary(self) -> dict:
@@ -376,10 +402,24 @@ class ExpertStore:
         return out
 
     def close(self) -> None:
-        for entry in self._lru.values():
+        for entry in self._entries.values():
             if entry.pending is not None:
                 entry.pending.result()
         self.engine.close()
+
+
+def _farthest_first(candidates: np.ndarray, expected: np.ndarray, used_at: np.ndarray,
+                    chunk: int = 64) -> Iterator[int]:
+    """`candidates` (indices into expected and used_at) by expected next use, farthest first, the
+    least recently used first among equals. Sorted a chunk at a time: an eviction usually needs
+    the first few of thousands of resident experts."""
+    while len(candidates):
+        if len(candidates) > chunk:
+            cut = np.partition(expected[candidates], len(candidates) - chunk)[len(candidates) - chunk]
+            top, candidates = candidates[expected[candidates] >= cut], candidates[expected[candidates] < cut]
+        else:
+            top, candidates = candidates, candidates[:0]
+        yield from top[np.lexsort((used_at[top], -expected[top]))].tolist()
 
 
 def _ints(ids) -> list[int]:
