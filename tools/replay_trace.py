@@ -74,7 +74,7 @@ class Trace:
     path: Path
     header: dict
     visits: list[tuple[int, int, tuple[int, ...]]]  # (pass, layer, unique ids ascending)
-    choices: list[np.ndarray]  # per visit: each token's ids, [tokens, k]
+    choices: list[np.ndarray]  # per visit: each token's ids as recorded (what start_reads takes)
     phases: dict[int, str]  # pass -> prompt | decode
 
     @property
@@ -106,7 +106,6 @@ def read_trace(path: str | Path) -> Trace:
                 break
             raise SwapmoeError(f"{path}:{n}: not JSON") from None
         choice = np.asarray(rec["ids"], dtype=np.int64)
-        choice = choice.reshape(-1, choice.shape[-1]) if choice.ndim > 1 else choice[None]
         visits.append((int(rec["pass"]), int(rec["layer"]), tuple(np.unique(choice).tolist())))
         choices.append(choice)
         phases[int(rec["pass"])] = rec.get("phase", "?")

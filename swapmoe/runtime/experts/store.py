@@ -277,11 +277,11 @@ class ExpertStore:
         return entry.expert
 
     # --- the interface the models use ---------------------------------------------------------
-    def start_reads(self, layer: int, ids) -> None:
+    def start_reads(self, layer: int, ids) -> list[int]:
         """Start reading every expert the layer's tokens chose that is not resident, so the reads
         overlap each other and the computation of the ones already in (as far as the budget
         allows). `ids`: each token's experts, [tokens, k] oldest token first (a flat list: one
-        token's)."""
+        token's). Returns the distinct experts chosen, ascending."""
         choice = np.asarray(ids, dtype=np.int64)
         choice = choice.reshape(-1, choice.shape[-1]) if choice.ndim > 1 else choice[None]
         if self.evicts:
@@ -291,7 +291,7 @@ class ExpertStore:
         self._needed = {(layer, e) for e in ids}
         for e in self._guessed.pop(layer, ()):  # the visit they were read for: a wrong guess is
             entry = self._entries.get((layer, e))  # judged from now on like any expert
-            if entry is not None and entry.origin in ("prefetch", "expected") and e not in ids:
+            if entry is not None and entry.origin in ("prefetch", "expected") and (layer, e) not in self._needed:
                 self._mark(entry, "used")
         victims: dict = {}
         for e in ids:
@@ -300,7 +300,8 @@ class ExpertStore:
                 try:
                     self._admit(*key, origin="demand", wait=False, victims=victims)
                 except SwapmoeError:  # the rest will be read one by one as they are asked for
-                    return
+                    break
+        return ids
 
     def _count(self, layer: int, choice: np.ndarray) -> None:
         """Update layer's running expert shares with its tokens' choices (rows), oldest first."""

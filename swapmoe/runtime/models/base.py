@@ -543,8 +543,7 @@ class Transformer:
 
     def mix_experts(self, layer: int, x: np.ndarray, ids: np.ndarray, weights: np.ndarray) -> np.ndarray:
         T_, k = ids.shape
-        used = sorted(set(ids.ravel().tolist()))
-        self.store.start_reads(layer, ids)
+        used = self.store.start_reads(layer, ids)
         if T_ == 1:  # decoding: every expert reads the same x, converted once
             quantized, order = {}, self.store.ready_first(layer, used)
             n_resident = len(self.store.resident(layer, used))  # order's first ones
