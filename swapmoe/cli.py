@@ -71,6 +71,7 @@ class Finite(click.FloatRange):
 
 FINITE_POSITIVE = Finite(0, None, min_open=True)
 SEED = click.IntRange(0, 2**63 - 1)
+SPECIAL_TOKENS_MOST = 4  # tokens a tokenizer adds beyond the text's bytes: BOS, EOS, a prefix space
 
 def _page_size(ctx, param, value):
     if value < 4096 or value > 1 << 30 or value & (value - 1):
@@ -131,7 +132,8 @@ def inspect(model, as_json, page_size):
 
 _MODEL_OPTIONS = [
     click.option("--ctx", type=click.IntRange(1, 1 << 24),
-                 help="Context length (default: the model's, at most 4096)."),
+                 help="Context length (default: the model's, at most 4096). A run without --chat reserves RAM "
+                      "for the KV cache of its prompt and -n tokens only; the rest goes to experts."),
     click.option("--threads", type=click.IntRange(1, 4096),
                  help="Compute threads (default: all cores). On a machine busy with other work, use fewer, or set "
                       "OMP_WAIT_POLICY=passive."),
@@ -224,6 +226,8 @@ def run(model, prompt, prompt_file, chat, max_tokens, temp, top_k, top_p, min_p,
     trace = options["trace"]
     if trace is not None and not (trace.parent.is_dir() and os.access(trace.parent, os.W_OK)):
         raise click.BadParameter(f"{trace.parent} is not a directory this user can write to", param_hint="'--trace'")
+    if not chat:  # a token of the text holds at least one of its bytes: about this many tokens at most
+        options["kv_tokens"] = len(prompt.encode("utf-8")) + SPECIAL_TOKENS_MOST + max_tokens
     m = swapmoe.load(model or swapmoe.default_model_path(), **options)
     if show_stats:
         for reason in m.plan.reasons:

@@ -1,3 +1,4 @@
+import functools
 import os
 import shlex
 import shutil
@@ -70,6 +71,20 @@ def test_run_default_model(tmp_path):
     result = run_cli("run", "-p", "def main():", "-n", "6")
     assert result.exit_code == 0, result.output
     assert result.output.startswith("def main():") and "decode 6 tok" in result.output
+
+
+def test_a_one_shot_run_reserves_kv_cache_for_its_tokens_only(monkeypatch):
+    from swapmoe.runtime.experts import options
+
+    m = swapmoe.load(swapmoe.default_model_path())
+    reserved = []
+    plan = options.plan
+    monkeypatch.setattr(options, "plan", lambda *args, **kw: reserved.append(args[3]) or plan(*args, **kw))
+    assert run_cli("run", "-p", "def main():", "-n", "6").exit_code == 0
+    assert run_cli("run", "-p", "def main():", "-n", "6", "--chat").exit_code == 0  # a chat may go on
+    kv_bytes = functools.partial(type(m.net).cache_bytes, m.gguf, m.hparams)
+    assert reserved == [kv_bytes(len("def main():") + 4 + 6), kv_bytes(m.n_ctx)]
+    assert reserved[0] < reserved[1]
 
 
 def test_run_refuses_context_overflow():

@@ -98,7 +98,7 @@ class Model:
 
     def __init__(self, path: str | os.PathLike, ctx: int | None = None, threads: int | None = None,
                  override_kv: dict[str, Any] | list[str] | None = None, trace: str | os.PathLike | None = None,
-                 parallel: int = 1, **streaming):
+                 parallel: int = 1, kv_tokens: int | None = None, **streaming):
         self.options = streaming_options.StreamingOptions.from_env(**streaming)
         self.path = Path(path)
         self.gguf = open_gguf(self.path)
@@ -115,6 +115,10 @@ class Model:
         self._resident = self.index.resident_tensors(self.hparams.n_layer)  # what stays in RAM
         self.n_ctx = ctx or min(int(self.gguf.arch_get(Keys.LLM.CONTEXT_LENGTH) or 4096), 4096)
         self.parallel = parallel
+        # a one-shot run knows it holds at most prompt + generated tokens: the memory plan reserves
+        # KV cache for those only (the caches fill pages as positions are written), and the RAM
+        # the rest of the context would have taken goes to experts
+        self.kv_tokens = min(self.n_ctx, kv_tokens) if kv_tokens else self.n_ctx
         self.plan = self._plan()
         if self.plan.streaming:
             self._load_nonexpert()
@@ -138,7 +142,7 @@ class Model:
         idx, n_layer = self.index, self.hparams.n_layer
         per_expert = idx.part_length[:n_layer].sum(axis=2)  # [layer, expert]
         nonexpert_bytes = sum(t.length for t in self._resident)
-        kv = ARCHITECTURES[self.gguf.arch].cache_bytes(self.gguf, self.hparams, self.n_ctx) * self.parallel
+        kv = ARCHITECTURES[self.gguf.arch].cache_bytes(self.gguf, self.hparams, self.kv_tokens) * self.parallel
         min_cache = int(per_expert.max(initial=0)) * max(idx.n_expert_used, self.hparams.n_expert_used, 1) * 2
         return streaming_options.plan(self.options, int(per_expert.sum()), nonexpert_bytes, kv, min_cache,
                                       repacked=idx.layout != "original", available=available_memory())
@@ -467,7 +471,10 @@ def load(path: str | os.PathLike, **options) -> Model:
     Options: ctx (context length), threads, override_kv (metadata values to use instead of the
     file's: a dict, or llama.cpp's "KEY=TYPE:VALUE" strings), trace (a file: every layer's expert
     choice as JSON lines, RoutingTrace), parallel (sequences that will decode together, each
-    with a context's caches: the memory plan reserves them), and the expert-streaming options io ("auto",
+    with a context's caches: the memory plan reserves them), kv_tokens (the most tokens a sequence
+    will hold, when fewer than the context: the plan reserves KV cache for these only and gives the
+    rest to experts; `swapmoe run` without --chat passes its prompt's bytes plus -n), and the
+    expert-streaming options io ("auto",
     "mmap", "pread"), expert_streaming, expert_cache_size (MiB), expert_keep_recent,
     expert_fixation, expert_prefetch ("off", "previous", "lookahead", "both"),
     expert_hash_prefetch (read hash-routed layers' experts as soon as a token is known; on); unset ones
