@@ -91,6 +91,19 @@ def test_attention_sums(T):
                                atol=1e-5)
 
 
+@pytest.mark.parametrize("S", [1, 23, 300])
+@pytest.mark.parametrize("with_sinks", [False, True])
+def test_one_query_attention_is_the_three_kernels(S, with_sinks):
+    H, Hkv, d, dv = 8, 2, 64, 48
+    q = RNG.standard_normal((1, H, d)).astype(np.float32)
+    k = RNG.standard_normal((S, Hkv, d)).astype(np.float32)
+    vt = ggml_math.transposed_values(RNG.standard_normal((S, Hkv, dv)).astype(np.float32))
+    sinks = RNG.standard_normal(H).astype(np.float32) if with_sinks else None
+    p = ggml_math.softmax(ggml_math.attention_scores(q, k, 0.125), sinks, padded=True)
+    np.testing.assert_array_equal(ggml_math.attention_one_query(q, k, vt, 0.125, sinks),
+                                  ggml_math.attention_values(p, vt))
+
+
 def test_attention_is_masked_softmax_attention():
     """Causal, windowed, with sinks and grouped KV heads: a float64 statement of it."""
     from swapmoe.runtime import layers

@@ -173,17 +173,18 @@ def attention(q: np.ndarray, k: np.ndarray, vt: np.ndarray, q_pos: np.ndarray, s
     """
     T, H, _ = q.shape
     S, dv = len(k), vt.shape[1]
+    if T == 1 and window is None and q_pos[0] >= S - 1:  # decoding: nothing is masked
+        return ggml_math.attention_one_query(q, k, vt, scale, sinks).reshape(1, H * dv)
     head_sinks = None if sinks is None else np.repeat(sinks, T)
     # dot products summed in ggml's order: a 1-ulp difference here can move an activation across a
     # rounding boundary of the next 8-bit quantization (docs/benchmarks.md, parity); these kernels
     # were also as fast as numpy's BLAS or faster at every size measured (docs/kernels.md)
     scores = ggml_math.attention_scores(q, k, scale)  # [H, T, S]
-    if T > 1 or window is not None or q_pos[0] < S - 1:  # else (decoding) nothing is masked
-        k_pos = np.arange(S)
-        masked = k_pos[None, :] > q_pos[:, None]
-        if window is not None:
-            masked |= (q_pos[:, None] - k_pos[None, :]) >= window
-        scores[:, masked] = -np.inf
+    k_pos = np.arange(S)
+    masked = k_pos[None, :] > q_pos[:, None]
+    if window is not None:
+        masked |= (q_pos[:, None] - k_pos[None, :]) >= window
+    scores[:, masked] = -np.inf
     p = ggml_math.softmax(scores, head_sinks, padded=True)  # llama.cpp pads the KV rows to 256
     return ggml_math.attention_values(p, vt).reshape(T, H * dv)
 

@@ -214,6 +214,43 @@ def _attention_values(p, vt, n, out):
                 out[t, h, c] = sgemm_dot(a, vt[g, c], n, S) if T > 1 else vec_dot_f32(a, vt[g, c], n, S)
 
 
+@njit(cache=True, nogil=True, parallel=True)
+def _attention_one_query(q, k, vt, scale, sinks, n, out):
+    """_attention_scores, _softmax (padded) and _attention_values of one query [1, H, d] that
+    sees every key, in one call: a decoding step's attention, the same operations in the same
+    order per head."""
+    H, d = q.shape[1], q.shape[2]
+    S, Hkv, _ = k.shape
+    dv = vt.shape[1]
+    group = H // Hkv
+    for h in prange(H):
+        g = h // group
+        scores = np.empty((1, S), np.float32)
+        for s in range(S):
+            scores[0, s] = vec_dot_f32(q[0, h], k[s, g], d, d) * scale
+        p = np.empty((1, S), np.float32)
+        _softmax(scores, sinks[h:h + 1], S, p)
+        a = np.zeros(values_width(S), np.float32)
+        a[:S] = p[0]
+        for c in range(dv):
+            out[0, h, c] = vec_dot_f32(a, vt[g, c], n, S)
+
+
+def attention_one_query(q: np.ndarray, k: np.ndarray, vt: np.ndarray, scale: float,
+                        sinks: np.ndarray | None = None) -> np.ndarray:
+    """attention_values(softmax(attention_scores(q, k, scale), sinks, padded=True), vt) for one
+    query q [1, H, d] that every key may see (a decoding step), in one kernel call: the same
+    bits. Returns [1, H, dv]."""
+    S = len(k)
+    if vt.shape[2] < values_width(S):
+        raise ValueError(f"transposed values of width {vt.shape[2]} for {S} positions")
+    out = np.empty((1, q.shape[1], vt.shape[1]), F32)
+    sink_row = np.zeros(0, F32) if sinks is None else np.ascontiguousarray(sinks, F32)
+    _attention_one_query(np.ascontiguousarray(q, F32), np.ascontiguousarray(k, F32), vt, F32(scale), sink_row,
+                         -(-S // KV_PAD) * KV_PAD, out)
+    return out
+
+
 def attention_scores(q: np.ndarray, k: np.ndarray, scale: float = 1.0) -> np.ndarray:
     """q·k for every head, token and key [H, T, S], summed as llama.cpp's CPU backend does (its
     vec_dot_f32: the queries are a non-contiguous view, and a single query is too few columns
