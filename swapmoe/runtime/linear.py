@@ -89,18 +89,20 @@ def linear_apart(weights: list[Weight], x: np.ndarray) -> np.ndarray | None:
     chosen experts, Weight.at known); x [G, cols], one row per weight, or [1, cols] for all. Each
     row is computed as in its own product, so the bits are linear's."""
     first = weights[0]
-    buffer, shape = first.raw.base, (first.ggml_type, first.rows, first.cols, first.stacked)
-    starts = [w.at for w in weights]
-    if buffer is None or min(starts) < 0 or any(w.raw.base is not buffer for w in weights) or \
-            any((w.ggml_type, w.rows, w.cols, w.stacked) != shape for w in weights):
+    buffer, ggml_type, rows, cols, stacked = first.raw.base, first.ggml_type, first.rows, first.cols, first.stacked
+    if buffer is None:
         return None
+    for w in weights:  # one loop, no tuples: this runs for every layer of every decoded token
+        if w.at < 0 or w.raw.base is not buffer or w.ggml_type != ggml_type or w.rows != rows or \
+                w.cols != cols or w.stacked != stacked:
+            return None
     qx = kernels.quantize_activation(first.ggml_type, x)
     if len(x) == 1 < len(weights):
         qx = kernels.QuantizedActivation(qx.vec_dot_type, *(np.repeat(a, len(weights), axis=0)
                                                             for a in (qx.qs, qx.d, qx.extra)))
-    y = kernels.matmul_q(first.ggml_type, buffer, len(weights) * first.rows, first.cols, qx, group_rows=first.rows,
-                         stacked=first.stacked, starts=np.array(starts, np.int64))
-    return y.reshape(len(weights), first.rows)
+    y = kernels.matmul_q(ggml_type, buffer, len(weights) * rows, cols, qx, group_rows=rows, stacked=stacked,
+                         starts=np.array([w.at for w in weights], np.int64))
+    return y.reshape(len(weights), rows)
 
 
 def rows_of(w: Weight, ids: np.ndarray) -> np.ndarray:
