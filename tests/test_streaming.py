@@ -122,7 +122,7 @@ def test_a_prompts_last_tokens_keep_their_experts(model_path):
     first, last = full - 3, full - 2
     choice = np.array([*range(first, -1, -1), last])[:, None]
     m.store.start_reads(0, choice)
-    for e in m.store.ready_first(0, list(range(last + 1))):
+    for e in m.store.ready_first(0, list(range(last + 1)))[0]:
         m.store.expert(0, e)
     m.store.end_pass()
     m.store.start_reads(1, [0, 1])  # one more than is free: one eviction
@@ -171,9 +171,9 @@ def test_resident_experts_are_computed_while_the_others_are_read(model_path):
     for e in range(full):
         expert(0, e)  # full of layer 0
     m.store.start_reads(2, [2, 5, 7, 0])
-    assert m.store.ready_first(2, [2, 5, 7, 0]) == [2, 5, 7, 0]  # all being read: as given
+    assert m.store.ready_first(2, [2, 5, 7, 0]) == ([2, 5, 7, 0], 0)  # all being read: as given
     m.store.start_reads(2, list(range(full + 1)))  # one more than fits: the last is read later
-    order = m.store.ready_first(2, list(range(full + 1)))
+    order, _ = m.store.ready_first(2, list(range(full + 1)))
     assert sorted(order) == list(range(full + 1)) and order[-1] == full
 
 

@@ -278,7 +278,7 @@ def replay_store(trace: Trace, s: Setup, budget: int) -> Result:
             if before_decode is None and trace.phases.get(n) == "decode":
                 before_decode = store.stats.bytes_loaded
             store.start_reads(layer, choice)
-            for e in store.ready_first(layer, ids):
+            for e in store.ready_first(layer, ids)[0]:
                 store.expert(layer, e)
         store.end_pass()
     except SwapmoeError as e:

@@ -100,8 +100,10 @@ def linear_apart(weights: list[Weight], x: np.ndarray) -> np.ndarray | None:
     if len(x) == 1 < len(weights):
         qx = kernels.QuantizedActivation(qx.vec_dot_type, *(np.repeat(a, len(weights), axis=0)
                                                             for a in (qx.qs, qx.d, qx.extra)))
+    starts = np.array([w.at for w in weights], np.int64)
+    starts.flags.writeable = False  # as the kernels take it (else matmul_q makes a read-only view)
     y = kernels.matmul_q(ggml_type, buffer, len(weights) * rows, cols, qx, group_rows=rows, stacked=stacked,
-                         starts=np.array([w.at for w in weights], np.int64))
+                         starts=starts)
     return y.reshape(len(weights), rows)
 
 

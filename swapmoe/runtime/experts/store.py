@@ -1,7 +1,7 @@
 """The expert store: the one way every architecture reaches its routed experts.
 
     store.start_reads(layer, ids)  these experts are needed now: start all their reads at once
-    store.ready_first(layer, ids)  the order to compute them in: resident ones first
+    store.ready_first(layer, ids)  the order to compute them in, and how many lead it by being resident
     store.expert(layer, id)        -> Expert, resident and kept until the next expert is asked for
     store.prefetch(layer, ids)     start reading experts that will probably be needed soon
     store.end_pass()               one forward pass is done: apply keep-recent eviction
@@ -312,29 +312,19 @@ class ExpertStore:
             share *= 1.0 - SHARE_WEIGHT
             share[row] += SHARE_WEIGHT
 
-    def ready_first(self, layer: int, ids) -> list[int]:
-        """`ids` (after start_reads) in the order to compute them: the experts that were resident
-        before start_reads first (resident()), then the ones it started reading, then any it
-        found no room for (expert() reads those one at a time). The reads then overlap the
-        computation of the experts already in; the results do not depend on the order, and the
-        order does not depend on timing, so a replay of the same requests stays exact."""
-        resident, reading, later = self._readiness(layer, ids)
-        return resident + reading + later
-
-    def resident(self, layer: int, ids) -> list[int]:
-        """The experts of `ids` (after start_reads) that were resident before it, in ready_first's
-        order. Asking for them admits nothing, so all of them stay resident until another
-        expert is asked for: they can be computed together."""
-        return self._readiness(layer, ids)[0]
-
-    def _readiness(self, layer: int, ids) -> tuple[list[int], list[int], list[int]]:
-        """`ids` (after start_reads) split into those resident before it, those it started
-        reading (origin "demand"), and those it found no room for, each in the order given."""
+    def ready_first(self, layer: int, ids) -> tuple[list[int], int]:
+        """`ids` (after start_reads) in the order to compute them, and how many of them lead that
+        order by having been resident before start_reads: those first, then the ones it started
+        reading, then any it found no room for (expert() reads those one at a time). The reads
+        then overlap the computation of the experts already in. Asking for the resident ones
+        admits nothing, so all of them stay resident until another expert is asked for: they can
+        be computed together. The results do not depend on the order, and the order does not
+        depend on timing, so a replay of the same requests stays exact."""
         resident, reading, later = [], [], []
         for e in _ints(ids):
             entry = self._entries.get((layer, e))
             (later if entry is None else reading if entry.origin == "demand" else resident).append(e)
-        return resident, reading, later
+        return resident + reading + later, len(resident)
 
     def expert(self, layer: int, expert: int) -> Expert:
         """Expert `expert` of `layer`, resident; it is not evicted before the next expert is asked for."""

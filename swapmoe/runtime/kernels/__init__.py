@@ -166,7 +166,7 @@ def _matrix_bytes(ggml_type: int, rows: int, cols: int) -> int:
 def _check_weights(ggml_type: int, W: np.ndarray, rows: int, cols: int) -> None:
     if W.dtype != np.uint8 or W.ndim != 1:
         raise TypeError("W must be a 1-D uint8 array of the tensor's bytes")
-    need = _matrix_bytes(int(ggml_type), rows, cols)
+    need = _matrix_bytes(ggml_type, rows, cols)
     if W.size < need:
         raise ValueError(f"W holds {W.size} bytes, {rows} rows of {cols} need {need}")
 
@@ -266,6 +266,7 @@ def matmul_q(ggml_type: int, W: np.ndarray, rows: int, cols: int, qx: QuantizedA
     straight: force the kernel's route (True: every token's sums from the row bytes; False: the
     row decoded once for all tokens) instead of KERNELS' choice by token count (straight_tokens).
     Both give the same bits; tests and tools/bench_routes.py compare them."""
+    ggml_type = int(ggml_type)  # the cached helpers below hash a plain int faster than an enum member
     kernel = _kernel(ggml_type)
     group_rows = group_rows or rows
     groups = rows // group_rows if rows else 1
@@ -273,14 +274,14 @@ def matmul_q(ggml_type: int, W: np.ndarray, rows: int, cols: int, qx: QuantizedA
         raise ValueError(f"{rows} rows in groups of {group_rows} do not match {qx.qs.shape[0]} activation rows")
     if starts is None:
         _check_weights(ggml_type, W, rows, cols)
-        starts = _back_to_back(groups, _matrix_bytes(int(ggml_type), group_rows, cols))
+        starts = _back_to_back(groups, _matrix_bytes(ggml_type, group_rows, cols))
     else:
         _check_weights(ggml_type, W, 0, cols)
-        need = _matrix_bytes(int(ggml_type), group_rows, cols)
+        need = _matrix_bytes(ggml_type, group_rows, cols)
         if starts.dtype != np.int64 or starts.shape != (groups,) or not _inside(starts, need, W.size, 1):
             raise ValueError(f"starts must be {groups} int64 offsets of {need}-byte matrices inside W's {W.size} bytes")
-        if int(ggml_type) in _FLOAT_SIZES and not _inside(starts, need, W.size, _FLOAT_SIZES[int(ggml_type)]):
-            raise ValueError(f"starts of {T(int(ggml_type)).name} matrices must be multiples of its element size")
+        if ggml_type in _FLOAT_SIZES and not _inside(starts, need, W.size, _FLOAT_SIZES[ggml_type]):
+            raise ValueError(f"starts of {T(ggml_type).name} matrices must be multiples of its element size")
     if qx.vec_dot_type != kernel.vec_dot_type or qx.qs.shape[1] != cols:
         raise ValueError("activation was quantized for another vec_dot_type or length")
     out = np.empty((qx.qs.shape[0] // groups, rows), np.float32)

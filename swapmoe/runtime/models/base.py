@@ -545,8 +545,7 @@ class Transformer:
         T_, k = ids.shape
         used = self.store.start_reads(layer, ids)
         if T_ == 1:  # decoding: every expert reads the same x, converted once
-            quantized, order = {}, self.store.ready_first(layer, used)
-            n_resident = len(self.store.resident(layer, used))  # order's first ones
+            quantized, (order, n_resident) = {}, self.store.ready_first(layer, used)
             ys = np.empty((len(order), x.shape[1]), np.float32)
             ys[:n_resident] = self.experts_ffn(layer, [self.store.expert(layer, e) for e in order[:n_resident]], x,
                                                quantized)
@@ -554,7 +553,7 @@ class Transformer:
                 ys[g] = self.expert_ffn(layer, self.store.expert(layer, order[g]), x, quantized)[0]
             return layers.weighted_sum(ys, np.array([order.index(e) for e in ids[0].tolist()]), weights[0])
         per_slot = np.zeros((T_, k, x.shape[1]), np.float32)
-        for e in self.store.ready_first(layer, used):
+        for e in self.store.ready_first(layer, used)[0]:
             rows, slots = np.nonzero(ids == e)
             y = self.expert_ffn(layer, self.store.expert(layer, e), x[rows])
             per_slot[rows, slots] = y * weights[rows, slots, None]
