@@ -22,11 +22,14 @@ configuration and averaged: a shared disk's speed drifts), that disk bandwidth, 
 the run spent waiting for reads, peak memory of the cgroup, and OOM kills; the run's bound
 (unless --no-bound): MIN's bytes read while decoding (the configuration's routing trace replayed
 at its budget by tools/replay_trace.py), the decode tok/s of max(the compute-only time of the
-same tokens with every expert in RAM, the faster of two runs without a cap; MIN's bytes at the disk's
-sequential speed), the configuration's share of it, and whether it decoded the same tokens as
-the in-RAM run (every lossless configuration must; fixation need not); for models with
+same tokens with every expert in RAM, without a cap; MIN's bytes at the disk's sequential
+speed), the configuration's share of it, and whether it decoded the same tokens as the in-RAM
+run (every lossless configuration must; fixation need not); for models with
 hash-routed layers, how many of those layers' expert requests while decoding found the expert
-resident or already in flight. Decoding samples
+resident or already in flight. A compute-only run comes before the first configuration and
+after each one, and a configuration's compute time is the faster of the two beside it: a shared
+machine's speed drifts over minutes, so the bound is measured in the same minutes as the run it
+bounds (each compute-only run is printed in its place). Decoding samples
 (temperature 1, seed 0) so that the routing keeps moving. llama.cpp runs on the original file with --no-repack (its CPU
 repacking copies weights into anonymous memory, which a cap kills), greedy.
 """
@@ -154,6 +157,20 @@ def bound_of(trace: Path, row: dict, compute: dict, disk_gbps: float) -> tuple[i
     return min_bytes, row["decode_tokens"] / seconds
 
 
+def run_compute_only(model: Path, args) -> dict | None:
+    """The same tokens with every expert in RAM, no cap, the file cached: compute alone (None,
+    and the reason printed, if it failed)."""
+    row = run_swapmoe(model, {"expert_streaming": False}, argparse.Namespace(**{**vars(args), "cached": True}))
+    if "error" in row:
+        print(f"compute-only run failed: {row['error']}; no bound")
+        return None
+    return row
+
+
+def decode_speed(row: dict) -> float:
+    return row["decode_tokens"] / row["decode_seconds"]
+
+
 def run_llama(llama_bin: Path, model: Path, args) -> dict:
     drop_caches()
     prompt = " ".join(["hello"] * args.prompt)
@@ -226,23 +243,12 @@ def main():
     # kernels compiled and cached first, so that no measured run compiles them in its decode
     # (on a cold numba cache that took the compute-only bound from 40 to 5 tok/s)
     run_swapmoe(packed, {"expert_cache_size": 256}, argparse.Namespace(**{**vars(args), "decode": 2, "cached": True}))
-    compute = None
-    if not args.cached and not args.no_bound:  # the same tokens with every expert in RAM: compute alone
-        # the faster of two runs: on a VM whose host reclaims freed RAM one run read 12.6 tok/s
-        # where others of the same code read 29-40 (a bound is the best the machine can do)
-        runs = [run_swapmoe(packed, {"expert_streaming": False}, argparse.Namespace(**{**vars(args), "cached": True}))
-                for _ in range(2)]
-        failed = [r for r in runs if "error" in r]
-        if failed:
-            print(f"compute-only run failed: {failed[0]['error']}; no bound")
-        else:
-            speeds = [r["decode_tokens"] / r["decode_seconds"] for r in runs]
-            compute = runs[speeds.index(max(speeds))]
-            print("compute only (every expert in RAM, no cap), the faster of two runs: decode "
-                  + " and ".join(f"{v:.2f}" for v in speeds) + " tok/s")
+    compute_before = None
+    if not args.cached and not args.no_bound:
+        compute_before = run_compute_only(packed, args)
     print(f"{'configuration':30} {'decode tok/s':>12} {'prompt tok/s':>12} {'GB read/tok':>11} {'read BW/disk':>12} "
           f"{'disk GB/s':>9} {'I/O wait':>8} {'peak MiB':>9} {'OOM':>4}" +
-          (f" {'MIN GB':>7} {'bound tok/s':>11} {'of bound':>8} {'= in RAM':>8}" if compute else ""))
+          (f" {'MIN GB':>7} {'bound tok/s':>11} {'of bound':>8} {'= in RAM':>8}" if compute_before else ""))
     rows = {}
     for name in args.configs:
         trace = args.dir / f"trace-{name}.jsonl"
@@ -251,10 +257,17 @@ def main():
         row["disk_gbps"] = disk = (disk_before + disk_after) / 2
         disk_before = disk_after
         rows[name] = row
+        compute = None
+        if compute_before:  # the bound from the compute-only runs just before and just after this one
+            compute_after = run_compute_only(packed, args)
+            if compute_after:
+                neighbours = (compute_before, compute_after)
+                compute = max(neighbours, key=decode_speed)
+            compute_before = compute_after
         if "error" in row:
             print(f"{name:30} failed: {row['error']}  (peak {row['peak'] / 2**20:.0f} MiB, OOM {row['oom']})")
             continue
-        tg = row["decode_tokens"] / row["decode_seconds"]
+        tg = decode_speed(row)
         pp = row["prompt_tokens"] / row["prompt_seconds"]
         per_token = row["storage_read_bytes"] / max(1, row["prompt_tokens"] + row["decode_tokens"])
         seconds = row["prompt_seconds"] + row["decode_seconds"]
@@ -267,6 +280,10 @@ def main():
                      f"{tg / row['bound_tps']:8.2f} {same:>8}")
         print(f"{name:30} {tg:12.2f} {pp:12.1f} {per_token / 1e9:11.3f} {bandwidth / disk:12.2f} {disk:9.2f} "
               f"{row['wait_seconds'] / seconds:8.0%} {row['peak'] / 2**20:9.0f} {row['oom']:4d}" + bound)
+        if compute:
+            row["compute_tps"] = [decode_speed(r) for r in neighbours]
+            print(f"{'':30} compute only (in RAM) just before and after: "
+                  + " and ".join(f"{v:.2f}" for v in row["compute_tps"]) + " tok/s decode", flush=True)
         if row["hash_layers"]:
             print(f"{'':30} hash-routed layers while decoding, resident or in flight when asked: " + ", ".join(
                 f"layer {layer} {row['decode_layers'][str(layer)][0]}/{row['decode_layers'][str(layer)][1]}"
