@@ -135,7 +135,7 @@ def main():
         print(line, flush=True)
     if ratios:
         rp, rt = np.median(np.array(ratios), axis=0)
-        print(f"median ratio  prompt {rp:.2f}  decode {rt:.2f}   (targets 0.3 and 0.5; llama.cpp: {args.llama_bin})")
+        print(f"median ratio  prompt {rp:.2f}  decode {rt:.2f}   (llama.cpp: {args.llama_bin})")
     else:
         print(f"llama.cpp not found at {args.llama_bin}; no ratio", file=sys.stderr)
 
