@@ -104,6 +104,49 @@ def test_one_query_attention_is_the_three_kernels(S, with_sinks):
                                   ggml_math.attention_values(p, vt))
 
 
+@pytest.mark.parametrize("norm", ["none", "per-head", "whole"])
+@pytest.mark.parametrize("with_sinks", [False, True])
+@pytest.mark.parametrize("past", [0, 5, 300])
+def test_one_token_attention_is_its_steps(norm, with_sinks, past):
+    """layers.attend_one_token gives the bits of rms_norm, Rope.apply, KVCache.append and
+    attention() one after the other, and leaves the same cache."""
+    from swapmoe.runtime import layers
+
+    H, Hkv, d, dv, eps, scale = 8, 2, 64, 48, 1e-6, 0.125
+    rope = layers.Rope(n_rot=32, base=10000.0, neox=norm != "whole")  # partial rotation, both pair orders
+    caches = [layers.KVCache(320, Hkv, d, dv) for _ in range(2)]
+    old_k = RNG.standard_normal((past, Hkv, d)).astype(np.float32)
+    old_v = RNG.standard_normal((past, Hkv, dv)).astype(np.float32)
+    for cache in caches:
+        cache.append(old_k, old_v)
+    q = RNG.standard_normal((1, H, d)).astype(np.float32)
+    k = RNG.standard_normal((1, Hkv, d)).astype(np.float32)
+    v = RNG.standard_normal((1, Hkv, dv)).astype(np.float32)
+    q_norm = k_norm = None
+    if norm != "none":
+        q_norm = RNG.uniform(0.5, 1.5, d if norm == "per-head" else H * d).astype(np.float32)
+        k_norm = RNG.uniform(0.5, 1.5, d if norm == "per-head" else Hkv * d).astype(np.float32)
+    sinks = RNG.standard_normal(H).astype(np.float32) if with_sinks else None
+    positions = np.array([past])
+    cos, sin = rope.tables(positions)
+
+    q_step, k_step = q, k
+    if norm == "per-head":
+        q_step, k_step = layers.rms_norm(q, q_norm, eps), layers.rms_norm(k, k_norm, eps)
+    elif norm == "whole":
+        q_step = layers.rms_norm(q.reshape(1, -1), q_norm, eps).reshape(q.shape)
+        k_step = layers.rms_norm(k.reshape(1, -1), k_norm, eps).reshape(k.shape)
+    keys, values = caches[0].append(rope.apply(k_step, cos, sin), v)
+    expected = layers.attention(rope.apply(q_step, cos, sin), keys, values, positions, scale, None, sinks)
+
+    got = layers.attend_one_token(q, k, v, caches[1], rope, cos, sin, scale, q_norm, k_norm, eps,
+                                  norm == "per-head", sinks)
+    np.testing.assert_array_equal(got, expected)
+    assert caches[1].length == caches[0].length == past + 1
+    np.testing.assert_array_equal(caches[1].k[:past + 1], caches[0].k[:past + 1])
+    np.testing.assert_array_equal(caches[1].vt[:, :, :past + 1], caches[0].vt[:, :, :past + 1])
+
+
 def test_attention_is_masked_softmax_attention():
     """Causal, windowed, with sinks and grouped KV heads: a float64 statement of it."""
     from swapmoe.runtime import layers

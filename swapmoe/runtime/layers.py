@@ -189,6 +189,50 @@ def attention(q: np.ndarray, k: np.ndarray, vt: np.ndarray, q_pos: np.ndarray, s
     return ggml_math.attention_values(p, vt).reshape(T, H * dv)
 
 
+def attend_one_token(q: np.ndarray, k: np.ndarray, v: np.ndarray, cache: KVCache, rope: Rope, cos: np.ndarray,
+                     sin: np.ndarray, scale: float, q_norm: np.ndarray | None, k_norm: np.ndarray | None,
+                     eps: float, norm_per_head: bool, sinks: np.ndarray | None) -> np.ndarray:
+    """A decoding token's attention [1, H*dv] from its projections q [1, H, d], k [1, Hkv, d] and
+    v [1, Hkv, dv] (at the position after the cache's last, seeing every key): the RMS norms of
+    q and k if given (per head, or over the whole projection), RoPE, the cache's new position and
+    attention, in one compiled call instead of one per step, with the steps and the bits of
+    rms_norm, Rope.apply, KVCache.append and attention()."""
+    S = cache.length + 1
+    if S > len(cache.k):
+        raise ValueError(f"the KV cache holds {len(cache.k)} positions; position {cache.length} is past it")
+    H, dv = q.shape[1], cache.vt.shape[1]
+    out = np.empty((1, H, dv), F32)
+    no_weight = np.zeros(0, F32)
+    _attend_one_token(np.ascontiguousarray(q, F32), np.ascontiguousarray(k, F32), np.ascontiguousarray(v, F32),
+                      no_weight if q_norm is None else q_norm, no_weight if k_norm is None else k_norm, F32(eps),
+                      norm_per_head, cos, sin, rope.n_rot, rope.neox, cache.k, cache.vt, cache.length, F32(scale),
+                      no_weight if sinks is None else np.ascontiguousarray(sinks, F32),
+                      -(-S // ggml_math.KV_PAD) * ggml_math.KV_PAD, out)
+    cache.length = S
+    return out.reshape(1, H * dv)
+
+
+@numba.njit(cache=True, nogil=True)
+def _attend_one_token(q, k, v, q_norm, k_norm, eps, norm_per_head, cos, sin, n_rot, neox, keys, vt, length, scale,
+                      sinks, n, out):
+    if q_norm.size:
+        normed_q, normed_k = np.empty_like(q), np.empty_like(k)
+        if norm_per_head:  # each head's d values are a row
+            ggml_math._rms_norm(q[0], q_norm, eps, normed_q[0])
+            ggml_math._rms_norm(k[0], k_norm, eps, normed_k[0])
+        else:  # the whole projection is one row
+            ggml_math._rms_norm(q.reshape(1, q.size), q_norm, eps, normed_q.reshape(1, q.size))
+            ggml_math._rms_norm(k.reshape(1, k.size), k_norm, eps, normed_k.reshape(1, k.size))
+        q, k = normed_q, normed_k
+    rotated_q = np.empty_like(q)
+    ggml_math.rope_rotate(q, cos, sin, n_rot, neox, rotated_q)
+    ggml_math.rope_rotate(k, cos, sin, n_rot, neox, keys[length:length + 1])  # the key goes in the cache rotated
+    for g in range(v.shape[1]):
+        for c in range(v.shape[2]):
+            vt[g, c, length] = v[0, g, c]
+    ggml_math._attention_one_query(rotated_q, keys[:length + 1], vt, scale, sinks, n, out)
+
+
 # --- mixture of experts routing -----------------------------------------------------------
 
 def weighted_sum(ys: np.ndarray, rows: np.ndarray, weights: np.ndarray) -> np.ndarray:
