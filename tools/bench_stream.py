@@ -29,7 +29,7 @@ hash-routed layers, how many of those layers' expert requests while decoding fou
 resident or already in flight. A compute-only run comes before the first configuration and
 after each one, and a configuration's compute time is the faster of the two beside it: a shared
 machine's speed drifts over minutes, so the bound is measured in the same minutes as the run it
-bounds (each compute-only run is printed in its place). Decoding samples
+bounds (both speeds are printed under the configuration's row). Decoding samples
 (temperature 1, seed 0) so that the routing keeps moving. llama.cpp runs on the original file with --no-repack (its CPU
 repacking copies weights into anonymous memory, which a cap kills), greedy.
 """

@@ -202,11 +202,11 @@ def attend_one_token(q: np.ndarray, k: np.ndarray, v: np.ndarray, cache: KVCache
         raise ValueError(f"the KV cache holds {len(cache.k)} positions; position {cache.length} is past it")
     H, dv = q.shape[1], cache.vt.shape[1]
     out = np.empty((1, H, dv), F32)
-    no_weight = np.zeros(0, F32)
+    absent = np.zeros(0, F32)  # no norm weight, no sinks
     _attend_one_token(np.ascontiguousarray(q, F32), np.ascontiguousarray(k, F32), np.ascontiguousarray(v, F32),
-                      no_weight if q_norm is None else q_norm, no_weight if k_norm is None else k_norm, F32(eps),
+                      absent if q_norm is None else q_norm, absent if k_norm is None else k_norm, F32(eps),
                       norm_per_head, cos, sin, rope.n_rot, rope.neox, cache.k, cache.vt, cache.length, F32(scale),
-                      no_weight if sinks is None else np.ascontiguousarray(sinks, F32),
+                      absent if sinks is None else np.ascontiguousarray(sinks, F32),
                       -(-S // ggml_math.KV_PAD) * ggml_math.KV_PAD, out)
     cache.length = S
     return out.reshape(1, H * dv)
