@@ -4,6 +4,7 @@ Behaviour only; nothing here measures time."""
 import ctypes
 import mmap
 import os
+import re
 
 import numpy as np
 import pytest
@@ -290,6 +291,24 @@ def test_mmap_release_drops_pages(tmp_path):
             assert in_ram == expected, (layer, e)
             checked += 1
     assert checked >= 20 and m.store.stats.evictions > 0
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="reads the mapping's flags from Linux's /proc")
+def test_pread_pool_asks_for_huge_pages(model_path):
+    """The pread engine's expert pool is private anonymous memory advised for 2 MiB pages (smaps
+    flag "hg"): a shared mapping could not get them, whatever the advice."""
+    m = swapmoe.load(model_path, io="pread", expert_cache_size=2)
+    address, mapping = m.store.engine._memory.ctypes.data, None
+    for line in open("/proc/self/smaps"):
+        fields = line.split()
+        if re.fullmatch(r"[0-9a-f]+-[0-9a-f]+", fields[0]):  # a mapping's first line: its range, then perms
+            start, end = (int(a, 16) for a in fields[0].split("-"))
+            mapping = fields if start <= address < end else None
+        elif mapping and fields[0] == "VmFlags:":
+            assert mapping[1].endswith("p"), mapping  # private
+            assert "hg" in fields[1:], line  # advised for huge pages
+            return
+    raise AssertionError("the pool's mapping is not in /proc/self/smaps")
 
 
 def test_bad_options():

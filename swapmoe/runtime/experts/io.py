@@ -156,7 +156,11 @@ class PreadEngine:
                 self.direct = False
                 self._fds.append(os.open(p, os.O_RDONLY))
         self._base, self.free, end = slot_layout(slots)
-        self._pool = mmap.mmap(-1, max(1, end))
+        # private, not mmap's default shared mapping: only private anonymous memory can be backed
+        # by 2 MiB pages, which save the expert products a TLB miss every 4 KiB
+        self._pool = mmap.mmap(-1, max(1, end), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        if hasattr(mmap, "MADV_HUGEPAGE"):
+            self._pool.madvise(mmap.MADV_HUGEPAGE)
         self._memory = np.frombuffer(self._pool, np.uint8)
         self._memory[::PAGE] = 0  # first touch is slow on this kind of VM: pay it at load, not per token
         self._executor = ThreadPoolExecutor(workers, thread_name_prefix="swapmoe-read")
