@@ -139,8 +139,7 @@ def test_one_token_attention_is_its_steps(norm, with_sinks, past):
     keys, values = caches[0].append(rope.apply(k_step, cos, sin), v)
     expected = layers.attention(rope.apply(q_step, cos, sin), keys, values, positions, scale, None, sinks)
 
-    got = layers.attend_one_token(q, k, v, caches[1], rope, cos, sin, scale, q_norm, k_norm, eps,
-                                  norm == "per-head", sinks)
+    got = layers.attend_one_token(q, k, v, caches[1], rope, scale, q_norm, k_norm, eps, norm == "per-head", sinks)
     np.testing.assert_array_equal(got, expected)
     assert caches[1].length == caches[0].length == past + 1
     np.testing.assert_array_equal(caches[1].k[:past + 1], caches[0].k[:past + 1])

@@ -189,9 +189,9 @@ def attention(q: np.ndarray, k: np.ndarray, vt: np.ndarray, q_pos: np.ndarray, s
     return ggml_math.attention_values(p, vt).reshape(T, H * dv)
 
 
-def attend_one_token(q: np.ndarray, k: np.ndarray, v: np.ndarray, cache: KVCache, rope: Rope, cos: np.ndarray,
-                     sin: np.ndarray, scale: float, q_norm: np.ndarray | None, k_norm: np.ndarray | None,
-                     eps: float, norm_per_head: bool, sinks: np.ndarray | None) -> np.ndarray:
+def attend_one_token(q: np.ndarray, k: np.ndarray, v: np.ndarray, cache: KVCache, rope: Rope, scale: float,
+                     q_norm: np.ndarray | None, k_norm: np.ndarray | None, eps: float, norm_per_head: bool,
+                     sinks: np.ndarray | None) -> np.ndarray:
     """A decoding token's attention [1, H*dv] from its projections q [1, H, d], k [1, Hkv, d] and
     v [1, Hkv, dv] (at the position after the cache's last, seeing every key): the RMS norms of
     q and k if given (per head, or over the whole projection), RoPE, the cache's new position and
@@ -201,6 +201,7 @@ def attend_one_token(q: np.ndarray, k: np.ndarray, v: np.ndarray, cache: KVCache
     if S > len(cache.k):
         raise ValueError(f"the KV cache holds {len(cache.k)} positions; position {cache.length} is past it")
     H, dv = q.shape[1], cache.vt.shape[1]
+    cos, sin = rope.tables(np.array([cache.length]))  # the token's position is the cache's next
     out = np.empty((1, H, dv), F32)
     absent = np.zeros(0, F32)  # no norm weight, no sinks
     _attend_one_token(np.ascontiguousarray(q, F32), np.ascontiguousarray(k, F32), np.ascontiguousarray(v, F32),

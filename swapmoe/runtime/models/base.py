@@ -498,8 +498,8 @@ class Transformer:
         if T_ == 1 and window is None and positions[0] == cache.length:  # decoding: one compiled call
             return layers.attend_one_token(
                 q.reshape(1, hp.n_head, hp.head_dim), k.reshape(1, hp.n_head_kv, hp.head_dim),
-                v.reshape(1, hp.n_head_kv, hp.v_head_dim), cache, rope, *rope.tables(positions),
-                1.0 / math.sqrt(hp.head_dim), a.q_norm, a.k_norm, hp.rms_eps, qk_norm_per_head, a.sinks)
+                v.reshape(1, hp.n_head_kv, hp.v_head_dim), cache, rope, 1.0 / math.sqrt(hp.head_dim),
+                a.q_norm, a.k_norm, hp.rms_eps, qk_norm_per_head, a.sinks)
         if a.q_norm is not None and not qk_norm_per_head:
             q, k = layers.rms_norm(q, a.q_norm, hp.rms_eps), layers.rms_norm(k, a.k_norm, hp.rms_eps)
         q = q.reshape(T_, hp.n_head, hp.head_dim)
