@@ -22,7 +22,9 @@ from collections import OrderedDict, defaultdict
 from collections.abc import Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
+import numba
 import numpy as np
 from gguf import GGMLQuantizationType
 
@@ -48,6 +50,17 @@ class Expert:
     up: Weight | None = None
     gate_up: Weight | None = None
     extras: dict[str, np.ndarray] = field(default_factory=dict)  # e.g. "gate.bias" -> f32 [rows]
+
+
+class _Part(NamedTuple):
+    """Where one part of an expert lies in its read ranges (ExpertStore._layout)."""
+    name: str
+    range: int  # which of the read ranges
+    start: int  # bytes into it
+    length: int
+    ggml_type: GGMLQuantizationType | None = None  # None: a float32 bias or scale vector
+    rows: int = 0
+    cols: int = 0
 
 
 @dataclass
@@ -115,56 +128,70 @@ class ExpertStore:
         self._cycle_length = max(1, len(moe_layers))
         self._guessed: dict[int, set[int]] = defaultdict(set)  # per layer: read on a guess for its next visit
         self._recent: dict[int, OrderedDict[int, None]] = defaultdict(OrderedDict)
+        self._slices: dict[tuple[int, int], tuple[Ranges, int]] = {}  # per expert: its ranges and bytes
+        self._layouts: dict[tuple[int, int], list[_Part]] = {}  # per expert: see _layout
         self._majflt_start = resource.getrusage(resource.RUSAGE_SELF).ru_majflt
 
     # --- what an expert is made of ----------------------------------------------------------
     def _new_entry(self, layer: int, expert: int) -> _Entry:
-        index = self.index
-        in_range = 0 <= layer < index.n_layer and 0 <= expert < index.n_expert
-        if not in_range or not index.part_length[layer, expert].any():
-            raise SwapmoeError(f"no routed expert {expert} in layer {layer}")
-        ranges = [(r.file, r.offset, r.length) for r in index.slice(layer, expert)]
-        nbytes = slot_need(ranges) if self._slotted else sum(n for _, _, n in ranges)
-        return _Entry((layer, expert), ranges, nbytes)
+        key = (layer, expert)
+        if key not in self._slices:
+            index = self.index
+            in_range = 0 <= layer < index.n_layer and 0 <= expert < index.n_expert
+            if not in_range or not index.part_length[layer, expert].any():
+                raise SwapmoeError(f"no routed expert {expert} in layer {layer}")
+            ranges = [(r.file, r.offset, r.length) for r in index.slice(layer, expert)]
+            self._slices[key] = ranges, slot_need(ranges) if self._slotted else sum(n for _, _, n in ranges)
+        return _Entry(key, *self._slices[key])
 
     def _build_expert(self, entry: _Entry, range_views: list[np.ndarray]) -> Expert:
+        layout = self._layouts.get(entry.key)
+        if layout is None:
+            layout = self._layouts[entry.key] = self._layout(entry)
+        weights, extras = {}, {}
+        for part in layout:
+            raw = range_views[part.range][part.start:part.start + part.length]
+            if part.ggml_type is None:
+                extras[part.name] = raw.view(np.float32)
+            else:
+                weights[part.name] = Weight(raw, part.ggml_type, part.rows, part.cols, stacked=True, at=_at(raw))
+        return Expert(extras=extras, **weights)
+
+    def _layout(self, entry: _Entry) -> list[_Part]:
+        """Where the expert's parts lie in its read ranges: the same on every read, so worked out
+        once per expert."""
         index, (layer, expert) = self.index, entry.key
-        weights, extras, place = {}, {}, {}
+        parts = {}
         for p, name in enumerate(index.parts):
             length = int(index.part_length[layer, expert, p])
             if not length:
                 continue
             f, off = int(index.part_file[layer, expert, p]), int(index.part_offset[layer, expert, p])
-            for r, ((rf, ro, rn), view) in enumerate(zip(entry.read_ranges, range_views)):
+            for r, (rf, ro, rn) in enumerate(entry.read_ranges):
                 if rf == f and ro <= off and off + length <= ro + rn:
-                    raw = view[off - ro:off - ro + length]
-                    place[name] = (r, off - ro, length)
                     break
             else:
                 raise SwapmoeError(f"index inconsistency: part {name} of expert {expert} layer {layer} "
                                    "not in its slice")
             ne = [int(d) for d in index.part_ne[layer, p] if d]
             if "." in name:  # bias or scale: float32 per row
-                extras[name] = raw.view(np.float32)
+                parts[name] = _Part(name, r, off - ro, length)
             else:
-                weights[name] = Weight(raw, GGMLQuantizationType(int(index.part_type[layer, p])),
-                                       int(np.prod(ne[1:])), ne[0], stacked=True, at=_at(raw))
-        if "down" not in weights:
+                parts[name] = _Part(name, r, off - ro, length, GGMLQuantizationType(int(index.part_type[layer, p])),
+                                    int(np.prod(ne[1:])), ne[0])
+        if "down" not in parts:
             raise SwapmoeError(f"layer {layer} has no ffn_down_exps part")
-        gate, up = weights.get("gate"), weights.get("up")
-        if (gate is not None and up is not None and place["gate"][0] == place["up"][0]
-                and place["gate"][1] + place["gate"][2] == place["up"][1] and gate.rows % 8 == 0
-                and (gate.ggml_type, gate.rows, gate.cols) == (up.ggml_type, up.rows, up.cols)
-                and "gate.bias" not in extras and "up.bias" not in extras):
+        gate, up = parts.get("gate"), parts.get("up")
+        if (gate is not None and up is not None and gate.range == up.range and gate.start + gate.length == up.start
+                and gate.rows % 8 == 0 and (gate.ggml_type, gate.rows, gate.cols) == (up.ggml_type, up.rows, up.cols)
+                and "gate.bias" not in parts and "up.bias" not in parts):
             # up's bytes follow gate's (a repacked file lays an expert out as gate, up, down): one
             # matrix of 2F rows, one kernel call instead of two.  Rows are computed independently,
             # so results are the same; F % 8 == 0 because llama.cpp's rounding route depends on
             # rows % 8 (kernels.ggml_order).
-            r, start, _ = place["gate"]
-            both = range_views[r][start:place["up"][1] + place["up"][2]]
-            weights["gate_up"] = Weight(both, gate.ggml_type, 2 * gate.rows, gate.cols, stacked=True, at=gate.at)
-            del weights["gate"], weights["up"]
-        return Expert(extras=extras, **weights)
+            parts["gate_up"] = gate._replace(name="gate_up", length=gate.length + up.length, rows=2 * gate.rows)
+            del parts["gate"], parts["up"]
+        return list(parts.values())
 
     # --- residency --------------------------------------------------------------------------
     def _victims(self, layer: int, need: int) -> Iterator[tuple[int, int]]:
@@ -181,26 +208,14 @@ class ExpertStore:
         Replayed on recorded traces (tools/replay_trace.py), this reads 9-31 % less than LRU where
         the budget holds a fifth of the experts or less, 0-21 % less with more; after a prompt it
         keeps the experts of the prompt's last tokens, which decoding chooses again."""
-        candidate = (self._origin >= 0) & (self._origin != DEMAND)  # demand: read for this layer, not used yet
-        if self._slotted:
-            candidate &= self._nbytes == need  # else its slot is of another size
-        for key in self._needed | {self._current}:  # in use
-            if key is not None:
-                candidate[key] = False
-        layers_, experts = np.nonzero(candidate)
-        if not len(layers_):
-            return
-        n = self._cycle_length
-        ahead = (self._cycle[layers_] - self._cycle[layer]) % n
-        ahead[ahead == 0] = n
-        origin = self._origin[layers_, experts]
-        share = np.where(origin == PREFETCH, 1.0, self._share[layers_, experts])
-        with np.errstate(divide="ignore"):
-            expected = ahead + n * (1.0 / share - 1.0)
-        used_at = self._used_at[layers_, experts]
-        for group in (origin != EXPECTED, origin == EXPECTED):
+        n_expert = self.index.n_expert
+        in_use = self._needed if self._current is None else self._needed | {self._current}
+        flat, expected, used_at, certain = _eviction_ranks(
+            self._origin, self._nbytes, need if self._slotted else 0, self._share, self._cycle, layer,
+            self._cycle_length, self._used_at, np.array([k[0] * n_expert + k[1] for k in in_use], np.int64))
+        for group in (~certain, certain):
             for i in _farthest_first(np.flatnonzero(group), expected, used_at):
-                yield int(layers_[i]), int(experts[i])
+                yield divmod(int(flat[i]), n_expert)
 
     def _over(self, nbytes: int) -> bool:
         """Would `nbytes` more exceed the budget (or find no free slot)?"""
@@ -305,12 +320,7 @@ class ExpertStore:
 
     def _count(self, layer: int, choice: np.ndarray) -> None:
         """Update layer's running expert shares with its tokens' choices (rows), oldest first."""
-        share = self._share[layer]
-        if not share.any():  # the layer's first visit: start from an even share
-            share[:] = choice.shape[1] / len(share)
-        for row in choice:
-            share *= 1.0 - SHARE_WEIGHT
-            share[row] += SHARE_WEIGHT
+        _update_shares(self._share[layer], choice, SHARE_WEIGHT)
 
     def ready_first(self, layer: int, ids) -> tuple[list[int], int]:
         """`ids` (after start_reads) in the order to compute them, and how many of them lead that
@@ -397,6 +407,49 @@ class ExpertStore:
             if entry.pending is not None:
                 entry.pending.result()
         self.engine.close()
+
+
+@numba.njit(cache=True, nogil=True)
+def _update_shares(share: np.ndarray, choice: np.ndarray, weight: float) -> None:
+    """Each row of `choice` (a token's experts, oldest first) decays every share by (1 - weight)
+    and adds `weight` to its own experts'. A layer's first visit starts from an even share."""
+    if not share.any():
+        share[:] = choice.shape[1] / share.size
+    for row in choice:
+        share *= 1.0 - weight
+        for e in row:
+            share[e] += weight
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def _eviction_ranks(origin, nbytes, need, share, cycle, layer, cycle_length, used_at, pinned):
+    """The evictable experts while `layer` is served (resident, not read for the current visit and
+    not yet used, not `pinned`, of `need` bytes unless need is 0), as flat layer*n_expert+expert
+    indices, with their expected distance to the next use in layer visits (see
+    ExpertStore._victims), when each was last used, and whether it is certain to be needed soon."""
+    n_layer, n_expert = origin.shape
+    held = np.zeros(origin.size, np.bool_)
+    held[pinned] = True
+    flat = np.empty(origin.size, np.int64)
+    expected = np.empty(origin.size)
+    last_used = np.empty(origin.size, np.int64)
+    certain = np.empty(origin.size, np.bool_)
+    n = 0
+    for other in range(n_layer):
+        ahead = (cycle[other] - cycle[layer]) % cycle_length
+        if ahead == 0:
+            ahead = cycle_length
+        for e in range(n_expert):
+            o = origin[other, e]
+            if o < 0 or o == DEMAND or held[other * n_expert + e] or (need != 0 and nbytes[other, e] != need):
+                continue
+            p = 1.0 if o == PREFETCH else share[other, e]
+            flat[n] = other * n_expert + e
+            expected[n] = ahead + cycle_length * (1.0 / p - 1.0)
+            last_used[n] = used_at[other, e]
+            certain[n] = o == EXPECTED
+            n += 1
+    return flat[:n], expected[:n], last_used[:n], certain[:n]
 
 
 def _farthest_first(candidates: np.ndarray, expected: np.ndarray, used_at: np.ndarray,
