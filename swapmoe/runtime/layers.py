@@ -208,7 +208,7 @@ def attend_one_token(q: np.ndarray, k: np.ndarray, v: np.ndarray, cache: KVCache
                       absent if q_norm is None else q_norm, absent if k_norm is None else k_norm, F32(eps),
                       norm_per_head, cos, sin, rope.n_rot, rope.neox, cache.k, cache.vt, cache.length, F32(scale),
                       absent if sinks is None else np.ascontiguousarray(sinks, F32),
-                      -(-S // ggml_math.KV_PAD) * ggml_math.KV_PAD, out)
+                      ggml_math.padded_rows(S), out)
     cache.length = S
     return out.reshape(1, H * dv)
 

@@ -247,7 +247,7 @@ def attention_one_query(q: np.ndarray, k: np.ndarray, vt: np.ndarray, scale: flo
     out = np.empty((1, q.shape[1], vt.shape[1]), F32)
     sink_row = np.zeros(0, F32) if sinks is None else np.ascontiguousarray(sinks, F32)
     _attention_one_query(np.ascontiguousarray(q, F32), np.ascontiguousarray(k, F32), vt, F32(scale), sink_row,
-                         -(-S // KV_PAD) * KV_PAD, out)
+                         padded_rows(S), out)
     return out
 
 
@@ -261,6 +261,11 @@ def attention_scores(q: np.ndarray, k: np.ndarray, scale: float = 1.0) -> np.nda
 
 
 KV_PAD = 256  # llama.cpp's CPU KV cache holds a multiple of 256 rows; the padding is masked
+
+
+def padded_rows(S: int) -> int:
+    """The rows of llama.cpp's CPU KV cache that hold S positions: S rounded up to KV_PAD."""
+    return -(-S // KV_PAD) * KV_PAD
 
 
 def transposed_values(v: np.ndarray) -> np.ndarray:
@@ -281,7 +286,7 @@ def attention_values(p: np.ndarray, vt: np.ndarray, n: int | None = None) -> np.
     if vt.shape[2] < values_width(S):
         raise ValueError(f"transposed values of width {vt.shape[2]} for {S} positions")
     out = np.empty((T, H, vt.shape[1]), F32)
-    _attention_values(np.ascontiguousarray(p, F32), vt, -(-S // KV_PAD) * KV_PAD if n is None else n, out)
+    _attention_values(np.ascontiguousarray(p, F32), vt, padded_rows(S) if n is None else n, out)
     return out
 
 

@@ -419,7 +419,7 @@ class DeepSeek4(Transformer):
 
 def _padded(n: int) -> int:
     """llama.cpp's row count for n keys: a multiple of 256, at least 256."""
-    return max(KV_PAD, -(-n // KV_PAD) * KV_PAD)
+    return max(KV_PAD, ggml_math.padded_rows(n))
 
 
 def hadamard(x: np.ndarray) -> np.ndarray:
