@@ -29,7 +29,9 @@ hash-routed layers, how many of those layers' expert requests while decoding fou
 resident or already in flight. A compute-only run comes before the first configuration and
 after each one, and a configuration's compute time is the faster of the two beside it: a shared
 machine's speed drifts over minutes, so the bound is measured in the same minutes as the run it
-bounds (both speeds are printed under the configuration's row). Decoding samples
+bounds (both speeds are printed under the configuration's row, and beside them the median time
+between decoded tokens of the three runs: the steady pace, which a few tokens' stall of a shared
+machine does not move, and the faster in-RAM median as a share of this one). Decoding samples
 (temperature 1, seed 0) so that the routing keeps moving. llama.cpp runs on the original file with --no-repack (its CPU
 repacking copies weights into anonymous memory, which a cap kills), greedy.
 """
@@ -171,6 +173,12 @@ def decode_speed(row: dict) -> float:
     return row["decode_tokens"] / row["decode_seconds"]
 
 
+def median_token_ms(row: dict) -> float:
+    """The median time between decoded tokens: the steady pace, which a stall of the shared
+    machine during a few tokens does not move."""
+    return float(np.median(np.diff(row["token_times"]))) * 1e3
+
+
 def run_llama(llama_bin: Path, model: Path, args) -> dict:
     drop_caches()
     prompt = " ".join(["hello"] * args.prompt)
@@ -282,8 +290,14 @@ def main():
               f"{row['wait_seconds'] / seconds:8.0%} {row['peak'] / 2**20:9.0f} {row['oom']:4d}" + bound)
         if compute:
             row["compute_tps"] = [decode_speed(r) for r in neighbours]
+            row["median_token_ms"] = median_token_ms(row)
+            row["compute_median_token_ms"] = [median_token_ms(r) for r in neighbours]
             print(f"{'':30} compute only (in RAM) just before and after: "
                   + " and ".join(f"{v:.2f}" for v in row["compute_tps"]) + " tok/s decode", flush=True)
+            share = min(row["compute_median_token_ms"]) / row["median_token_ms"]
+            print(f"{'':30} median token {row['median_token_ms']:.1f} ms, in RAM "
+                  + " and ".join(f"{v:.1f}" for v in row["compute_median_token_ms"])
+                  + f" ms: {share:.2f} of the faster", flush=True)
         if row["hash_layers"]:
             print(f"{'':30} hash-routed layers while decoding, resident or in flight when asked: " + ", ".join(
                 f"layer {layer} {row['decode_layers'][str(layer)][0]}/{row['decode_layers'][str(layer)][1]}"
