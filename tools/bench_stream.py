@@ -313,7 +313,7 @@ def main():
                   f"{'':>12} {'':>9} {'':>8} {row['peak'] / 2**20:9.0f} {row['oom']:4d}")
             if "default" in rows and "error" not in rows["default"]:
                 d = rows["default"]
-                ratio = d["decode_tokens"] / d["decode_seconds"] / row["decode_tps"]
+                ratio = decode_speed(d) / row["decode_tps"]
                 print(f"swapmoe default / llama.cpp decode: {ratio:.2f} (target >= 5)")
     (args.dir / "bench_stream.json").write_text(json.dumps(rows, indent=1, default=str))
 
