@@ -12,6 +12,7 @@ Public API (each name is imported lazily so `import swapmoe` stays cheap):
 Each name also imports as `from swapmoe import load, repack, synth, ...`; `swapmoe.index` and
 `swapmoe.repack` are submodules too (`import swapmoe.index`, `from swapmoe.index import load`).
 """
+
 from __future__ import annotations
 
 __version__ = "0.1.0"

@@ -2,6 +2,7 @@
 
 A crash, a full disk or Ctrl-C leaves the target untouched and no temp file behind.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -32,8 +33,9 @@ def check_output_path(out: Path, force: bool, inputs: tuple[Path, ...] = ()) -> 
 def check_free_space(out: Path, needed: int) -> None:
     free = shutil.disk_usage(out.parent).free
     if free < needed:
-        raise SwapmoeError(f"{out}: not enough free space in {out.parent}: need {needed / 1e9:.2f} GB, "
-                           f"have {free / 1e9:.2f} GB")
+        raise SwapmoeError(
+            f"{out}: not enough free space in {out.parent}: need {needed / 1e9:.2f} GB, have {free / 1e9:.2f} GB"
+        )
 
 
 @contextlib.contextmanager

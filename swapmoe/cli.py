@@ -1,4 +1,5 @@
 """The `swapmoe` command line."""
+
 from __future__ import annotations
 
 import functools
@@ -73,6 +74,7 @@ FINITE_POSITIVE = Finite(0, None, min_open=True)
 SEED = click.IntRange(0, 2**63 - 1)
 SPECIAL_TOKENS_MOST = 4  # tokens a tokenizer adds beyond the text's bytes: BOS, EOS, a prefix space
 
+
 def _page_size(ctx, param, value):
     if value < 4096 or value > 1 << 30 or value & (value - 1):
         raise click.BadParameter("must be a power of two from 4096 to 1 GiB")
@@ -81,14 +83,22 @@ def _page_size(ctx, param, value):
 
 @main.command()
 @click.argument("out", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--arch", help="Architecture (default: the preset's, else qwen3moe): qwen3moe, qwen2moe, olmoe, "
-              "llama, deepseek2, deepseek4, minimax-m2, gpt-oss, qwen35moe, qwen3next, laguna.")
+@click.option(
+    "--arch",
+    help="Architecture (default: the preset's, else qwen3moe): qwen3moe, qwen2moe, olmoe, "
+    "llama, deepseek2, deepseek4, minimax-m2, gpt-oss, qwen35moe, qwen3next, laguna.",
+)
 @click.option("--preset", help="Shape of a real model, e.g. qwen3-30b-a3b, deepseek-v4-flash (default: tiny-ARCH).")
 @click.option("--size-gb", type=FINITE_POSITIVE, help="Scale the layer count so the file is about this many GB.")
-@click.option("--type", "type_name", default="Q8_0", show_default=True,
-              help="ggml type of every weight matrix (F32, F16, Q8_0, Q4_K, IQ2_XXS, MXFP4, ...), or the "
-                   "mix llama-quantize makes of that name: Q4_K_M, or Q2_K (Q2_K most places, Q3_K/Q4_K where "
-                   "it hurts).")
+@click.option(
+    "--type",
+    "type_name",
+    default="Q8_0",
+    show_default=True,
+    help="ggml type of every weight matrix (F32, F16, Q8_0, Q4_K, IQ2_XXS, MXFP4, ...), or the "
+    "mix llama-quantize makes of that name: Q4_K_M, or Q2_K (Q2_K most places, Q3_K/Q4_K where "
+    "it hurts).",
+)
 @click.option("--layers", type=click.IntRange(1, 10_000), help="Override the layer count.")
 @click.option("--experts", type=click.IntRange(1, 65_536), help="Override the number of experts per layer.")
 @click.option("--seed", type=SEED, default=0, show_default=True, help="Random seed for the weights.")
@@ -107,19 +117,27 @@ def synth(out, arch, preset, size_gb, type_name, layers, experts, seed, force):
     name = preset or f"tiny-{arch or 'qwen3moe'}"  # as synth picks it; it reports unknown names itself
     used = PRESETS[name].n_expert_used if name in PRESETS else 1
     if experts is not None and experts < used:  # the model would route each token to experts it lacks
-        raise click.BadParameter(f"{name} routes each token to {used} experts; give at least {used}",
-                                 param_hint="'--experts'")
+        raise click.BadParameter(
+            f"{name} routes each token to {used} experts; give at least {used}", param_hint="'--experts'"
+        )
     overrides = {k: v for k, v in (("n_layer", layers), ("n_expert", experts)) if v is not None}
-    path = write_synth(out, arch=arch, preset=preset, size_gb=size_gb, type=type_name, seed=seed, force=force,
-                       **overrides)
+    path = write_synth(
+        out, arch=arch, preset=preset, size_gb=size_gb, type=type_name, seed=seed, force=force, **overrides
+    )
     click.echo(f"wrote {path} ({path.stat().st_size / 1e9:.3f} GB)")
 
 
 @main.command()
 @click.argument("model", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON object instead of text.")
-@click.option("--page-size", type=int, default=16384, show_default=True, callback=_page_size,
-              help="Page size for the alignment summary.")
+@click.option(
+    "--page-size",
+    type=int,
+    default=16384,
+    show_default=True,
+    callback=_page_size,
+    help="Page size for the alignment summary.",
+)
 @user_errors
 def inspect(model, as_json, page_size):
     """Show experts, slice sizes, RAM needs and alignment of a GGUF."""
@@ -131,50 +149,102 @@ def inspect(model, as_json, page_size):
 
 
 _MODEL_OPTIONS = [
-    click.option("--ctx", type=click.IntRange(1, 1 << 24),
-                 help="Context length (default: the model's, at most 4096). A run without --chat reserves RAM "
-                      "for the KV cache of its prompt and -n tokens only; the rest goes to experts."),
-    click.option("--threads", type=click.IntRange(1, 4096),
-                 help="Compute threads (default: all cores). On a machine busy with other work, use fewer, or set "
-                      "OMP_WAIT_POLICY=passive."),
-    click.option("--expert-streaming/--no-expert-streaming", default=None,
-                 help="Read routed experts only when needed (default: on for repacked files or when the experts "
-                      "do not fit in RAM). Env SWAPMOE_EXPERT_STREAMING."),
-    click.option("--expert-cache-size", type=click.IntRange(1), metavar="MiB",
-                 help="RAM budget for resident experts, enforced (default: what is left after the rest of the "
-                      "model). Env SWAPMOE_EXPERT_CACHE_SIZE."),
-    click.option("--expert-keep-recent", type=click.IntRange(1), metavar="N",
-                 help="Keep only the N most recently used experts of each layer after every token. "
-                      "Env SWAPMOE_EXPERT_KEEP_RECENT."),
-    click.option("--expert-fixation", type=click.IntRange(0), metavar="N",
-                 help="While decoding, reuse each layer's experts for N tokens (faster from disk, slightly "
-                      "different output). Env SWAPMOE_EXPERT_FIXATION."),
-    click.option("--expert-prefetch", type=click.Choice(["off", "previous", "lookahead", "both"]), is_flag=False,
-                 flag_value="both",
-                 help="Start reading experts before they are needed: the previous token's, and/or the next "
-                      "layer's predicted by its router (alone: both). Env SWAPMOE_EXPERT_PREFETCH."),
-    click.option("--expert-hash-prefetch/--no-expert-hash-prefetch", default=None,
-                 help="Hash-routed layers (DeepSeek-V4): start reading the experts a token's table row names as "
-                      "soon as the token is known; exact, so on by default. Env SWAPMOE_EXPERT_HASH_PREFETCH."),
-    click.option("--io", type=click.Choice(["auto", "mmap", "pread"]),
-                 help="How experts are read: mapped file or explicit reads into owned buffers. Env SWAPMOE_IO."),
-    click.option("--trace", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
-                 help="Write every layer's expert choice to FILE as JSON lines, for tools/replay_trace.py."),
-    click.option("--override-kv", multiple=True, metavar="KEY=TYPE:VALUE",
-                 help="Use this metadata value instead of the file's (TYPE int, float, bool, str; repeatable), as "
-                      "llama.cpp's flag: e.g. qwen3moe.expert_used_count=int:10 routes each token to 10 experts."),
+    click.option(
+        "--ctx",
+        type=click.IntRange(1, 1 << 24),
+        help="Context length (default: the model's, at most 4096). A run without --chat reserves RAM "
+        "for the KV cache of its prompt and -n tokens only; the rest goes to experts.",
+    ),
+    click.option(
+        "--threads",
+        type=click.IntRange(1, 4096),
+        help="Compute threads (default: all cores). On a machine busy with other work, use fewer, or set "
+        "OMP_WAIT_POLICY=passive.",
+    ),
+    click.option(
+        "--expert-streaming/--no-expert-streaming",
+        default=None,
+        help="Read routed experts only when needed (default: on for repacked files or when the experts "
+        "do not fit in RAM). Env SWAPMOE_EXPERT_STREAMING.",
+    ),
+    click.option(
+        "--expert-cache-size",
+        type=click.IntRange(1),
+        metavar="MiB",
+        help="RAM budget for resident experts, enforced (default: what is left after the rest of the "
+        "model). Env SWAPMOE_EXPERT_CACHE_SIZE.",
+    ),
+    click.option(
+        "--expert-keep-recent",
+        type=click.IntRange(1),
+        metavar="N",
+        help="Keep only the N most recently used experts of each layer after every token. "
+        "Env SWAPMOE_EXPERT_KEEP_RECENT.",
+    ),
+    click.option(
+        "--expert-fixation",
+        type=click.IntRange(0),
+        metavar="N",
+        help="While decoding, reuse each layer's experts for N tokens (faster from disk, slightly "
+        "different output). Env SWAPMOE_EXPERT_FIXATION.",
+    ),
+    click.option(
+        "--expert-prefetch",
+        type=click.Choice(["off", "previous", "lookahead", "both"]),
+        is_flag=False,
+        flag_value="both",
+        help="Start reading experts before they are needed: the previous token's, and/or the next "
+        "layer's predicted by its router (alone: both). Env SWAPMOE_EXPERT_PREFETCH.",
+    ),
+    click.option(
+        "--expert-hash-prefetch/--no-expert-hash-prefetch",
+        default=None,
+        help="Hash-routed layers (DeepSeek-V4): start reading the experts a token's table row names as "
+        "soon as the token is known; exact, so on by default. Env SWAPMOE_EXPERT_HASH_PREFETCH.",
+    ),
+    click.option(
+        "--io",
+        type=click.Choice(["auto", "mmap", "pread"]),
+        help="How experts are read: mapped file or explicit reads into owned buffers. Env SWAPMOE_IO.",
+    ),
+    click.option(
+        "--trace",
+        type=click.Path(dir_okay=False, path_type=Path),
+        metavar="FILE",
+        help="Write every layer's expert choice to FILE as JSON lines, for tools/replay_trace.py.",
+    ),
+    click.option(
+        "--override-kv",
+        multiple=True,
+        metavar="KEY=TYPE:VALUE",
+        help="Use this metadata value instead of the file's (TYPE int, float, bool, str; repeatable), as "
+        "llama.cpp's flag: e.g. qwen3moe.expert_used_count=int:10 routes each token to 10 experts.",
+    ),
 ]
-_MODEL_KEYS = ("ctx", "threads", "expert_streaming", "expert_cache_size", "expert_keep_recent", "expert_fixation",
-               "expert_prefetch", "expert_hash_prefetch", "io", "trace", "override_kv")
+_MODEL_KEYS = (
+    "ctx",
+    "threads",
+    "expert_streaming",
+    "expert_cache_size",
+    "expert_keep_recent",
+    "expert_fixation",
+    "expert_prefetch",
+    "expert_hash_prefetch",
+    "io",
+    "trace",
+    "override_kv",
+)
 
 
 def model_options(command):
     """The options of `swapmoe.load` (context, threads, expert streaming) as flags; the command
     receives them together as `options`, a dict for swapmoe.load."""
+
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
         kwargs["options"] = {key: kwargs.pop(key) for key in _MODEL_KEYS}
         return command(*args, **kwargs)
+
     for option in reversed(_MODEL_OPTIONS):
         wrapper = option(wrapper)
     return wrapper
@@ -183,27 +253,53 @@ def model_options(command):
 @main.command()
 @click.argument("model", required=False, type=click.Path(dir_okay=False, path_type=Path))
 @click.option("-p", "--prompt", help="Prompt text.")
-@click.option("-f", "--file", "prompt_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="Read the prompt from a file.")
+@click.option(
+    "-f",
+    "--file",
+    "prompt_file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Read the prompt from a file.",
+)
 @click.option("--chat", is_flag=True, help="Apply the model's chat template; without -p/-f, chat interactively.")
-@click.option("-n", "--max-tokens", type=click.IntRange(1), default=128, show_default=True,
-              help="Tokens to generate.")
+@click.option("-n", "--max-tokens", type=click.IntRange(1), default=128, show_default=True, help="Tokens to generate.")
 @click.option("--temp", type=Finite(0, 100), default=0.0, show_default=True, help="Temperature; 0 is greedy.")
-@click.option("--top-k", type=click.IntRange(0), default=40, show_default=True,
-              help="Keep the k most likely tokens (0: off).")
+@click.option(
+    "--top-k", type=click.IntRange(0), default=40, show_default=True, help="Keep the k most likely tokens (0: off)."
+)
 @click.option("--top-p", type=Finite(0, 1), default=0.95, show_default=True, help="Nucleus sampling mass (1: off).")
-@click.option("--min-p", type=Finite(0, 1), default=0.05, show_default=True,
-              help="Drop tokens below min-p × the best (0: off).")
-@click.option("--repeat-penalty", type=Finite(0, 100, min_open=True), default=1.0, show_default=True,
-              help="Penalty for recent tokens (1: off).")
+@click.option(
+    "--min-p", type=Finite(0, 1), default=0.05, show_default=True, help="Drop tokens below min-p × the best (0: off)."
+)
+@click.option(
+    "--repeat-penalty",
+    type=Finite(0, 100, min_open=True),
+    default=1.0,
+    show_default=True,
+    help="Penalty for recent tokens (1: off).",
+)
 @click.option("--seed", type=SEED, help="Random seed for sampling.")
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-text tokens.")
 @model_options
-@click.option("--stats", "show_stats", is_flag=True,
-              help="Print what the expert store chose and why, and its counters.")
+@click.option(
+    "--stats", "show_stats", is_flag=True, help="Print what the expert store chose and why, and its counters."
+)
 @user_errors
-def run(model, prompt, prompt_file, chat, max_tokens, temp, top_k, top_p, min_p, repeat_penalty, seed, ignore_eos,
-        options, show_stats):
+def run(
+    model,
+    prompt,
+    prompt_file,
+    chat,
+    max_tokens,
+    temp,
+    top_k,
+    top_p,
+    min_p,
+    repeat_penalty,
+    seed,
+    ignore_eos,
+    options,
+    show_stats,
+):
     """Generate text with a GGUF MoE model (default: the embedded tiny model).
 
     \b
@@ -242,18 +338,31 @@ def run(model, prompt, prompt_file, chat, max_tokens, temp, top_k, top_p, min_p,
             pieces.append(piece)
         click.echo()
         s = m.stats
-        click.echo(f"prompt {s.prompt_tokens} tok at {s.prompt_tokens / max(s.prompt_seconds, 1e-9):.1f} tok/s, "
-                   f"decode {s.decode_tokens} tok at {s.decode_tokens / max(s.decode_seconds, 1e-9):.1f} tok/s, "
-                   f"expert hits {s.hits}/{s.requests}, experts read {s.bytes_read / 2**20:.1f} MiB",
-                   err=True)
+        click.echo(
+            f"prompt {s.prompt_tokens} tok at {s.prompt_tokens / max(s.prompt_seconds, 1e-9):.1f} tok/s, "
+            f"decode {s.decode_tokens} tok at {s.decode_tokens / max(s.decode_seconds, 1e-9):.1f} tok/s, "
+            f"expert hits {s.hits}/{s.requests}, experts read {s.bytes_read / 2**20:.1f} MiB",
+            err=True,
+        )
         if show_stats:
-            click.echo("swapmoe: " + ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
-                                             for k, v in s.as_dict().items() if k != "decode_layers"), err=True)
+            click.echo(
+                "swapmoe: "
+                + ", ".join(
+                    f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
+                    for k, v in s.as_dict().items()
+                    if k != "decode_layers"
+                ),
+                err=True,
+            )
             hashed = [layer for layer in m.index.hash_layers() if layer in s.decode_layers]
             if hashed:
-                click.echo("swapmoe: hash-routed layers while decoding, experts resident or in flight when asked: " +
-                           ", ".join(f"layer {layer} {s.decode_layers[layer][0]}/{s.decode_layers[layer][1]}"
-                                     for layer in hashed), err=True)
+                click.echo(
+                    "swapmoe: hash-routed layers while decoding, experts resident or in flight when asked: "
+                    + ", ".join(
+                        f"layer {layer} {s.decode_layers[layer][0]}/{s.decode_layers[layer][1]}" for layer in hashed
+                    ),
+                    err=True,
+                )
         return "".join(pieces)
 
     if not chat:
@@ -282,14 +391,27 @@ def run(model, prompt, prompt_file, chat, max_tokens, temp, top_k, top_p, min_p,
 
 @main.command()
 @click.argument("model", required=False, type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--host", default="127.0.0.1", show_default=True,
-              help="Address to listen on (0.0.0.0: every interface; then set --api-key).")
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address to listen on (0.0.0.0: every interface; then set --api-key).",
+)
 @click.option("--port", type=click.IntRange(1, 65535), default=8080, show_default=True, help="Port to listen on.")
-@click.option("--api-key", envvar="SWAPMOE_API_KEY",
-              help="Require `Authorization: Bearer KEY` on every route but /health. Env SWAPMOE_API_KEY.")
-@click.option("--parallel", "-np", type=click.IntRange(1, 64), default=4, show_default=True,
-              help="Requests decoded together (each with its own context's caches); each step reads an "
-                   "expert once for all of them. More requests wait in order.")
+@click.option(
+    "--api-key",
+    envvar="SWAPMOE_API_KEY",
+    help="Require `Authorization: Bearer KEY` on every route but /health. Env SWAPMOE_API_KEY.",
+)
+@click.option(
+    "--parallel",
+    "-np",
+    type=click.IntRange(1, 64),
+    default=4,
+    show_default=True,
+    help="Requests decoded together (each with its own context's caches); each step reads an "
+    "expert once for all of them. More requests wait in order.",
+)
 @model_options
 @user_errors
 def serve(model, host, port, api_key, parallel, options):
@@ -314,11 +436,22 @@ def serve(model, host, port, api_key, parallel, options):
 @main.command()
 @click.argument("in_path", metavar="IN", type=click.Path(dir_okay=False, path_type=Path))
 @click.argument("out", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--layout", type=click.Choice(["bundled", "compat"]), default="bundled", show_default=True,
-              help="bundled: each expert one page-aligned run (swapmoe runtime); compat: standard 3-D expert "
-                   "tensors, page-aligned, still loads in llama.cpp.")
-@click.option("--page-size", type=int, default=16384, show_default=True, callback=_page_size,
-              help="Alignment of expert slices: a power of two >= 4096 (16 KiB suits 4 KiB and 16 KiB page systems).")
+@click.option(
+    "--layout",
+    type=click.Choice(["bundled", "compat"]),
+    default="bundled",
+    show_default=True,
+    help="bundled: each expert one page-aligned run (swapmoe runtime); compat: standard 3-D expert "
+    "tensors, page-aligned, still loads in llama.cpp.",
+)
+@click.option(
+    "--page-size",
+    type=int,
+    default=16384,
+    show_default=True,
+    callback=_page_size,
+    help="Alignment of expert slices: a power of two >= 4096 (16 KiB suits 4 KiB and 16 KiB page systems).",
+)
 @click.option("--force", is_flag=True, help="Overwrite OUT if it exists.")
 @user_errors
 def repack(in_path, out, layout, page_size, force):
@@ -332,16 +465,27 @@ def repack(in_path, out, layout, page_size, force):
     from swapmoe.repack.write import repack as run_repack
 
     path = run_repack(in_path, out, layout=layout, page_size=page_size, force=force, progress=True)
-    click.echo(f"wrote {path} ({path.stat().st_size / 1e9:.3f} GB, {layout} layout, {page_size // 1024} KiB pages) "
-               f"and {sidecar_path(path).name}")
+    click.echo(
+        f"wrote {path} ({path.stat().st_size / 1e9:.3f} GB, {layout} layout, {page_size // 1024} KiB pages) "
+        f"and {sidecar_path(path).name}"
+    )
 
 
 @main.command("index")
 @click.argument("model", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--page-size", type=int, default=16384, show_default=True, callback=_page_size,
-              help="Page size to judge alignment by (a repacked file uses its own).")
-@click.option("--no-digests", is_flag=True, help="Skip the sha256 of every tensor (no full read of the file; "
-                                                 "verify then cannot check bytes).")
+@click.option(
+    "--page-size",
+    type=int,
+    default=16384,
+    show_default=True,
+    callback=_page_size,
+    help="Page size to judge alignment by (a repacked file uses its own).",
+)
+@click.option(
+    "--no-digests",
+    is_flag=True,
+    help="Skip the sha256 of every tensor (no full read of the file; verify then cannot check bytes).",
+)
 @user_errors
 def index_cmd(model, page_size, no_digests):
     """Write MODEL.swapidx, the sidecar index, for a GGUF as it is (no copy).
@@ -355,15 +499,20 @@ def index_cmd(model, page_size, no_digests):
     side, index = index_gguf(model, page_size, digests=not no_digests, progress=True)
     present = index.part_length.any(axis=2)
     flags = index.slice_flags[present]
-    click.echo(f"wrote {side}: {len(index.moe_layers())} MoE layers x {index.n_expert} experts, "
-               f"{int((flags & FLAG_PAGE_ALIGNED).astype(bool).sum())} of {int(present.sum())} slices page-aligned, "
-               f"{int((flags & FLAG_SHARES_PAGE).astype(bool).sum())} share a page with a neighbour")
+    click.echo(
+        f"wrote {side}: {len(index.moe_layers())} MoE layers x {index.n_expert} experts, "
+        f"{int((flags & FLAG_PAGE_ALIGNED).astype(bool).sum())} of {int(present.sum())} slices page-aligned, "
+        f"{int((flags & FLAG_SHARES_PAGE).astype(bool).sum())} share a page with a neighbour"
+    )
 
 
 @main.command()
 @click.argument("model", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--against", type=click.Path(dir_okay=False, path_type=Path),
-              help="The original GGUF: also compare every tensor byte for byte.")
+@click.option(
+    "--against",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="The original GGUF: also compare every tensor byte for byte.",
+)
 @user_errors
 def verify(model, against):
     """Check MODEL against its sidecar index: digests, layout, and (with --against) the original."""
@@ -411,18 +560,28 @@ def _print_stream_stats(m) -> None:
     s = m.stats
     budget = m.plan.budget_bytes
     click.echo(f"\n--- expert streaming ({m.plan.engine}) ---")
-    click.echo(f"prompt  {s.prompt_tokens} tokens at {s.prompt_tokens / max(s.prompt_seconds, 1e-9):.1f} tok/s; "
-               f"decode {s.decode_tokens} tokens at {s.decode_tokens / max(s.decode_seconds, 1e-9):.1f} tok/s")
-    click.echo(f"experts asked for {s.requests}, found in RAM {s.hits}, read {s.misses} "
-               f"({s.bytes_read / 2**20:.1f} MiB), evicted {s.evictions}")
+    click.echo(
+        f"prompt  {s.prompt_tokens} tokens at {s.prompt_tokens / max(s.prompt_seconds, 1e-9):.1f} tok/s; "
+        f"decode {s.decode_tokens} tokens at {s.decode_tokens / max(s.decode_seconds, 1e-9):.1f} tok/s"
+    )
+    click.echo(
+        f"experts asked for {s.requests}, found in RAM {s.hits}, read {s.misses} "
+        f"({s.bytes_read / 2**20:.1f} MiB), evicted {s.evictions}"
+    )
     if budget is not None:
-        click.echo(f"resident experts at most {s.peak_resident_expert_bytes / 2**20:.2f} MiB "
-                   f"of a {budget / 2**20:.2f} MiB budget")
+        click.echo(
+            f"resident experts at most {s.peak_resident_expert_bytes / 2**20:.2f} MiB "
+            f"of a {budget / 2**20:.2f} MiB budget"
+        )
 
 
 @main.command()
-@click.option("--big", is_flag=True, help="Also run a synthetic model 4x larger than a memory cap the demo sets "
-                                          "(needs root for the cgroup, and ~5 GB of disk).")
+@click.option(
+    "--big",
+    is_flag=True,
+    help="Also run a synthetic model 4x larger than a memory cap the demo sets "
+    "(needs root for the cgroup, and ~5 GB of disk).",
+)
 @click.option("-n", "--max-tokens", type=int, default=64, show_default=True, help="Tokens to generate.")
 @user_errors
 def demo(big, max_tokens):
@@ -447,8 +606,10 @@ def demo(big, max_tokens):
     click.echo(format_summary(summarize(open_gguf(packed))))
     quarter = int(load_index(packed).part_length.sum()) // 4  # raised by load() if one layer needs more
     m = swapmoe.load(packed, io="pread", expert_cache_size=max(1, -(-quarter >> 20)))
-    click.echo(f"\nGenerating with {m.plan.budget_bytes / 2**20:.0f} MiB for experts "
-               f"({m.plan.budget_bytes / m.index.part_length.sum():.0%} of them):\n")
+    click.echo(
+        f"\nGenerating with {m.plan.budget_bytes / 2**20:.0f} MiB for experts "
+        f"({m.plan.budget_bytes / m.index.part_length.sum():.0%} of them):\n"
+    )
     click.echo(DEMO_PROMPT, nl=False)
     for piece in m.generate(DEMO_PROMPT, max_tokens=max_tokens):
         click.echo(piece, nl=False)
@@ -471,12 +632,18 @@ def _big_demo() -> None:
         swapmoe.repack(original, packed, force=True, progress=True)
         original.unlink()
     cap = 1200 << 20
-    click.echo(f"\n{packed.name}: {packed.stat().st_size / 2**30:.2f} GiB, run under a {cap >> 20} MiB cap "
-               "(page cache included):")
-    result = run_capped([sys.executable, "-m", "swapmoe.cli", "run", str(packed), "-p", "hello", "-n", "16",
-                         "--ignore-eos", "--stats"], cap)
-    click.echo(f"peak memory {result.peak / 2**20:.0f} MiB of {cap >> 20} MiB, OOM kills {result.oom_kills}, "
-               f"exit {result.returncode}")
+    click.echo(
+        f"\n{packed.name}: {packed.stat().st_size / 2**30:.2f} GiB, run under a {cap >> 20} MiB cap "
+        "(page cache included):"
+    )
+    result = run_capped(
+        [sys.executable, "-m", "swapmoe.cli", "run", str(packed), "-p", "hello", "-n", "16", "--ignore-eos", "--stats"],
+        cap,
+    )
+    click.echo(
+        f"peak memory {result.peak / 2**20:.0f} MiB of {cap >> 20} MiB, OOM kills {result.oom_kills}, "
+        f"exit {result.returncode}"
+    )
     if result.returncode != 0:
         raise SwapmoeError("the capped run failed")
 

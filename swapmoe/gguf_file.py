@@ -11,6 +11,7 @@ damaged files, and the tensor classification table.
 
 Tensor data is only ever reached through read-only memory maps.
 """
+
 from __future__ import annotations
 
 import math
@@ -55,8 +56,10 @@ class TensorClass:
 _LAYER = r"^blk\.(?P<layer>\d+)\."
 _CLASS_TABLE: list[tuple[re.Pattern[str], TensorKind]] = [
     (re.compile(_LAYER + r"ffn_gate_tid2eid\.weight$"), TensorKind.HASH_TABLE),
-    (re.compile(_LAYER + r"ffn_(?P<projection>gate_up|gate|up|down)_exps\.(?P<part>weight|bias|scale)$"),
-     TensorKind.ROUTED_EXPERT),
+    (
+        re.compile(_LAYER + r"ffn_(?P<projection>gate_up|gate|up|down)_exps\.(?P<part>weight|bias|scale)$"),
+        TensorKind.ROUTED_EXPERT,
+    ),
     (re.compile(_LAYER + r"(ffn_gate_inp(_shexp)?|exp_probs_b(_vl)?)\.(weight|bias)$"), TensorKind.ROUTER),
     (re.compile(_LAYER + r"ffn_\w+_shexp\.\w+$"), TensorKind.SHARED_EXPERT),
 ]
@@ -149,10 +152,19 @@ _TENSOR_TYPE_AND_OFFSET = struct.Struct("<IQ")  # ggml type, offset in the data 
 _MAX_DIMS = 4  # GGML_MAX_DIMS
 _MAX_STRING = 64 << 20  # bytes of one metadata string: chat templates are ~100 kB, tokens a few bytes
 # The fixed-size value types: struct formats that are also numpy dtypes, for arrays of them.
-_SCALAR_FORMATS = {GGUFValueType.UINT8: "<B", GGUFValueType.INT8: "<b", GGUFValueType.UINT16: "<H",
-                   GGUFValueType.INT16: "<h", GGUFValueType.UINT32: "<I", GGUFValueType.INT32: "<i",
-                   GGUFValueType.FLOAT32: "<f", GGUFValueType.BOOL: "<?", GGUFValueType.UINT64: "<Q",
-                   GGUFValueType.INT64: "<q", GGUFValueType.FLOAT64: "<d"}
+_SCALAR_FORMATS = {
+    GGUFValueType.UINT8: "<B",
+    GGUFValueType.INT8: "<b",
+    GGUFValueType.UINT16: "<H",
+    GGUFValueType.INT16: "<h",
+    GGUFValueType.UINT32: "<I",
+    GGUFValueType.INT32: "<i",
+    GGUFValueType.FLOAT32: "<f",
+    GGUFValueType.BOOL: "<?",
+    GGUFValueType.UINT64: "<Q",
+    GGUFValueType.INT64: "<q",
+    GGUFValueType.FLOAT64: "<d",
+}
 _SCALARS = {value_type: struct.Struct(fmt) for value_type, fmt in _SCALAR_FORMATS.items()}
 _ARRAY_DTYPES = {value_type: np.dtype(fmt) for value_type, fmt in _SCALAR_FORMATS.items()}
 
@@ -160,6 +172,7 @@ _ARRAY_DTYPES = {value_type: np.dtype(fmt) for value_type, fmt in _SCALAR_FORMAT
 @dataclass
 class _ShardHeader:
     """One shard's parsed header, and the read-only map of the whole file."""
+
     shard: Shard
     map: mmap.mmap
     data: np.ndarray  # uint8 view of the map
@@ -198,8 +211,7 @@ def _open_shard(path: Path, index: int) -> _ShardHeader:
         raise SwapmoeError(f"{path}: corrupt or truncated GGUF header ({type(e).__name__}: {e})") from None
 
 
-def _parse_header(path: Path, index: int, data: mmap.mmap, version: int, n_tensors: int,
-                  n_kv: int) -> _ShardHeader:
+def _parse_header(path: Path, index: int, data: mmap.mmap, version: int, n_tensors: int, n_kv: int) -> _ShardHeader:
     # The counts come from the file: the loops below trust them because every field moves `pos`
     # on by at least 12 bytes, so a damaged count soon reads past the end and raises.
     metadata: dict[str, Any] = {}
@@ -249,25 +261,40 @@ def _parse_header(path: Path, index: int, data: mmap.mmap, version: int, n_tenso
         if 0 in ne:  # an empty tensor would let its other dimensions be anything at all
             raise SwapmoeError(f"{path}: tensor {name} has a dimension of 0 ({list(ne)})")
         if ne and ne[0] % block:
-            raise SwapmoeError(f"{path}: tensor {name}: row of {ne[0]} is not a whole number of "
-                               f"{ggml_type.name} blocks of {block}")
+            raise SwapmoeError(
+                f"{path}: tensor {name}: row of {ne[0]} is not a whole number of {ggml_type.name} blocks of {block}"
+            )
         if relative_offset % alignment:
-            raise SwapmoeError(f"{path}: tensor {name} starts at byte {relative_offset:,} of the data section, "
-                               f"not a multiple of general.alignment {alignment}")
+            raise SwapmoeError(
+                f"{path}: tensor {name} starts at byte {relative_offset:,} of the data section, "
+                f"not a multiple of general.alignment {alignment}"
+            )
         nbytes = math.prod(ne) // block * type_size
         offset = data_offset + relative_offset
         if offset + nbytes > len(data):
-            raise SwapmoeError(f"{path}: truncated: tensor {name} needs bytes up to {offset + nbytes:,} "
-                               f"but the file has {len(data):,} bytes")
+            raise SwapmoeError(
+                f"{path}: truncated: tensor {name} needs bytes up to {offset + nbytes:,} "
+                f"but the file has {len(data):,} bytes"
+            )
         tensors.append(TensorInfo(name, ggml_type, ne, index, offset, nbytes, classify(name)))
     by_offset = sorted(tensors, key=lambda t: t.offset)
     for before, after in zip(by_offset, by_offset[1:]):
         if after.offset < before.offset + before.nbytes:
-            raise SwapmoeError(f"{path}: tensors {before.name} and {after.name} overlap (bytes {after.offset:,} to "
-                               f"{before.offset + before.nbytes:,})")
+            raise SwapmoeError(
+                f"{path}: tensors {before.name} and {after.name} overlap (bytes {after.offset:,} to "
+                f"{before.offset + before.nbytes:,})"
+            )
 
-    shard = Shard(path, len(data), version, alignment, (_HEADER.size, kv_end), (kv_end, tensor_info_end),
-                  data_offset, len(kv_spans))
+    shard = Shard(
+        path,
+        len(data),
+        version,
+        alignment,
+        (_HEADER.size, kv_end),
+        (kv_end, tensor_info_end),
+        data_offset,
+        len(kv_spans),
+    )
     return _ShardHeader(shard, data, np.frombuffer(data, np.uint8), metadata, kv_spans, tensors)
 
 
@@ -276,9 +303,11 @@ def _read_string(data: mmap.mmap, pos: int) -> tuple[bytes, int]:
     (size,) = _U64.unpack_from(data, pos)
     end = pos + 8 + size
     if end > len(data) or size > _MAX_STRING:
-        raise ValueError(f"string at byte {pos:,} claims {size:,} bytes" +
-                         (", past the end of the file" if end > len(data) else f" (at most {_MAX_STRING:,})"))
-    return data[pos + 8:end], end
+        raise ValueError(
+            f"string at byte {pos:,} claims {size:,} bytes"
+            + (", past the end of the file" if end > len(data) else f" (at most {_MAX_STRING:,})")
+        )
+    return data[pos + 8 : end], end
 
 
 def _read_value(data: mmap.mmap, pos: int, value_type: int) -> tuple[Any, int]:
@@ -318,7 +347,7 @@ def _read_strings(data: mmap.mmap, pos: int, count: int) -> tuple[list[str], int
         pos += 8
         if size > _MAX_STRING or pos + size > limit:  # a damaged length: no copy of the file behind it
             raise ValueError(f"string at byte {pos - 8:,} of an array claims {size:,} bytes")
-        append(data[pos:pos + size].decode("utf-8", "surrogateescape"))
+        append(data[pos : pos + size].decode("utf-8", "surrogateescape"))
         pos += size
     if pos > len(data):
         raise ValueError("string array runs past the end of the file")
@@ -345,8 +374,10 @@ class GGUFFile:
     def _check_split_keys(self) -> None:
         count = self.get("split.count")
         if count is not None and int(count) != len(self.shards):
-            raise SwapmoeError(f"{self.path}: metadata says {count} shards but {len(self.shards)} were found "
-                               "(name them NAME-00001-of-0000N.gguf)")
+            raise SwapmoeError(
+                f"{self.path}: metadata says {count} shards but {len(self.shards)} were found "
+                "(name them NAME-00001-of-0000N.gguf)"
+            )
 
     # --- metadata -------------------------------------------------------------------
     def override(self, values: dict[str, Any]) -> None:
@@ -355,8 +386,10 @@ class GGUFFile:
         for key, value in values.items():
             current = self.get(key)
             if current is not None and type(current) is not type(value):
-                raise SwapmoeError(f"{self.path}: cannot override {key} ({type(current).__name__} in the file) "
-                                   f"with a {type(value).__name__}")
+                raise SwapmoeError(
+                    f"{self.path}: cannot override {key} ({type(current).__name__} in the file) "
+                    f"with a {type(value).__name__}"
+                )
         self._overrides.update(values)
         check_model(self)
 
@@ -421,15 +454,20 @@ class GGUFFile:
     def raw(self, name: str) -> np.ndarray:
         """The tensor's bytes as a read-only uint8 view of the mapped file (no copy)."""
         t = self.tensor(name)
-        return self._headers[t.shard].data[t.offset:t.offset + t.nbytes]
+        return self._headers[t.shard].data[t.offset : t.offset + t.nbytes]
 
     def array(self, name: str) -> np.ndarray:
         """Float/int tensors as typed numpy arrays in numpy shape; quantized ones as uint8 rows."""
         t = self.tensor(name)
-        dtypes = {GGMLQuantizationType.F32: np.float32, GGMLQuantizationType.F16: np.float16,
-                  GGMLQuantizationType.I32: np.int32, GGMLQuantizationType.I16: np.int16,
-                  GGMLQuantizationType.I8: np.int8, GGMLQuantizationType.F64: np.float64,
-                  GGMLQuantizationType.I64: np.int64}
+        dtypes = {
+            GGMLQuantizationType.F32: np.float32,
+            GGMLQuantizationType.F16: np.float16,
+            GGMLQuantizationType.I32: np.int32,
+            GGMLQuantizationType.I16: np.int16,
+            GGMLQuantizationType.I8: np.int8,
+            GGMLQuantizationType.F64: np.float64,
+            GGMLQuantizationType.I64: np.int64,
+        }
         raw = self.raw(name)
         if t.ggml_type in dtypes:
             return raw.view(dtypes[t.ggml_type]).reshape(t.shape)
@@ -445,16 +483,36 @@ class GGUFFile:
 # --------------------------------------------------------------------------------------
 _BUNDLED_EXPERT = re.compile(r"^(?P<name>blk\.\d+\.ffn_\w+_exps\.(weight|bias|scale))\.(?P<expert>\d+)$")
 _PER_LAYER = (Keys.Attention.HEAD_COUNT, Keys.Attention.HEAD_COUNT_KV)  # a number, or one per layer
-_WHOLE = (Keys.LLM.BLOCK_COUNT, Keys.LLM.EMBEDDING_LENGTH, Keys.LLM.EXPERT_COUNT, Keys.LLM.EXPERT_USED_COUNT,
-          Keys.LLM.EXPERT_FEED_FORWARD_LENGTH, Keys.LLM.CONTEXT_LENGTH, Keys.LLM.NEXTN_PREDICT_LAYERS,
-          Keys.LLM.EXPERT_GROUP_COUNT, Keys.LLM.EXPERT_GROUP_USED_COUNT, Keys.LLM.FULL_ATTENTION_INTERVAL,
-          Keys.Attention.KEY_LENGTH, Keys.Attention.VALUE_LENGTH, Keys.Attention.KEY_LENGTH_MLA,
-          Keys.Attention.VALUE_LENGTH_MLA, Keys.Attention.Q_LORA_RANK, Keys.Attention.KV_LORA_RANK,
-          Keys.Rope.DIMENSION_COUNT, Keys.Rope.DIMENSION_COUNT_SWA, Keys.Rope.SCALING_ORIG_CTX_LEN,
-          Keys.SSM.CONV_KERNEL) + _PER_LAYER
+_WHOLE = (
+    Keys.LLM.BLOCK_COUNT,
+    Keys.LLM.EMBEDDING_LENGTH,
+    Keys.LLM.EXPERT_COUNT,
+    Keys.LLM.EXPERT_USED_COUNT,
+    Keys.LLM.EXPERT_FEED_FORWARD_LENGTH,
+    Keys.LLM.CONTEXT_LENGTH,
+    Keys.LLM.NEXTN_PREDICT_LAYERS,
+    Keys.LLM.EXPERT_GROUP_COUNT,
+    Keys.LLM.EXPERT_GROUP_USED_COUNT,
+    Keys.LLM.FULL_ATTENTION_INTERVAL,
+    Keys.Attention.KEY_LENGTH,
+    Keys.Attention.VALUE_LENGTH,
+    Keys.Attention.KEY_LENGTH_MLA,
+    Keys.Attention.VALUE_LENGTH_MLA,
+    Keys.Attention.Q_LORA_RANK,
+    Keys.Attention.KV_LORA_RANK,
+    Keys.Rope.DIMENSION_COUNT,
+    Keys.Rope.DIMENSION_COUNT_SWA,
+    Keys.Rope.SCALING_ORIG_CTX_LEN,
+    Keys.SSM.CONV_KERNEL,
+) + _PER_LAYER
 _NOT_ZERO = (Keys.LLM.FULL_ATTENTION_INTERVAL, Keys.Rope.SCALING_ORIG_CTX_LEN, Keys.SSM.CONV_KERNEL)  # divisors, logs
-_REAL = (Keys.Attention.LAYERNORM_RMS_EPS, Keys.Attention.LAYERNORM_EPS, Keys.Rope.FREQ_BASE,
-         Keys.Rope.SCALING_FACTOR, Keys.Rope.SCALING_ATTN_FACTOR)
+_REAL = (
+    Keys.Attention.LAYERNORM_RMS_EPS,
+    Keys.Attention.LAYERNORM_EPS,
+    Keys.Rope.FREQ_BASE,
+    Keys.Rope.SCALING_FACTOR,
+    Keys.Rope.SCALING_ATTN_FACTOR,
+)
 _NORMS = ("attn_norm", "ffn_norm", "post_attention_norm")  # per layer, one weight per embedding dimension
 _SHOWN = 60  # characters of a bad value quoted in an error
 
@@ -486,8 +544,10 @@ class _ModelCheck:
                 shapes[t.name] = t.ne
         for name, parts in experts.items():
             if sorted(parts) != list(range(len(parts))) or len(set(parts.values())) != 1:
-                raise SwapmoeError(f"{g.path}: the expert tensors of {name} are not {len(parts)} tensors of one "
-                                   f"shape numbered 0..{len(parts) - 1}")
+                raise SwapmoeError(
+                    f"{g.path}: the expert tensors of {name} are not {len(parts)} tensors of one "
+                    f"shape numbered 0..{len(parts) - 1}"
+                )
             shapes[name] = parts[0] + (len(parts),)
         return shapes
 
@@ -503,11 +563,15 @@ class _ModelCheck:
         if template in _REAL:
             ok = isinstance(value, (int, float)) and not isinstance(value, bool)
         else:
-            ok = _is_whole(value) or (template in _PER_LAYER and isinstance(value, list)
-                                      and all(_is_whole(v) for v in value))
+            ok = _is_whole(value) or (
+                template in _PER_LAYER and isinstance(value, list) and all(_is_whole(v) for v in value)
+            )
         if not ok:
-            kind = "a number" if template in _REAL else "a whole number" + (
-                " or one per layer" if template in _PER_LAYER else "")
+            kind = (
+                "a number"
+                if template in _REAL
+                else "a whole number" + (" or one per layer" if template in _PER_LAYER else "")
+            )
             raise SwapmoeError(f"{self.g.path}: {key} must be {kind}, not {repr(value)[:_SHOWN]}")
         return value
 
@@ -597,9 +661,11 @@ class _ModelCheck:
             self.fail(f"{used_key} is {n_used}; it must be 1..{n_expert} ({count_key})")
         groups, groups_used = self.value(Keys.LLM.EXPERT_GROUP_COUNT), self.value(Keys.LLM.EXPERT_GROUP_USED_COUNT)
         if groups and groups > 1 and (n_expert % groups or (groups_used or 0) > groups):
-            self.fail(f"{self.key(Keys.LLM.EXPERT_GROUP_COUNT)} {groups} (of which "
-                      f"{self.key(Keys.LLM.EXPERT_GROUP_USED_COUNT)} {groups_used} are used) does not divide "
-                      f"{n_expert} experts")
+            self.fail(
+                f"{self.key(Keys.LLM.EXPERT_GROUP_COUNT)} {groups} (of which "
+                f"{self.key(Keys.LLM.EXPERT_GROUP_USED_COUNT)} {groups_used} are used) does not divide "
+                f"{n_expert} experts"
+            )
         self.n_expert, self.count_key = n_expert, count_key
         return routed
 
@@ -646,8 +712,14 @@ class _ModelCheck:
         """Head counts and lengths against the projections (GQA, and the q and output projections of
         latent attention: key_length_mla / value_length_mla where the file has them)."""
         p, shapes, d = f"blk.{layer}.", self.shapes, self.embd
-        names = ("attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight", "attn_q_b.weight",
-                 "attn_sinks.weight")
+        names = (
+            "attn_q.weight",
+            "attn_k.weight",
+            "attn_v.weight",
+            "attn_output.weight",
+            "attn_q_b.weight",
+            "attn_sinks.weight",
+        )
         if not any(p + name in shapes for name in names):
             return
         head_key, kv_key = self.key(Keys.Attention.HEAD_COUNT), self.key(Keys.Attention.HEAD_COUNT_KV)
@@ -666,26 +738,34 @@ class _ModelCheck:
             for name in ("attn_q.weight", "attn_k.weight", "attn_v.weight"):
                 self.want(p + name, 0, d, self.embd_key)
             if key_length is not None:
-                self.want(p + "attn_k.weight", 1, kv_heads * key_length,
-                          f"{kv_key} {kv_heads} x key_length {key_length}")
+                self.want(
+                    p + "attn_k.weight", 1, kv_heads * key_length, f"{kv_key} {kv_heads} x key_length {key_length}"
+                )
                 self._one_of(p + "attn_k_norm.weight", 0, (key_length, kv_heads * key_length), kv_key)
             if value_length is not None:
-                self.want(p + "attn_v.weight", 1, kv_heads * value_length,
-                          f"{kv_key} {kv_heads} x value_length {value_length}")
+                self.want(
+                    p + "attn_v.weight",
+                    1,
+                    kv_heads * value_length,
+                    f"{kv_key} {kv_heads} x value_length {value_length}",
+                )
         if q_length is not None:
             for name in ("attn_q.weight", "attn_q_b.weight"):  # gated attention doubles the rows
                 self._one_of(p + name, 1, (heads * q_length, 2 * heads * q_length), f"{head_key} {heads}")
             self._one_of(p + "attn_q_norm.weight", 0, (q_length, heads * q_length), f"{head_key} {heads}")
         if out_length is not None:
-            self.want(p + "attn_output.weight", 0, heads * out_length,
-                      f"{head_key} {heads} x value length {out_length}")
+            self.want(
+                p + "attn_output.weight", 0, heads * out_length, f"{head_key} {heads} x value length {out_length}"
+            )
         self.want(p + "attn_output.weight", 1, d, self.embd_key)
         self.want(p + "attn_sinks.weight", 0, heads, head_key)
         for template in (Keys.Rope.DIMENSION_COUNT, Keys.Rope.DIMENSION_COUNT_SWA):  # rotated pairs within a head
             rotated = self.value(template)
             if rotated is not None and (rotated < 2 or rotated % 2 or (q_length and rotated > q_length)):
-                self.fail(f"{self.key(template)} is {rotated}; it must be an even number of 2..{q_length} "
-                          "(the length of a head)")
+                self.fail(
+                    f"{self.key(template)} is {rotated}; it must be an even number of 2..{q_length} "
+                    "(the length of a head)"
+                )
         self._latent(p)
 
     def _latent(self, p: str) -> None:
@@ -698,8 +778,12 @@ class _ModelCheck:
         self.want(p + "attn_q_a_norm.weight", 0, q_rank, q_key)
         self.want(p + "attn_q_b.weight", 0, q_rank, q_key)
         self.want(p + "attn_kv_a_mqa.weight", 0, d, self.embd_key)
-        self.want(p + "attn_kv_a_mqa.weight", 1, None if kv_rank is None or rotated is None else kv_rank + rotated,
-                  f"{kv_key} + rope.dimension_count")
+        self.want(
+            p + "attn_kv_a_mqa.weight",
+            1,
+            None if kv_rank is None or rotated is None else kv_rank + rotated,
+            f"{kv_key} + rope.dimension_count",
+        )
         self.want(p + "attn_kv_a_norm.weight", 0, kv_rank, kv_key)
         self.want(p + "attn_k_b.weight", 1, kv_rank, kv_key)
         self.want(p + "attn_v_b.weight", 0, kv_rank, kv_key)

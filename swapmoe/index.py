@@ -9,6 +9,7 @@ this module re-exports its public names, the very same objects, so `import swapm
 `from swapmoe.index import load` work as well as the attribute `swapmoe.index`. The byte format
 is in docs/index-format.md.
 """
+
 from __future__ import annotations
 
 from swapmoe.repack.index import (
@@ -28,7 +29,17 @@ from swapmoe.repack.index import (
 )
 
 __all__ = [
-    "load", "sidecar_path", "build", "owned_ranges", "ExpertIndex", "Range", "Projection",
-    "SIDECAR_SUFFIX", "MAGIC", "FORMAT_VERSION", "FLAG_PAGE_ALIGNED", "FLAG_SHARES_PAGE", "FLAG_CONTIGUOUS",
+    "load",
+    "sidecar_path",
+    "build",
+    "owned_ranges",
+    "ExpertIndex",
+    "Range",
+    "Projection",
+    "SIDECAR_SUFFIX",
+    "MAGIC",
+    "FORMAT_VERSION",
+    "FLAG_PAGE_ALIGNED",
+    "FLAG_SHARES_PAGE",
+    "FLAG_CONTIGUOUS",
 ]
-

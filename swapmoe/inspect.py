@@ -5,6 +5,7 @@ Expert facts come from the sidecar index when one is beside the file and matches
 otherwise from an index built in memory from the tensor table (no tensor bytes are read),
 so repacked files, whose expert tensors are renamed per expert, are described alike.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -39,21 +40,38 @@ def summarize(g: GGUFFile, page_size: int = 16384) -> dict[str, Any]:
     n_mtp = int(g.arch_get(Keys.LLM.NEXTN_PREDICT_LAYERS, 0) or 0)
     n_layer = (g.arch_get(Keys.LLM.BLOCK_COUNT) or 0) - n_mtp
     summary: dict[str, Any] = {
-        "file": str(g.path), "shards": len(g.shards), "file_bytes": g.total_size, "arch": g.arch,
-        "layers": n_layer, "mtp_layers": list(range(n_layer, n_layer + n_mtp)),
+        "file": str(g.path),
+        "shards": len(g.shards),
+        "file_bytes": g.total_size,
+        "arch": g.arch,
+        "layers": n_layer,
+        "mtp_layers": list(range(n_layer, n_layer + n_mtp)),
         "experts": g.arch_get(Keys.LLM.EXPERT_COUNT),
-        "experts_used": g.arch_get(Keys.LLM.EXPERT_USED_COUNT), "index": source,
+        "experts_used": g.arch_get(Keys.LLM.EXPERT_USED_COUNT),
+        "index": source,
         "swapmoe_layout": g.get("swapmoe.layout"),
     }
     if index is None:
         return summary | {
-            "moe_layers": 0, "expert_slice_bytes": {}, "routed_expert_bytes": 0, "mtp_expert_bytes": 0,
+            "moe_layers": 0,
+            "expert_slice_bytes": {},
+            "routed_expert_bytes": 0,
+            "mtp_expert_bytes": 0,
             "routed_expert_share": 0.0,
-            "nonexpert_bytes": tensor_bytes, "nonexpert_ranges": 0,
-            "tensor_types": sorted({t.ggml_type.name for t in g.tensors.values()}), "page_size": page_size,
-            "expert_slices": 0, "expert_slice_parts_page_aligned": 0, "slices_page_aligned": 0,
-            "slices_sharing_a_page": 0, "slices_contiguous": 0, "hash_layers": [], "hash_table_shape": None,
-            "hash_table_bytes": 0, "cache_bytes": _cache_bytes(g)}
+            "nonexpert_bytes": tensor_bytes,
+            "nonexpert_ranges": 0,
+            "tensor_types": sorted({t.ggml_type.name for t in g.tensors.values()}),
+            "page_size": page_size,
+            "expert_slices": 0,
+            "expert_slice_parts_page_aligned": 0,
+            "slices_page_aligned": 0,
+            "slices_sharing_a_page": 0,
+            "slices_contiguous": 0,
+            "hash_layers": [],
+            "hash_table_shape": None,
+            "hash_table_bytes": 0,
+            "cache_bytes": _cache_bytes(g),
+        }
     lengths = index.part_length
     present = lengths.any(axis=2)
     flags = index.slice_flags[present]
@@ -102,8 +120,10 @@ def _hash_text(s: dict[str, Any]) -> str:
     if not s["hash_layers"]:
         return "none"
     vocab, k = s["hash_table_shape"]
-    return (f"{', '.join(map(str, s['hash_layers']))}: experts chosen by token id, tables of {vocab} tokens x {k} "
-            f"experts ({_mb(s['hash_table_bytes'])} in the index)")
+    return (
+        f"{', '.join(map(str, s['hash_layers']))}: experts chosen by token id, tables of {vocab} tokens x {k} "
+        f"experts ({_mb(s['hash_table_bytes'])} in the index)"
+    )
 
 
 def _mb(n: int) -> str:
@@ -118,9 +138,14 @@ def format_summary(s: dict[str, Any]) -> str:
     lines = [
         f"file            {s['file']} ({s['shards']} shard{'s' if s['shards'] > 1 else ''}, {_mb(s['file_bytes'])})",
         f"architecture    {s['arch']}, {s['layers']} layers ({s['moe_layers']} with routed experts)",
-        *([f"MTP block       layer {', '.join(map(str, s['mtp_layers']))}: multi-token prediction, not used for "
-           f"decoding; never loaded, its experts ({_mb(s['mtp_expert_bytes'])}) never read"]
-          if s['mtp_layers'] else []),
+        *(
+            [
+                f"MTP block       layer {', '.join(map(str, s['mtp_layers']))}: multi-token prediction, not used for "
+                f"decoding; never loaded, its experts ({_mb(s['mtp_expert_bytes'])}) never read"
+            ]
+            if s["mtp_layers"]
+            else []
+        ),
         f"experts         {s['experts']} per layer, {s['experts_used']} used per token",
         f"expert slice    {slice_text} (one expert of one layer, all projections)",
         f"routed experts  {_mb(s['routed_expert_bytes'])} = {s['routed_expert_share']:.1%} of the file",
@@ -131,8 +156,14 @@ def format_summary(s: dict[str, Any]) -> str:
         f"alignment       {s['slices_page_aligned']} of {n} expert slices start on a {s['page_size'] // 1024} KiB "
         f"page, {s['slices_contiguous']} are one run, {s['slices_sharing_a_page']} share a page with a neighbour",
         f"hash layers     {_hash_text(s)}",
-        *([f"caches          {_mb(s['cache_bytes']['bytes'])} at {s['cache_bytes']['n_ctx']} tokens of context "
-           "(KV cache and the like, float32)"] if s["cache_bytes"] else []),
+        *(
+            [
+                f"caches          {_mb(s['cache_bytes']['bytes'])} at {s['cache_bytes']['n_ctx']} tokens of context "
+                "(KV cache and the like, float32)"
+            ]
+            if s["cache_bytes"]
+            else []
+        ),
         f"layout          {s['swapmoe_layout'] or 'original (not repacked)'}",
         f"index           {s['index']}",
     ]

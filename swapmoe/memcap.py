@@ -5,6 +5,7 @@ bring in, which is what "runs in 16 GB" has to mean for a model streamed from di
 cgroup v1 (`memory.limit_in_bytes`) and v2 (`memory.max`) are handled; the process's own
 cgroup is found in /proc/self/cgroup.
 """
+
 from __future__ import annotations
 
 import os
@@ -112,6 +113,7 @@ def run_capped(cmd: list[str], limit_bytes: int, **popen) -> CappedRun:
         raise SwapmoeError(f"cannot create a memory cgroup under {parent.path} ({e.strerror}); run as root") from None
     start = time.perf_counter()
     try:
+
         def enter_cgroup():
             (child.path / "cgroup.procs").write_text(str(os.getpid()))
 

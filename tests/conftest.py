@@ -14,6 +14,7 @@ tests/ on sys.path, as it does for `from test_kernels import ...`. Fixtures need
     synth_model(**settings)    fixture: a synthetic GGUF made once per session for these settings
     vocab_dir                  fixture: the committed vocab-only GGUFs, decompressed
 """
+
 from __future__ import annotations
 
 import hashlib

@@ -1,5 +1,6 @@
 """The documented Python API (README.md "From Python", docs/*.md) imports the ordinary ways:
 attribute access after `import swapmoe`, `from swapmoe import ...`, and `import swapmoe.index`."""
+
 from __future__ import annotations
 
 import importlib
@@ -20,8 +21,14 @@ NAME = r"(?<![\w.])(swapmoe(?:\.\w+)+)"
 # swapmoe.a.b an example uses (the prose also names GGUF keys such as `swapmoe.page_size`)
 CALLED = {name for text in TEXTS for name in re.findall(NAME + r"\(", text)}
 DOCUMENTED = sorted(CALLED | {name for block in PYTHON_BLOCKS for name in re.findall(NAME, block)})
-IMPORT_LINES = sorted({line.strip() for block in PYTHON_BLOCKS for line in block.splitlines()
-                       if re.match(r"\s*(from|import) swapmoe\b", line)})
+IMPORT_LINES = sorted(
+    {
+        line.strip()
+        for block in PYTHON_BLOCKS
+        for line in block.splitlines()
+        if re.match(r"\s*(from|import) swapmoe\b", line)
+    }
+)
 
 
 def resolve(dotted: str):
@@ -76,8 +83,11 @@ def test_index_is_a_submodule_of_the_sidecar_code():
     from swapmoe.index import ExpertIndex, build, load, sidecar_path
 
     assert swapmoe.index.load is load is implementation.load
-    assert (build, sidecar_path, ExpertIndex) == (implementation.build, implementation.sidecar_path,
-                                                  implementation.ExpertIndex)
+    assert (build, sidecar_path, ExpertIndex) == (
+        implementation.build,
+        implementation.sidecar_path,
+        implementation.ExpertIndex,
+    )
     for name in swapmoe.index.__all__:
         assert getattr(swapmoe.index, name) is getattr(implementation, name), name
     with pytest.raises(AttributeError, match="'swapmoe.index' has no attribute 'nope'"):
@@ -86,11 +96,15 @@ def test_index_is_a_submodule_of_the_sidecar_code():
         from swapmoe.index import nope  # noqa: F401  (the import is the test)
 
 
-@pytest.mark.parametrize("code", [
-    "import swapmoe.index; swapmoe.index.load",
-    "from swapmoe.index import load, sidecar_path",
-    "import swapmoe, sys; assert 'numpy' not in sys.modules, 'import swapmoe is no longer lazy'; swapmoe.index.load",
-])
+@pytest.mark.parametrize(
+    "code",
+    [
+        "import swapmoe.index; swapmoe.index.load",
+        "from swapmoe.index import load, sidecar_path",
+        "import swapmoe, sys; assert 'numpy' not in sys.modules, 'import swapmoe is no longer lazy'; "
+        "swapmoe.index.load",
+    ],
+)
 def test_import_forms_in_a_fresh_interpreter(code):
     """Nothing imported before: each form on its own, as a user's first line would be."""
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -6,6 +6,7 @@ DeepSeek's legacy attn_kv_b, lite, YaRN, V2 gating, fused gate_up; gpt-oss with 
 window shorter than the prompt), both written by tools/make_golden.py. Plus the routing and
 activation pieces these architectures add, checked on hand-made inputs.
 """
+
 import json
 import math
 from pathlib import Path
@@ -24,8 +25,9 @@ from conftest import DATA, open_model, sha256_file, unzstd
 GOLDEN = DATA / "golden"
 ARCHS = ("deepseek2", "minimax-m2", "gpt-oss")
 MANIFEST = json.loads((GOLDEN / "manifest.json").read_text()) if (GOLDEN / "manifest.json").exists() else None
-GOLDEN_CASES = [c for c in (MANIFEST or {"cases": []})["cases"]
-                if c["arch"] in ARCHS and c["type"] in ("F32", "MXFP4_MOE")]
+GOLDEN_CASES = [
+    c for c in (MANIFEST or {"cases": []})["cases"] if c["arch"] in ARCHS and c["type"] in ("F32", "MXFP4_MOE")
+]
 N_GREEDY = 8  # enough to run the cache through decoding; test_parity checks all 32
 VARIANTS = json.loads((GOLDEN / "variants.json").read_text())["cases"] if (GOLDEN / "variants.json").exists() else []
 
@@ -69,6 +71,7 @@ def test_golden_case_matches_llama_cpp(case, tmp_path):
 
 # --- the pieces, on hand-made inputs ---------------------------------------------------------
 
+
 def test_group_limit_keeps_groups_with_best_two_sum():
     # 4 groups of 2; the best single expert (0.9) sits in a group whose pair sums lowest
     selection = np.array([[0.9, -1.0, 0.5, 0.4, 0.3, 0.3, 0.1, 0.0]], np.float32)
@@ -104,8 +107,14 @@ def test_sliding_window_layers_follow_llama_cpp_pattern():
 
 
 def test_deepseek_v3_yarn_moves_mscale_into_kq_scale(tmp_path):
-    extra = {"q_lora_rank": 128, "kv_lora_rank": 64, "rope_dim": 32, "nope_dim": 32, "v_dim": 32,
-             "yarn": {"factor": 40, "original_context_length": 4096, "log_mul": 1.0}}
+    extra = {
+        "q_lora_rank": 128,
+        "kv_lora_rank": 64,
+        "rope_dim": 32,
+        "nope_dim": 32,
+        "v_dim": 32,
+        "yarn": {"factor": 40, "original_context_length": 4096, "log_mul": 1.0},
+    }
     path = swapmoe.synth(tmp_path / "v3.gguf", arch="deepseek2", type="F32", progress=False, n_layer=2, extra=extra)
     model = open_model(path)
     mscale = 1 + 0.1 * math.log(40)  # ≈ 1.36889 for V3's factor 40 with mscale_all_dim 1

@@ -1,5 +1,6 @@
 """Chat templates: rendered like Hugging Face, prompts like llama.cpp's chat layer (recorded by
 tools/make_tokenizer_fixtures.py with llama-completion --jinja)."""
+
 from __future__ import annotations
 
 import json
@@ -19,8 +20,12 @@ PROMPTS = json.loads(read_zst(DATA / "tokenizer" / "templates.json.zst"))
 # Qwen3.5's and poolside Laguna's templates: conversations and the text transformers renders
 CASES = PROMPTS["cases"]
 LAGUNA = ["poolside-Laguna-XS.2", "poolside-Laguna-XS-2.1", "poolside-Laguna-S-2.1"]
-MESSAGES = [{"role": "system", "content": "You are helpful."}, {"role": "user", "content": "Hi!"},
-            {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "2+2?"}]
+MESSAGES = [
+    {"role": "system", "content": "You are helpful."},
+    {"role": "user", "content": "Hi!"},
+    {"role": "assistant", "content": "Hello."},
+    {"role": "user", "content": "2+2?"},
+]
 
 
 @pytest.fixture(scope="module")
@@ -43,9 +48,11 @@ def vocab(vocab_dir):
 
 def test_chatml_of_the_synthetic_model(synthetic):
     prompt = apply_chat_template(synthetic, MESSAGES)
-    assert prompt == ("<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nHi!<|im_end|>\n"
-                      "<|im_start|>assistant\nHello.<|im_end|>\n<|im_start|>user\n2+2?<|im_end|>\n"
-                      "<|im_start|>assistant\n")
+    assert prompt == (
+        "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nHi!<|im_end|>\n"
+        "<|im_start|>assistant\nHello.<|im_end|>\n<|im_start|>user\n2+2?<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
     ids = synthetic.encode(prompt)
     assert ids.count(synthetic.token_ids["<|im_start|>"]) == 5
     assert not apply_chat_template(synthetic, MESSAGES[:2], add_generation_prompt=False).endswith("assistant\n")
@@ -79,7 +86,8 @@ def test_templates_of_the_vocab_files(vocab):
     qwen = vocab("qwen2")
     assert apply_chat_template(qwen, [{"role": "user", "content": "Hi"}]) == (
         "<|im_start|>system\nYou are a helpful assistant<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
-        "<|im_start|>assistant\n")
+        "<|im_start|>assistant\n"
+    )
     gemma = vocab("gemma-4")
     prompt = apply_chat_template(gemma, MESSAGES)
     assert "You are helpful." in prompt and "2+2?" in prompt
@@ -102,9 +110,11 @@ def test_system_message_merged_for_templates_without_one(synthetic):
 
 def test_llama_cpp_template_patches(synthetic):
     source = PROMPTS["templates"]["openai-gpt-oss-120b.jinja"]["source"]
-    messages = [{"role": "user", "content": "Hi"},
-                {"role": "assistant", "content": "<|channel|>final<|message|>Hello"},
-                {"role": "user", "content": "More"}]
+    messages = [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "<|channel|>final<|message|>Hello"},
+        {"role": "user", "content": "More"},
+    ]
     with pytest.raises(ChatTemplateError):
         render_template(source, messages)
     assert "More" in apply_chat_template(synthetic, messages, template=source)
@@ -124,12 +134,15 @@ def test_model_without_template(vocab):
 
 
 def test_hugging_face_helpers():
-    source = ("{{ messages | tojson }}|{{ {'b': 1, 'a': 'ü'} | tojson(indent=1, sort_keys=True) }}|"
-              "{{ strftime_now('%Y') | length }}{% for m in messages %}{% if loop.index > 1 %}{% break %}{% endif %}"
-              "[{{ m.role }}]{% endfor %}{% generation %}gen{% endgeneration %}")
+    source = (
+        "{{ messages | tojson }}|{{ {'b': 1, 'a': 'ü'} | tojson(indent=1, sort_keys=True) }}|"
+        "{{ strftime_now('%Y') | length }}{% for m in messages %}{% if loop.index > 1 %}{% break %}{% endif %}"
+        "[{{ m.role }}]{% endfor %}{% generation %}gen{% endgeneration %}"
+    )
     out = render_template(source, [{"role": "user", "content": "ü"}, {"role": "x", "content": ""}])
-    assert out == ('[{"role": "user", "content": "ü"}, {"role": "x", "content": ""}]|{\n "a": "ü",\n "b": 1\n}|'
-                   "4[user]gen")
+    assert out == (
+        '[{"role": "user", "content": "ü"}, {"role": "x", "content": ""}]|{\n "a": "ü",\n "b": 1\n}|4[user]gen'
+    )
     with pytest.raises(ChatTemplateError, match="boom"):
         render_template("{{ raise_exception('boom') }}", [])
     with pytest.raises(ChatTemplateError, match="cannot parse"):
@@ -145,12 +158,17 @@ def render_case(tok: Tokenizer, case: dict, messages: list | None = None, **vari
     """A recorded case through swapmoe's ChatTemplate: its tools and variables (or `variables`)."""
     template = ChatTemplate(tok, PROMPTS["case_sources"][case["template"]])
     tools = {"tools": case["tools"]} if case["tools"] else {}
-    return template.render(case["messages"] if messages is None else messages, case["add_generation_prompt"],
-                           **tools, **(variables or case["variables"]))
+    return template.render(
+        case["messages"] if messages is None else messages,
+        case["add_generation_prompt"],
+        **tools,
+        **(variables or case["variables"]),
+    )
 
 
 def openai_arguments(messages: list[dict]) -> list[dict]:
     """The messages with tool-call arguments as JSON strings, as OpenAI's API has them."""
+
     def call(c: dict) -> dict:
         return {**c, "function": {**c["function"], "arguments": json.dumps(c["function"]["arguments"])}}
 
@@ -202,11 +220,13 @@ def test_qwen35_tool_call_turn(vocab):
     case = CASES["Qwen3.5-4B:tool-call"]
     text = case["text"]
     assert [m["role"] for m in case["messages"]] == ["system", "user", "assistant", "user", "assistant", "tool", "tool"]
-    assert text.startswith("<|im_start|>system\n# Tools\n\nYou have access to the following functions:\n\n<tools>\n"
-                           '{"type": "function", "function": {"name": "get_weather", ')
+    assert text.startswith(
+        "<|im_start|>system\n# Tools\n\nYou have access to the following functions:\n\n<tools>\n"
+        '{"type": "function", "function": {"name": "get_weather", '
+    )
     assert "Paris or 東京" in text and text.count("<tool_call>\n<function=get_weather>\n") == 2
     assert "<think>\nTwo cities: two calls.\n</think>\n\nLet me check both cities.\n\n<tool_call>" in text
-    assert "<parameter=days>\n2\n</parameter>\n<parameter=fields>\n[\"temp\", \"wind\"]\n</parameter>" in text
+    assert '<parameter=days>\n2\n</parameter>\n<parameter=fields>\n["temp", "wind"]\n</parameter>' in text
     assert text.endswith("<tool_response>\n晴れ, 25°C\n</tool_response><|im_end|>\n<|im_start|>assistant\n<think>\n")
     assert render_case(tok, case) == text
 
@@ -225,8 +245,9 @@ def test_qwen35_tool_call_turn(vocab):
 
 def test_string_arguments_parsed_only_for_templates_that_read_objects(synthetic):
     """As llama.cpp: a template that prints the arguments gets the JSON string as given."""
-    messages = [{"role": "assistant", "tool_calls": [{"type": "function",
-                                                      "function": {"name": "f", "arguments": '{"a": 1}'}}]}]
+    messages = [
+        {"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}]}
+    ]
     loop = "{% for m in messages %}{% for c in m.tool_calls %}{{ c.function.arguments %s }}{% endfor %}{% endfor %}"
 
     def render(expression: str) -> str:
@@ -236,8 +257,9 @@ def test_string_arguments_parsed_only_for_templates_that_read_objects(synthetic)
     assert render("| tojson(indent=1)") == '{\n "a": 1\n}' and render(".a") == "1"
     # a call without the "function" wrapper, for a template that takes both shapes (as Qwen's do)
     bare = [{"role": "assistant", "tool_calls": [{"name": "f", "arguments": '{"a": 1}'}]}]
-    either = loop.replace("{{ c.function.arguments %s }}",
-                          "{% set f = c.function if c.function is defined else c %}{{ f.arguments.a }}")
+    either = loop.replace(
+        "{{ c.function.arguments %s }}", "{% set f = c.function if c.function is defined else c %}{{ f.arguments.a }}"
+    )
     assert apply_chat_template(synthetic, bare, template=either) == "1"
 
 
@@ -258,8 +280,10 @@ def test_laguna_cases():
     assert "<system>" not in CASES[f"{s}:empty-system"]["text"]  # an empty system message opts out
     call = "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n<arg_key>days</arg_key>"
     assert call in CASES[f"{xs}:tool-call"]["text"]
-    assert ("<tool_call>get_weather<arg_key>city</arg_key><arg_value>東京</arg_value><arg_key>days</arg_key>"
-            "<arg_value>2</arg_value></tool_call></assistant>") in CASES[f"{s}:tool-call"]["text"]
+    assert (
+        "<tool_call>get_weather<arg_key>city</arg_key><arg_value>東京</arg_value><arg_key>days</arg_key>"
+        "<arg_value>2</arg_value></tool_call></assistant>"
+    ) in CASES[f"{s}:tool-call"]["text"]
     # S-2.1 drops earlier turns' reasoning when thinking is off, unless preserve_thinking
     reasoning = "<think>17·20 = 340, 17·3 = 51: 391.</think>"
     assert reasoning not in CASES[f"{s}:multi-turn-no-thinking"]["text"]
@@ -287,15 +311,18 @@ def test_laguna_reads_arguments_as_an_object(vocab):
         render_template(PROMPTS["case_sources"][case["template"]], openai, tools=case["tools"])
 
 
-@pytest.mark.parametrize("template, message", [
-    ("{{ 'x' * 10**10 }}", "computes 10 \\*\\* 10|repeated"),
-    ("{{ 'x' * 100000000 }}", "repeated string"),
-    ("{% for i in range(10**9) %}{% endfor %}", "computes|range"),
-    ("{% for i in range(1000000) %}{% endfor %}", "range"),
-    ("{{ 'x' | center(10**9) }}", "centered"),
-    ("{{ messages | tojson(indent=100000) }}", "indent"),
-    ("{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}", "recursed"),
-])
+@pytest.mark.parametrize(
+    "template, message",
+    [
+        ("{{ 'x' * 10**10 }}", "computes 10 \\*\\* 10|repeated"),
+        ("{{ 'x' * 100000000 }}", "repeated string"),
+        ("{% for i in range(10**9) %}{% endfor %}", "computes|range"),
+        ("{% for i in range(1000000) %}{% endfor %}", "range"),
+        ("{{ 'x' | center(10**9) }}", "centered"),
+        ("{{ messages | tojson(indent=100000) }}", "indent"),
+        ("{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}", "recursed"),
+    ],
+)
 def test_hostile_templates_are_bounded(template, message):
     with pytest.raises(ChatTemplateError, match=message):
         render_template(template, [{"role": "user", "content": "hi"}])

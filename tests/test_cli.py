@@ -35,10 +35,13 @@ def test_synth_then_inspect(tmp_path):
     assert '"routed_expert_share"' in result.output
 
 
-@pytest.mark.parametrize("content, message", [
-    (b"not a model at all", "not a GGUF file"),
-    (b"GGUF\x03\x00\x00\x00" + b"\xff" * 40, "corrupt or truncated GGUF header"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b"not a model at all", "not a GGUF file"),
+        (b"GGUF\x03\x00\x00\x00" + b"\xff" * 40, "corrupt or truncated GGUF header"),
+    ],
+)
 def test_bad_input_is_one_line_and_nonzero(tmp_path, content, message):
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(content)
@@ -92,19 +95,27 @@ def test_run_refuses_context_overflow():
     assert result.exit_code == 1 and "exceed the context of 16" in result.output
 
 
-@pytest.mark.parametrize("args, option", [
-    (["run", "-p", "x", "-n", "-5"], "--max-tokens"), (["run", "-p", "x", "--temp", "nan"], "--temp"),
-    (["run", "-p", "x", "--temp", "-1"], "--temp"), (["run", "-p", "x", "--seed", "-1"], "--seed"),
-    (["run", "-p", "x", "--threads", "0"], "--threads"), (["run", "-p", "x", "--ctx", "0"], "--ctx"),
-    (["run", "-p", "x", "--top-p", "2"], "--top-p"), (["run", "-p", "x", "--top-k", "-5"], "--top-k"),
-    (["run", "-p", "x", "--min-p", "nan"], "--min-p"), (["run", "-p", "x", "--repeat-penalty", "0"],
-                                                        "--repeat-penalty"),
-    (["run", "-p", "x", "--expert-cache-size", "0"], "--expert-cache-size"),
-    (["inspect", "MODEL", "--page-size", "3"], "--page-size"),
-    (["repack", "MODEL", "OUT", "--page-size", str(1 << 40)], "--page-size"),
-    (["synth", "OUT", "--size-gb", "-1"], "--size-gb"), (["synth", "OUT", "--layers", "0"], "--layers"),
-    (["serve", "--port", "0"], "--port"),
-])
+@pytest.mark.parametrize(
+    "args, option",
+    [
+        (["run", "-p", "x", "-n", "-5"], "--max-tokens"),
+        (["run", "-p", "x", "--temp", "nan"], "--temp"),
+        (["run", "-p", "x", "--temp", "-1"], "--temp"),
+        (["run", "-p", "x", "--seed", "-1"], "--seed"),
+        (["run", "-p", "x", "--threads", "0"], "--threads"),
+        (["run", "-p", "x", "--ctx", "0"], "--ctx"),
+        (["run", "-p", "x", "--top-p", "2"], "--top-p"),
+        (["run", "-p", "x", "--top-k", "-5"], "--top-k"),
+        (["run", "-p", "x", "--min-p", "nan"], "--min-p"),
+        (["run", "-p", "x", "--repeat-penalty", "0"], "--repeat-penalty"),
+        (["run", "-p", "x", "--expert-cache-size", "0"], "--expert-cache-size"),
+        (["inspect", "MODEL", "--page-size", "3"], "--page-size"),
+        (["repack", "MODEL", "OUT", "--page-size", str(1 << 40)], "--page-size"),
+        (["synth", "OUT", "--size-gb", "-1"], "--size-gb"),
+        (["synth", "OUT", "--layers", "0"], "--layers"),
+        (["serve", "--port", "0"], "--port"),
+    ],
+)
 def test_options_are_checked_before_anything_runs(args, option, tmp_path):
     model = swapmoe.default_model_path()
     args = [model if a == "MODEL" else str(tmp_path / "out.gguf") if a == "OUT" else a for a in args]
@@ -127,8 +138,9 @@ def test_run_with_an_unwritable_cache_home(tmp_path):
     blocked.write_text("")
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
     env.update(XDG_CACHE_HOME=str(blocked), TMPDIR=str(tmp_path))
-    run = subprocess.run(cli_command("run", "-p", "def f():", "-n", "3"), env=env, capture_output=True, text=True,
-                         timeout=600)
+    run = subprocess.run(
+        cli_command("run", "-p", "def f():", "-n", "3"), env=env, capture_output=True, text=True, timeout=600
+    )
     assert run.returncode == 0, run.stderr
     warnings = [line for line in run.stderr.splitlines() if "warning" in line]
     assert len(warnings) == 1 and str(tmp_path) in warnings[0]
@@ -152,9 +164,11 @@ def test_run_from_a_read_only_install_with_an_unwritable_home(tmp_path):
     package = Path(swapmoe.__file__).parent
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
     env.update(HOME=str(home), XDG_CACHE_HOME=str(home / ".cache"), TMPDIR=str(temp))
-    script = (f"mount --bind -o ro {shlex.quote(str(package))} {shlex.quote(str(package))} && "
-              f"mount --bind -o ro {shlex.quote(str(home))} {shlex.quote(str(home))} && "
-              f"exec {shlex.join(cli_command('run', '-p', 'def f():', '-n', '3'))}")
+    script = (
+        f"mount --bind -o ro {shlex.quote(str(package))} {shlex.quote(str(package))} && "
+        f"mount --bind -o ro {shlex.quote(str(home))} {shlex.quote(str(home))} && "
+        f"exec {shlex.join(cli_command('run', '-p', 'def f():', '-n', '3'))}"
+    )
     run = subprocess.run(["unshare", "-m", "sh", "-c", script], env=env, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stderr
     assert run.stdout.startswith("def f():")

@@ -1,5 +1,6 @@
 """Model.generate_ids with a Conversation: the caches kept between calls, cut back to the prefix a
 new prompt shares where they can be, and only the rest of the prompt processed; and override_kv."""
+
 import numpy as np
 
 import swapmoe
@@ -18,7 +19,7 @@ def test_kv_caches_are_cut_back_to_the_shared_prefix():
     assert m.stats.prompt_tokens == len(follow) - m.stats.cached_tokens
     branch = prompt[:2] + m.tokenize(" other", add_special=False)
     list(m.generate_ids(branch, 2, conversation=conv, temperature=0))
-    assert m.stats.cached_tokens == 2 and conv.tokens[:len(branch)] == branch
+    assert m.stats.cached_tokens == 2 and conv.tokens[: len(branch)] == branch
     list(m.generate_ids(branch, 2, conversation=conv, temperature=0))
     assert m.stats.cached_tokens == len(branch) - 1  # the same prompt: its last token is processed again
 
@@ -66,8 +67,12 @@ def test_override_kv_routes_to_more_experts():
     asked = base.stats.requests
     wide.logits(prompt)
     assert wide.stats.requests > asked  # more experts per token and layer were asked for
-    assert parse_overrides(["a=int:3", "b=float:0.5", "c=bool:true", "d=str:x=y"]) == {"a": 3, "b": 0.5, "c": True,
-                                                                                      "d": "x=y"}
+    assert parse_overrides(["a=int:3", "b=float:0.5", "c=bool:true", "d=str:x=y"]) == {
+        "a": 3,
+        "b": 0.5,
+        "c": True,
+        "d": "x=y",
+    }
     for bad in (["a=int:x"], ["a:int=3"], ["a=bool:yes"], ["=int:3"]):
         with pytest.raises(SwapmoeError, match="KEY=TYPE:VALUE"):
             parse_overrides(bad)

@@ -1,6 +1,7 @@
 """DeepSeek-V4: its kernels against plain float64 statements of what they compute, its caches,
 and hash-routed layers (experts from the sidecar's table, never fixated, read as soon as the
 token is known). Parity with llama.cpp is in test_parity.py (golden fixtures)."""
+
 import subprocess
 
 import numpy as np
@@ -107,8 +108,10 @@ def test_compressed_rows_one_per_completed_block(synth_model):
             assert list(written) == list(range(132 // ratio))
         assert (c.indexer is not None) == (ratio == 4)
     assert m.net.cache_bytes(m.gguf, m.hparams, 300) == sum(
-        a.nbytes for c in cache for a in (c.raw, *(s.__dict__[k] for s in (c.attn, c.indexer) if s
-                                                    for k in ("kv", "score", "rows"))))
+        a.nbytes
+        for c in cache
+        for a in (c.raw, *(s.__dict__[k] for s in (c.attn, c.indexer) if s for k in ("kv", "score", "rows")))
+    )
 
 
 def test_hash_layers_take_the_table_rows_and_ignore_fixation(synth_model, monkeypatch):
@@ -117,8 +120,13 @@ def test_hash_layers_take_the_table_rows_and_ignore_fixation(synth_model, monkey
     assert m.index.hash_layers() == [0] and table.shape == (m.net.n_vocab, m.hparams.n_expert_used)
     chosen = []
     select = Routing.select
-    monkeypatch.setattr(Routing, "select", lambda routing, layer, selection, k: chosen.append(
-        (layer, select(routing, layer, selection, k))) or chosen[-1][1])
+    monkeypatch.setattr(
+        Routing,
+        "select",
+        lambda routing, layer, selection, k: (
+            chosen.append((layer, select(routing, layer, selection, k))) or chosen[-1][1]
+        ),
+    )
     prompt = [5, 17, 99]
     out = list(m.generate_ids(prompt, 4, ignore_eos=True))
     inputs = prompt + out[:-1]
@@ -145,7 +153,7 @@ def _patched(src, out, find: bytes, skip: int, value: bytes):
     """A copy of src with `value` written `skip` bytes after the first occurrence of `find`."""
     data = bytearray(src.read_bytes())
     at = data.index(find) + skip
-    data[at:at + len(value)] = value
+    data[at : at + len(value)] = value
     out.write_bytes(bytes(data))
     return out
 
@@ -157,13 +165,15 @@ def test_bad_hash_tables_are_refused_in_one_line(synth_model, tmp_path):
     g = open_gguf(src)
     t = g.tensor("blk.0.ffn_gate_tid2eid.weight")
     data = bytearray(src.read_bytes())
-    data[t.offset + 4 * 7:t.offset + 4 * 8] = np.int32(99).tobytes()  # token 3's second expert
+    data[t.offset + 4 * 7 : t.offset + 4 * 8] = np.int32(99).tobytes()  # token 3's second expert
     (tmp_path / "ids.gguf").write_bytes(bytes(data))
     key = b"deepseek4.expert_used_count"
     k = int(g.arch_get("{arch}.expert_used_count"))
     wrong_k = _patched(src, tmp_path / "k.gguf", key, len(key) + 4, np.uint32(k + 1).tobytes())
-    for bad, message in ((tmp_path / "ids.gguf", "token 3 maps to expert 99"),
-                         (wrong_k, f"uses {k + 1} experts per token")):
+    for bad, message in (
+        (tmp_path / "ids.gguf", "token 3 maps to expert 99"),
+        (wrong_k, f"uses {k + 1} experts per token"),
+    ):
         result = subprocess.run(cli_command("repack", bad, tmp_path / "out.gguf"), capture_output=True, text=True)
         assert result.returncode != 0 and message in result.stderr
         assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
@@ -177,8 +187,11 @@ def test_lossless_policies_keep_the_tokens(synth_model, tmp_path):
     swapmoe.repack(synth_model(**TINY), packed, progress=False)
     prompt = [5, 17, 99, 3, 250]
     want = list(swapmoe.load(packed).generate_ids(prompt, 10, ignore_eos=True))
-    for options in (dict(expert_prefetch="both"), dict(expert_keep_recent=2, expert_cache_size=1, io="pread"),
-                    dict(expert_prefetch="lookahead", expert_hash_prefetch=False, io="mmap")):
+    for options in (
+        dict(expert_prefetch="both"),
+        dict(expert_keep_recent=2, expert_cache_size=1, io="pread"),
+        dict(expert_prefetch="lookahead", expert_hash_prefetch=False, io="mmap"),
+    ):
         m = swapmoe.load(packed, **options)
         assert list(m.generate_ids(prompt, 10, ignore_eos=True)) == want, options
         assert m.stats.prefetch_issued > 0 or "expert_keep_recent" in options

@@ -1,4 +1,5 @@
 """The gated DeltaNet kernels against a plain float64 statement of the recurrence."""
+
 import numpy as np
 
 from swapmoe.runtime import layers
@@ -14,12 +15,12 @@ def test_causal_conv_slides_over_the_kept_inputs_and_keeps_the_last_ones():
     x = rng.standard_normal((T, C)).astype(F32)
     weight = rng.standard_normal((C, d_conv)).astype(F32)
     window = np.concatenate([state, x]).astype(np.float64)
-    expected = np.stack([(window[t:t + d_conv] * weight.T).sum(axis=0) for t in range(T)])
+    expected = np.stack([(window[t : t + d_conv] * weight.T).sum(axis=0) for t in range(T)])
     out = np.empty((T, C), F32)
     kept = state.copy()
     causal_conv(kept, x, weight, out)
     np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
-    np.testing.assert_array_equal(kept, x[-(d_conv - 1):])
+    np.testing.assert_array_equal(kept, x[-(d_conv - 1) :])
 
 
 def reference_delta_rule(state, q, k, v, g, beta):

@@ -1,4 +1,5 @@
 """ggml-order element-wise math and attention sums against plain numpy."""
+
 import math
 
 import numpy as np
@@ -60,8 +61,9 @@ def test_softmax_swiglu_rms_norm(n):
     g = RNG.standard_normal((5, n)).astype(np.float32)
     e = np.exp(x.astype(np.float64) - x.max(-1, keepdims=True))
     np.testing.assert_allclose(ggml_math.softmax(x), e / e.sum(-1, keepdims=True), rtol=3e-6, atol=1e-9)
-    np.testing.assert_allclose(ggml_math.swiglu(x, g), x / (1 + np.exp(-x.astype(np.float64))) * g, rtol=3e-6,
-                               atol=1e-7)
+    np.testing.assert_allclose(
+        ggml_math.swiglu(x, g), x / (1 + np.exp(-x.astype(np.float64))) * g, rtol=3e-6, atol=1e-7
+    )
     # squares rounded to float (as ggml does), summed in double, the rest in float
     w = RNG.standard_normal(n).astype(np.float32)
     mean = ((x * x).astype(np.float64).sum(-1, keepdims=True) / n).astype(np.float32)
@@ -71,8 +73,9 @@ def test_softmax_swiglu_rms_norm(n):
     sinks = RNG.standard_normal(5).astype(np.float32)
     top = np.maximum(x.max(-1), sinks)[:, None]
     with_sink = np.exp(np.concatenate([x, sinks[:, None]], 1).astype(np.float64) - top)
-    np.testing.assert_allclose(ggml_math.softmax(x, sinks), (with_sink / with_sink.sum(-1, keepdims=True))[:, :-1],
-                               rtol=3e-6, atol=1e-9)
+    np.testing.assert_allclose(
+        ggml_math.softmax(x, sinks), (with_sink / with_sink.sum(-1, keepdims=True))[:, :-1], rtol=3e-6, atol=1e-9
+    )
 
 
 @pytest.mark.parametrize("T", [1, 7])
@@ -87,8 +90,9 @@ def test_attention_sums(T):
     np.testing.assert_allclose(scores, exact, rtol=1e-5, atol=1e-4)
     p = ggml_math.softmax(scores)
     values = ggml_math.attention_values(p, ggml_math.transposed_values(v))
-    np.testing.assert_allclose(values, np.einsum("hts,shd->thd", p.astype(np.float64), v[:, kv_head]), rtol=1e-5,
-                               atol=1e-5)
+    np.testing.assert_allclose(
+        values, np.einsum("hts,shd->thd", p.astype(np.float64), v[:, kv_head]), rtol=1e-5, atol=1e-5
+    )
 
 
 @pytest.mark.parametrize("S", [1, 23, 300])
@@ -100,8 +104,9 @@ def test_one_query_attention_is_the_three_kernels(S, with_sinks):
     vt = ggml_math.transposed_values(RNG.standard_normal((S, Hkv, dv)).astype(np.float32))
     sinks = RNG.standard_normal(H).astype(np.float32) if with_sinks else None
     p = ggml_math.softmax(ggml_math.attention_scores(q, k, 0.125), sinks, padded=True)
-    np.testing.assert_array_equal(ggml_math.attention_one_query(q, k, vt, 0.125, sinks),
-                                  ggml_math.attention_values(p, vt))
+    np.testing.assert_array_equal(
+        ggml_math.attention_one_query(q, k, vt, 0.125, sinks), ggml_math.attention_values(p, vt)
+    )
 
 
 @pytest.mark.parametrize("norm", ["none", "per-head", "whole"])
@@ -142,8 +147,8 @@ def test_one_token_attention_is_its_steps(norm, with_sinks, past):
     got = layers.attend_one_token(q, k, v, caches[1], rope, scale, q_norm, k_norm, eps, norm == "per-head", sinks)
     np.testing.assert_array_equal(got, expected)
     assert caches[1].length == caches[0].length == past + 1
-    np.testing.assert_array_equal(caches[1].k[:past + 1], caches[0].k[:past + 1])
-    np.testing.assert_array_equal(caches[1].vt[:, :, :past + 1], caches[0].vt[:, :, :past + 1])
+    np.testing.assert_array_equal(caches[1].k[: past + 1], caches[0].k[: past + 1])
+    np.testing.assert_array_equal(caches[1].vt[:, :, : past + 1], caches[0].vt[:, :, : past + 1])
 
 
 def test_attention_is_masked_softmax_attention():
@@ -205,7 +210,7 @@ def test_normalize_and_sum_weighted_experts_round_as_numpy():
     w[2, 3] = np.nan
     total = np.zeros((4, 1))
     for k in range(8):
-        total += w[:, k:k + 1]  # in double, left to right
+        total += w[:, k : k + 1]  # in double, left to right
     want = w / np.maximum(total.astype(np.float32), np.float32(6.103515625e-5))
     np.testing.assert_array_equal(layers.normalize_weights(w), want)
     ys, rows = RNG.standard_normal((8, 300)).astype(np.float32), RNG.permutation(8)

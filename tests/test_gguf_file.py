@@ -11,22 +11,25 @@ from swapmoe.errors import SwapmoeError
 from swapmoe.gguf_file import TensorKind, classify, open_gguf
 
 
-@pytest.mark.parametrize("name, kind, layer, projection, part", [
-    ("blk.3.ffn_gate_exps.weight", TensorKind.ROUTED_EXPERT, 3, "gate", "weight"),
-    ("blk.0.ffn_gate_up_exps.weight", TensorKind.ROUTED_EXPERT, 0, "gate_up", "weight"),
-    ("blk.12.ffn_down_exps.bias", TensorKind.ROUTED_EXPERT, 12, "down", "bias"),
-    ("blk.1.ffn_up_exps.scale", TensorKind.ROUTED_EXPERT, 1, "up", "scale"),
-    ("blk.1.ffn_up_shexp.weight", TensorKind.SHARED_EXPERT, 1, None, None),
-    ("blk.1.ffn_down_shexp.weight", TensorKind.SHARED_EXPERT, 1, None, None),
-    ("blk.2.ffn_gate_inp.weight", TensorKind.ROUTER, 2, None, None),
-    ("blk.2.ffn_gate_inp.bias", TensorKind.ROUTER, 2, None, None),
-    ("blk.2.ffn_gate_inp_shexp.weight", TensorKind.ROUTER, 2, None, None),
-    ("blk.5.exp_probs_b.bias", TensorKind.ROUTER, 5, None, None),
-    ("blk.0.ffn_gate_tid2eid.weight", TensorKind.HASH_TABLE, 0, None, None),
-    ("blk.0.ffn_gate.weight", TensorKind.OTHER, 0, None, None),
-    ("blk.4.attn_q.weight", TensorKind.OTHER, 4, None, None),
-    ("token_embd.weight", TensorKind.OTHER, None, None, None),
-])
+@pytest.mark.parametrize(
+    "name, kind, layer, projection, part",
+    [
+        ("blk.3.ffn_gate_exps.weight", TensorKind.ROUTED_EXPERT, 3, "gate", "weight"),
+        ("blk.0.ffn_gate_up_exps.weight", TensorKind.ROUTED_EXPERT, 0, "gate_up", "weight"),
+        ("blk.12.ffn_down_exps.bias", TensorKind.ROUTED_EXPERT, 12, "down", "bias"),
+        ("blk.1.ffn_up_exps.scale", TensorKind.ROUTED_EXPERT, 1, "up", "scale"),
+        ("blk.1.ffn_up_shexp.weight", TensorKind.SHARED_EXPERT, 1, None, None),
+        ("blk.1.ffn_down_shexp.weight", TensorKind.SHARED_EXPERT, 1, None, None),
+        ("blk.2.ffn_gate_inp.weight", TensorKind.ROUTER, 2, None, None),
+        ("blk.2.ffn_gate_inp.bias", TensorKind.ROUTER, 2, None, None),
+        ("blk.2.ffn_gate_inp_shexp.weight", TensorKind.ROUTER, 2, None, None),
+        ("blk.5.exp_probs_b.bias", TensorKind.ROUTER, 5, None, None),
+        ("blk.0.ffn_gate_tid2eid.weight", TensorKind.HASH_TABLE, 0, None, None),
+        ("blk.0.ffn_gate.weight", TensorKind.OTHER, 0, None, None),
+        ("blk.4.attn_q.weight", TensorKind.OTHER, 4, None, None),
+        ("token_embd.weight", TensorKind.OTHER, None, None, None),
+    ],
+)
 def test_classify(name, kind, layer, projection, part):
     c = classify(name)
     assert (c.kind, c.layer, c.projection, c.part) == (kind, layer, projection, part)
@@ -79,38 +82,47 @@ def _gguf(kvs=(), tensors=(), data_size=0, version=3) -> bytes:
 def test_metadata_values(tmp_path):
     tokens = [b"a", "\u2581b".encode(), b"\xff\xfe"]  # the last is not UTF-8: kept byte for byte
     path = tmp_path / "m.gguf"
-    path.write_bytes(_gguf([
-        ("tokenizer.ggml.tokens", V.ARRAY, struct.pack("<IQ", V.STRING, 3) + b"".join(map(_string, tokens))),
-        ("tokenizer.ggml.scores", V.ARRAY, struct.pack("<IQ3f", V.FLOAT32, 3, 0.5, -1.0, 0.1)),
-        ("general.architecture", V.STRING, _string(b"test")),
-        ("general.name", V.STRING, _string(b"x")),
-        ("big", V.INT64, struct.pack("<q", -2**40)),
-        ("flag", V.BOOL, b"\x01"),
-    ], [("t", (4, 2), T.F32, 0)], data_size=32))
+    path.write_bytes(
+        _gguf(
+            [
+                ("tokenizer.ggml.tokens", V.ARRAY, struct.pack("<IQ", V.STRING, 3) + b"".join(map(_string, tokens))),
+                ("tokenizer.ggml.scores", V.ARRAY, struct.pack("<IQ3f", V.FLOAT32, 3, 0.5, -1.0, 0.1)),
+                ("general.architecture", V.STRING, _string(b"test")),
+                ("general.name", V.STRING, _string(b"x")),
+                ("big", V.INT64, struct.pack("<q", -(2**40))),
+                ("flag", V.BOOL, b"\x01"),
+            ],
+            [("t", (4, 2), T.F32, 0)],
+            data_size=32,
+        )
+    )
     g = open_gguf(path)
     assert [t.encode("utf-8", "surrogateescape") for t in g.get("tokenizer.ggml.tokens")] == tokens
     assert g.get("tokenizer.ggml.scores") == [0.5, -1.0, float(np.float32(0.1))]
-    assert (g.get("general.name"), g.get("big"), g.get("flag"), g.get("absent", 7)) == ("x", -2**40, True, 7)
+    assert (g.get("general.name"), g.get("big"), g.get("flag"), g.get("absent", 7)) == ("x", -(2**40), True, 7)
     assert g.array("t").shape == (2, 4) and not g.raw("t").flags.writeable
 
 
-@pytest.mark.parametrize("kvs, tensors, data_size, version, message", [
-    ([], [], 0, 1, "GGUF version 1 is not supported"),
-    ([], [], 0, 3 << 24, "big-endian GGUF files are not supported"),
-    ([("general.alignment", V.UINT32, struct.pack("<I", 48))], [], 0, 3, "non-zero power of two"),
-    ([("general.alignment", V.UINT32, struct.pack("<I", 0))], [], 0, 3, "non-zero power of two"),
-    ([("general.alignment", V.UINT64, struct.pack("<Q", 64))], [], 0, 3, "general.alignment must be a uint32"),
-    ([("a", V.UINT8, b"\1"), ("a", V.UINT8, b"\2")], [], 0, 3, "metadata key a appears twice"),
-    ([("split.count", V.UINT16, struct.pack("<H", 2))], [], 0, 3, "metadata says 2 shards but 1 were found"),
-    ([("a", V.ARRAY, struct.pack("<IQ", V.STRING, 10**12))], [], 0, 3, "corrupt or truncated GGUF header"),
-    ([("a", V.ARRAY, struct.pack("<IQ", V.ARRAY, 0))], [], 0, 3, "corrupt or truncated GGUF header"),
-    ([("a", 13, b"")], [], 0, 3, "corrupt or truncated GGUF header"),
-    ([], [("t", (4,), T.F32, 0), ("t", (4,), T.F32, 16)], 32, 3, "tensor t appears twice"),
-    ([], [("t", (4,), 99, 0)], 32, 3, "tensor t has unknown ggml type 99"),
-    ([], [("t", (16, 2), T.Q4_0, 0)], 32, 3, "row of 16 is not a whole number of Q4_0 blocks of 32"),
-    ([], [("t", (4, 4), T.F32, 0)], 32, 3, r"truncated: tensor t needs bytes up to 160 but the file has 128 bytes"),
-    ([], [("t", (1, 1, 1, 1, 1), T.F32, 0)], 32, 3, "corrupt or truncated GGUF header"),
-])
+@pytest.mark.parametrize(
+    "kvs, tensors, data_size, version, message",
+    [
+        ([], [], 0, 1, "GGUF version 1 is not supported"),
+        ([], [], 0, 3 << 24, "big-endian GGUF files are not supported"),
+        ([("general.alignment", V.UINT32, struct.pack("<I", 48))], [], 0, 3, "non-zero power of two"),
+        ([("general.alignment", V.UINT32, struct.pack("<I", 0))], [], 0, 3, "non-zero power of two"),
+        ([("general.alignment", V.UINT64, struct.pack("<Q", 64))], [], 0, 3, "general.alignment must be a uint32"),
+        ([("a", V.UINT8, b"\1"), ("a", V.UINT8, b"\2")], [], 0, 3, "metadata key a appears twice"),
+        ([("split.count", V.UINT16, struct.pack("<H", 2))], [], 0, 3, "metadata says 2 shards but 1 were found"),
+        ([("a", V.ARRAY, struct.pack("<IQ", V.STRING, 10**12))], [], 0, 3, "corrupt or truncated GGUF header"),
+        ([("a", V.ARRAY, struct.pack("<IQ", V.ARRAY, 0))], [], 0, 3, "corrupt or truncated GGUF header"),
+        ([("a", 13, b"")], [], 0, 3, "corrupt or truncated GGUF header"),
+        ([], [("t", (4,), T.F32, 0), ("t", (4,), T.F32, 16)], 32, 3, "tensor t appears twice"),
+        ([], [("t", (4,), 99, 0)], 32, 3, "tensor t has unknown ggml type 99"),
+        ([], [("t", (16, 2), T.Q4_0, 0)], 32, 3, "row of 16 is not a whole number of Q4_0 blocks of 32"),
+        ([], [("t", (4, 4), T.F32, 0)], 32, 3, r"truncated: tensor t needs bytes up to 160 but the file has 128 bytes"),
+        ([], [("t", (1, 1, 1, 1, 1), T.F32, 0)], 32, 3, "corrupt or truncated GGUF header"),
+    ],
+)
 def test_damaged_headers_are_refused(tmp_path, kvs, tensors, data_size, version, message):
     path = tmp_path / "m.gguf"
     path.write_bytes(_gguf(kvs, tensors, data_size, version))
@@ -150,7 +162,7 @@ def test_not_a_gguf(tmp_path):
 def test_truncated_data_is_reported(tmp_path, synth_model):
     path = tmp_path / "m.gguf"
     data = synth_model().read_bytes()
-    path.write_bytes(data[:len(data) - 1000])
+    path.write_bytes(data[: len(data) - 1000])
     with pytest.raises(SwapmoeError, match=r"m\.gguf: truncated: tensor .* needs bytes up to"):
         open_gguf(path)
 
@@ -171,7 +183,7 @@ def test_a_damaged_string_length_is_refused_before_any_copy(tmp_path, monkeypatc
     data = bytearray(open(swapmoe.default_model_path(), "rb").read())
     key = b"tokenizer.ggml.tokens"
     first_length = data.index(key) + len(key) + 4 + 4 + 8  # value type, item type, count
-    data[first_length:first_length + 8] = np.uint64(5000).tobytes()
+    data[first_length : first_length + 8] = np.uint64(5000).tobytes()
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(bytes(data))
     monkeypatch.setattr(gguf_file, "_MAX_STRING", 1000)
@@ -179,12 +191,17 @@ def test_a_damaged_string_length_is_refused_before_any_copy(tmp_path, monkeypatc
         gguf_file.open_gguf(bad)
 
 
-@pytest.mark.parametrize("tensors, message", [
-    ([("t", (4, 0), T.F32, 0)], "tensor t has a dimension of 0"),
-    ([("t", (4,), T.F32, 0), ("u", (4,), T.F32, 8)], "tensor u starts at byte 8 of the data section, not a multiple "
-                                                     "of general.alignment 32"),
-    ([("t", (16,), T.F32, 0), ("u", (4,), T.F32, 32)], "tensors t and u overlap"),
-])
+@pytest.mark.parametrize(
+    "tensors, message",
+    [
+        ([("t", (4, 0), T.F32, 0)], "tensor t has a dimension of 0"),
+        (
+            [("t", (4,), T.F32, 0), ("u", (4,), T.F32, 8)],
+            "tensor u starts at byte 8 of the data section, not a multiple of general.alignment 32",
+        ),
+        ([("t", (16,), T.F32, 0), ("u", (4,), T.F32, 32)], "tensors t and u overlap"),
+    ],
+)
 def test_tensors_that_cannot_be_laid_out_are_refused(tmp_path, tensors, message):
     path = tmp_path / "m.gguf"
     path.write_bytes(_gguf([("general.architecture", V.STRING, _string(b"test"))], tensors, data_size=128))
@@ -193,14 +210,31 @@ def test_tensors_that_cannot_be_laid_out_are_refused(tmp_path, tensors, message)
 
 
 # A one-layer MoE of zeros, its metadata changed per case: (key, value type, value), or a tensor's new shape.
-_MOE_KEYS = {"block_count": 1, "embedding_length": 32, "expert_count": 4, "expert_used_count": 2,
-             "expert_feed_forward_length": 16, "attention.head_count": 2, "attention.head_count_kv": 1,
-             "attention.key_length": 16, "attention.value_length": 16}
-_MOE_TENSORS = {"token_embd.weight": (8, 32), "output_norm.weight": (32,), "blk.0.attn_norm.weight": (32,),
-                "blk.0.attn_q.weight": (32, 32), "blk.0.attn_k.weight": (16, 32), "blk.0.attn_v.weight": (16, 32),
-                "blk.0.attn_output.weight": (32, 32), "blk.0.ffn_norm.weight": (32,),
-                "blk.0.ffn_gate_inp.weight": (4, 32), "blk.0.ffn_gate_exps.weight": (4, 16, 32),
-                "blk.0.ffn_up_exps.weight": (4, 16, 32), "blk.0.ffn_down_exps.weight": (4, 32, 16)}
+_MOE_KEYS = {
+    "block_count": 1,
+    "embedding_length": 32,
+    "expert_count": 4,
+    "expert_used_count": 2,
+    "expert_feed_forward_length": 16,
+    "attention.head_count": 2,
+    "attention.head_count_kv": 1,
+    "attention.key_length": 16,
+    "attention.value_length": 16,
+}
+_MOE_TENSORS = {
+    "token_embd.weight": (8, 32),
+    "output_norm.weight": (32,),
+    "blk.0.attn_norm.weight": (32,),
+    "blk.0.attn_q.weight": (32, 32),
+    "blk.0.attn_k.weight": (16, 32),
+    "blk.0.attn_v.weight": (16, 32),
+    "blk.0.attn_output.weight": (32, 32),
+    "blk.0.ffn_norm.weight": (32,),
+    "blk.0.ffn_gate_inp.weight": (4, 32),
+    "blk.0.ffn_gate_exps.weight": (4, 16, 32),
+    "blk.0.ffn_up_exps.weight": (4, 16, 32),
+    "blk.0.ffn_down_exps.weight": (4, 32, 16),
+}
 
 
 def _moe(path, keys: dict, shapes: dict, tokens: int = 8):
@@ -219,31 +253,66 @@ def _moe(path, keys: dict, shapes: dict, tokens: int = 8):
     return path
 
 
-@pytest.mark.parametrize("keys, shapes, tokens, message", [
-    ({}, {}, 8, None),
-    ({}, {name: None for name in _MOE_TENSORS}, 8, None),  # no tensors: a vocab-only file
-    ({"expert_count": 0}, {}, 8, "tensor blk.0.ffn_gate_exps.weight has ne[2] = 4, but qwen3moe.expert_count gives 0"),
-    ({"expert_count": None}, {}, 8, "no qwen3moe.expert_count key, but the file has routed expert tensors"),
-    ({"expert_used_count": 0}, {}, 8, "qwen3moe.expert_used_count is 0; it must be 1..4 (qwen3moe.expert_count)"),
-    ({"expert_used_count": 5}, {}, 8, "qwen3moe.expert_used_count is 5; it must be 1..4 (qwen3moe.expert_count)"),
-    ({"attention.head_count": 0}, {}, 8, "layer 0 has attention tensors but qwen3moe.attention.head_count is 0"),
-    ({"attention.head_count_kv": 2}, {}, 8, "tensor blk.0.attn_k.weight has ne[1] = 16, but qwen3moe.attention."
-                                            "head_count_kv 2 x key_length 16 gives 32"),
-    ({"attention.key_length": 0}, {}, 8, "qwen3moe.attention.key_length is 0"),
-    ({"rope.dimension_count": 10**6}, {}, 8, "qwen3moe.rope.dimension_count is 1000000; it must be an even number of "
-                                              "2..16 (the length of a head)"),
-    ({"block_count": 0}, {}, 8, "qwen3moe.block_count is 0, but the file has tensors for 1 layers"),
-    ({"block_count": 1.0}, {}, 8, "qwen3moe.block_count must be a whole number, not 1.0"),
-    ({"embedding_length": 31}, {}, 8, "tensor token_embd.weight has ne[0] = 32, but qwen3moe.embedding_length "
-                                      "gives 31"),
-    ({"expert_feed_forward_length": 8}, {}, 8, "tensor blk.0.ffn_gate_exps.weight has ne[1] = 16, but "
-                                               "qwen3moe.expert_feed_forward_length gives 8"),
-    ({}, {}, 7, "tensor token_embd.weight has ne[1] = 8, but the vocabulary of 7 tokens gives 7"),
-    ({}, {"blk.0.ffn_up_exps.weight": None}, 8, "layer 0 has routed expert tensors but no blk.0.ffn_up_exps.weight"),
-    ({}, {"blk.0.attn_output.weight": (32, 16)}, 8, "tensor blk.0.attn_output.weight has ne[0] = 16, but "
-                                                    "qwen3moe.attention.head_count 2 x value length 16 gives 32"),
-    ({}, {"blk.3.attn_norm.weight": (32,)}, 8, "qwen3moe.block_count is 1, but the file has tensors for 4 layers"),
-])
+@pytest.mark.parametrize(
+    "keys, shapes, tokens, message",
+    [
+        ({}, {}, 8, None),
+        ({}, {name: None for name in _MOE_TENSORS}, 8, None),  # no tensors: a vocab-only file
+        (
+            {"expert_count": 0},
+            {},
+            8,
+            "tensor blk.0.ffn_gate_exps.weight has ne[2] = 4, but qwen3moe.expert_count gives 0",
+        ),
+        ({"expert_count": None}, {}, 8, "no qwen3moe.expert_count key, but the file has routed expert tensors"),
+        ({"expert_used_count": 0}, {}, 8, "qwen3moe.expert_used_count is 0; it must be 1..4 (qwen3moe.expert_count)"),
+        ({"expert_used_count": 5}, {}, 8, "qwen3moe.expert_used_count is 5; it must be 1..4 (qwen3moe.expert_count)"),
+        ({"attention.head_count": 0}, {}, 8, "layer 0 has attention tensors but qwen3moe.attention.head_count is 0"),
+        (
+            {"attention.head_count_kv": 2},
+            {},
+            8,
+            "tensor blk.0.attn_k.weight has ne[1] = 16, but qwen3moe.attention."
+            "head_count_kv 2 x key_length 16 gives 32",
+        ),
+        ({"attention.key_length": 0}, {}, 8, "qwen3moe.attention.key_length is 0"),
+        (
+            {"rope.dimension_count": 10**6},
+            {},
+            8,
+            "qwen3moe.rope.dimension_count is 1000000; it must be an even number of 2..16 (the length of a head)",
+        ),
+        ({"block_count": 0}, {}, 8, "qwen3moe.block_count is 0, but the file has tensors for 1 layers"),
+        ({"block_count": 1.0}, {}, 8, "qwen3moe.block_count must be a whole number, not 1.0"),
+        (
+            {"embedding_length": 31},
+            {},
+            8,
+            "tensor token_embd.weight has ne[0] = 32, but qwen3moe.embedding_length gives 31",
+        ),
+        (
+            {"expert_feed_forward_length": 8},
+            {},
+            8,
+            "tensor blk.0.ffn_gate_exps.weight has ne[1] = 16, but qwen3moe.expert_feed_forward_length gives 8",
+        ),
+        ({}, {}, 7, "tensor token_embd.weight has ne[1] = 8, but the vocabulary of 7 tokens gives 7"),
+        (
+            {},
+            {"blk.0.ffn_up_exps.weight": None},
+            8,
+            "layer 0 has routed expert tensors but no blk.0.ffn_up_exps.weight",
+        ),
+        (
+            {},
+            {"blk.0.attn_output.weight": (32, 16)},
+            8,
+            "tensor blk.0.attn_output.weight has ne[0] = 16, but "
+            "qwen3moe.attention.head_count 2 x value length 16 gives 32",
+        ),
+        ({}, {"blk.3.attn_norm.weight": (32,)}, 8, "qwen3moe.block_count is 1, but the file has tensors for 4 layers"),
+    ],
+)
 def test_metadata_that_contradicts_the_tensors_is_refused(tmp_path, keys, shapes, tokens, message):
     path = _moe(tmp_path / "m.gguf", keys, shapes, tokens)
     if message is None:

@@ -1,4 +1,5 @@
 """The sidecar index format: byte round trip, load speed at real-model scale, damage detection."""
+
 from __future__ import annotations
 
 import hashlib
@@ -33,26 +34,39 @@ def big_index(gguf_path, n_layer=60, n_expert=256, n_vocab=129280, k=6, hash_lay
     tables = [f"blk.{layer}.ffn_gate_tid2eid.weight" for layer in hash_layers]
     n_tensors = len(names) + len(tables)
     tensor_ne = np.ones((n_tensors, 4), np.int64)
-    tensor_ne[len(names):] = [k, n_vocab, 0, 0]
+    tensor_ne[len(names) :] = [k, n_vocab, 0, 0]
     return ExpertIndex(
-        files=[g.path.name], file_sizes=np.array([int(starts.max()) + slice_bytes], np.int64),
+        files=[g.path.name],
+        file_sizes=np.array([int(starts.max()) + slice_bytes], np.int64),
         header_lengths=np.array([len(header)], np.int64),
         header_digests=np.frombuffer(hashlib.sha256(header).digest(), np.uint8).reshape(1, 32),
-        arch="deepseek4", layout="bundled", page_size=16384, n_layer=n_layer, n_expert=n_expert, n_expert_used=k,
-        parts=parts, part_type=np.full((n_layer, 3), 12, np.int32),
+        arch="deepseek4",
+        layout="bundled",
+        page_size=16384,
+        n_layer=n_layer,
+        n_expert=n_expert,
+        n_expert_used=k,
+        parts=parts,
+        part_type=np.full((n_layer, 3), 12, np.int32),
         part_ne=np.tile(np.array(part_ne, np.int64), (n_layer, 3, 1)),
-        part_file=np.zeros((n_layer, n_expert, 3), np.uint16), part_offset=offsets,
+        part_file=np.zeros((n_layer, n_expert, 3), np.uint16),
+        part_offset=offsets,
         part_length=np.full((n_layer, n_expert, 3), part_bytes, np.int64),
         part_digest=rng.integers(0, 256, (n_layer, n_expert, 3, 32), dtype=np.uint8),
-        slice_offset=starts, slice_length=np.full((n_layer, n_expert), 3 * part_bytes, np.int64),
+        slice_offset=starts,
+        slice_length=np.full((n_layer, n_expert), 3 * part_bytes, np.int64),
         slice_flags=np.full((n_layer, n_expert), FLAG_CONTIGUOUS | FLAG_PAGE_ALIGNED, np.uint8),
         nonexpert=np.array([[0, 4 << 20, 1 << 29]], np.int64),
-        tensor_names=names + tables, tensor_type=np.array([0] * len(names) + [26] * len(tables), np.int32),
-        tensor_ne=tensor_ne, tensor_file=np.zeros(n_tensors, np.int32),
+        tensor_names=names + tables,
+        tensor_type=np.array([0] * len(names) + [26] * len(tables), np.int32),
+        tensor_ne=tensor_ne,
+        tensor_file=np.zeros(n_tensors, np.int32),
         tensor_offset=np.arange(n_tensors, dtype=np.int64) * 4,
         tensor_nbytes=np.array([4] * len(names) + [4 * k * n_vocab] * len(tables), np.int64),
-        tensor_digest=rng.integers(0, 256, (n_tensors, 32), dtype=np.uint8), has_digests=True,
-        tables={layer: rng.integers(0, n_expert, (n_vocab, k), dtype=np.uint8) for layer in hash_layers})
+        tensor_digest=rng.integers(0, 256, (n_tensors, 32), dtype=np.uint8),
+        has_digests=True,
+        tables={layer: rng.integers(0, n_expert, (n_vocab, k), dtype=np.uint8) for layer in hash_layers},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +125,7 @@ def test_damage_and_versions_refused(tiny):
 
 def test_range_tuples_unpack_and_carry_file(tiny):
     index = big_index(tiny, n_layer=2, n_expert=4, n_vocab=10, k=2)
-    (offset, length), = index.slice(1, 2)
+    ((offset, length),) = index.slice(1, 2)
     offset2, length2, ggml_type, shape = index.projection(1, 2, "gate")
     assert offset == offset2 and index.slice(1, 2)[0].file == 0 and shape == (64, 256)
     with pytest.raises(SwapmoeError, match="no expert part"):
@@ -141,7 +155,7 @@ def test_a_damaged_block_count_is_refused_not_allocated(tmp_path, count):
     data = bytearray(open(swapmoe.default_model_path(), "rb").read())
     key = b"qwen3moe.block_count"
     at = data.index(key) + len(key) + 4  # the value after the key and its uint32 type
-    data[at:at + 4] = np.uint32(count).tobytes()
+    data[at : at + 4] = np.uint32(count).tobytes()
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(bytes(data))
     for command in (["inspect", bad], ["index", bad], ["run", bad, "-p", "x", "-n", "1"]):
@@ -165,7 +179,7 @@ def test_a_section_claiming_more_than_its_shape_is_refused(tmp_path):
     ndim_at = at + 2 + n
     ndim = blob[ndim_at]
     raw_at = ndim_at + 1 + 8 * ndim
-    blob[raw_at:raw_at + 8] = np.uint64(1 << 40).tobytes()
+    blob[raw_at : raw_at + 8] = np.uint64(1 << 40).tobytes()
     blob[-32:] = hashlib.sha256(bytes(blob[:-32])).digest()  # a valid checksum: crafted, not damaged
     side.write_bytes(bytes(blob))
     with pytest.raises(SwapmoeError, match="part_offset claims 1,099,511,627,776 bytes"):
@@ -184,25 +198,29 @@ def _set(where, value):
     def change(a):
         a[where] = value
         return a
+
     return change
 
 
-@pytest.mark.parametrize("name, change, message", [
-    ("part_offset", _set((1, 2, 0), 1 << 40), "a part lies outside its file"),
-    ("part_file", _set((0, 0, 0), 1), "a part names file 1, but the index lists 1"),
-    ("part_type", _set((0, 1), 99), "layer 0 part up: ggml type 99"),
-    ("part_length", _set((0, 3, 2), 9217), "layer 0 expert 3 part down has 9217 bytes, its type and shape 9216"),
-    ("part_length", _set((1, 1, 1), 0), "expert 1 of layer 1 differs from its layer in having part up"),
-    ("slice_offset", _set((0, 0), -5), "the slice of expert 0 of layer 0 lies outside"),
-    ("tensor_offset", _set(3, 1 << 40), "lies outside its file"),
-    ("tensor_nbytes", _set(0, 5), "tensor blk.0.t0.weight: type, shape and size disagree"),
-    ("tables", lambda t: {1: np.full_like(t[1], 4)}, "the hash table of layer 1 names expert 4 of 4"),
-    ("tables", lambda t: {1: t[1][:5]}, "the hash table of layer 1 is [5, 2], its tensor [10, 2]"),
-    ("parts", ["down", "gate", "up"], "parts ['down', 'gate', 'up'] are not the format's"),
-    ("files", ["../x.gguf"], "are not plain file names"),
-    ("n_expert_used", 5, "5 experts used of 4"),
-    ("page_size", 3, "page size 3 is not a power of two"),
-])
+@pytest.mark.parametrize(
+    "name, change, message",
+    [
+        ("part_offset", _set((1, 2, 0), 1 << 40), "a part lies outside its file"),
+        ("part_file", _set((0, 0, 0), 1), "a part names file 1, but the index lists 1"),
+        ("part_type", _set((0, 1), 99), "layer 0 part up: ggml type 99"),
+        ("part_length", _set((0, 3, 2), 9217), "layer 0 expert 3 part down has 9217 bytes, its type and shape 9216"),
+        ("part_length", _set((1, 1, 1), 0), "expert 1 of layer 1 differs from its layer in having part up"),
+        ("slice_offset", _set((0, 0), -5), "the slice of expert 0 of layer 0 lies outside"),
+        ("tensor_offset", _set(3, 1 << 40), "lies outside its file"),
+        ("tensor_nbytes", _set(0, 5), "tensor blk.0.t0.weight: type, shape and size disagree"),
+        ("tables", lambda t: {1: np.full_like(t[1], 4)}, "the hash table of layer 1 names expert 4 of 4"),
+        ("tables", lambda t: {1: t[1][:5]}, "the hash table of layer 1 is [5, 2], its tensor [10, 2]"),
+        ("parts", ["down", "gate", "up"], "parts ['down', 'gate', 'up'] are not the format's"),
+        ("files", ["../x.gguf"], "are not plain file names"),
+        ("n_expert_used", 5, "5 experts used of 4"),
+        ("page_size", 3, "page size 3 is not a power of two"),
+    ],
+)
 def test_a_crafted_sidecar_is_refused_before_use(tiny, name, change, message):
     """Values that would send a read outside the files, or hand the kernels bytes that do not
     match their type and shape, in a sidecar whose checksum is valid: refused when it is read."""
@@ -215,11 +233,14 @@ def _resealed(blob: bytes) -> bytes:
     return blob[:-32] + hashlib.sha256(blob[:-32]).digest()
 
 
-@pytest.mark.parametrize("old, new, message", [
-    (b"\x03<i8\x03", b"\x03>i8\x03", "section 'part_ne' of kind 1 and type '>i8' is not part of the format"),
-    (b"\x03|u1\x04", b"\x03|O1\x04", "type '|O1' is not part of the format"),
-    (b"part_length", b"part_lengtx", "section 'part_lengtx'"),
-])
+@pytest.mark.parametrize(
+    "old, new, message",
+    [
+        (b"\x03<i8\x03", b"\x03>i8\x03", "section 'part_ne' of kind 1 and type '>i8' is not part of the format"),
+        (b"\x03|u1\x04", b"\x03|O1\x04", "type '|O1' is not part of the format"),
+        (b"part_length", b"part_lengtx", "section 'part_lengtx'"),
+    ],
+)
 def test_a_sidecar_section_of_another_type_is_refused(tiny, old, new, message):
     blob = big_index(tiny, n_layer=2, n_expert=4, n_vocab=10, k=2).to_bytes()
     assert old in blob

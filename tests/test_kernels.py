@@ -8,6 +8,7 @@ the weights come from gguf.quants.dequantize of a copy of the block whose
 float scale field is set to 1 (so it yields the integer sub-scale x quant
 products exactly), and the per-block float step is spelled out per type.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -23,10 +24,24 @@ F32 = np.float32
 TYPES = [T(t) for t in K.KERNELS]
 # byte offsets of the fp16 scale fields of each block type
 F16_FIELDS = {
-    T.Q4_0: [0], T.Q4_1: [0, 2], T.Q5_0: [0], T.Q5_1: [0, 2], T.Q8_0: [0],
-    T.Q2_K: [80, 82], T.Q3_K: [108], T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208],
-    T.IQ4_NL: [0], T.IQ4_XS: [0], T.IQ2_XXS: [0], T.IQ2_XS: [0], T.IQ2_S: [0],
-    T.IQ3_XXS: [0], T.IQ3_S: [0], T.IQ1_S: [0],
+    T.Q4_0: [0],
+    T.Q4_1: [0, 2],
+    T.Q5_0: [0],
+    T.Q5_1: [0, 2],
+    T.Q8_0: [0],
+    T.Q2_K: [80, 82],
+    T.Q3_K: [108],
+    T.Q4_K: [0, 2],
+    T.Q5_K: [0, 2],
+    T.Q6_K: [208],
+    T.IQ4_NL: [0],
+    T.IQ4_XS: [0],
+    T.IQ2_XXS: [0],
+    T.IQ2_XS: [0],
+    T.IQ2_S: [0],
+    T.IQ3_XXS: [0],
+    T.IQ3_S: [0],
+    T.IQ1_S: [0],
 }
 
 
@@ -58,7 +73,7 @@ def random_weights(tp: T, rows: int, cols: int, rng) -> np.ndarray:
     scales = rng.uniform(-0.05, 0.05, n)
     scales[1], scales[2] = 60000.0, 2.0**-24  # extreme: near fp16 max, subnormal
     for off in F16_FIELDS.get(tp, []):
-        blocks[:, off:off + 2] = f16_bytes(scales)
+        blocks[:, off : off + 2] = f16_bytes(scales)
     if tp == T.MXFP4:
         blocks[:, 0] = rng.integers(118, 130, n)
     if tp == T.IQ1_M:
@@ -75,6 +90,7 @@ def random_activations(n_tok: int, cols: int, rng) -> np.ndarray:
 
 
 # ---- numpy emulation of llama.cpp's activation quantizers ------------------
+
 
 def np_q8_0(x):
     blocks = x.reshape(-1, 32)
@@ -108,17 +124,18 @@ def np_q8_k(x):
 
 # ---- numpy emulation of the quantized dot products --------------------------
 
+
 def integer_parts(tp: T, blocks: np.ndarray, **fields) -> np.ndarray:
     """gguf-dequantized blocks after overwriting scale fields (name -> value)."""
     b = blocks.copy()
     for off, value in fields.items():
         off = int(off[1:])
-        b[:, off:off + 2] = f16_bytes(np.full(len(b), value))
+        b[:, off : off + 2] = f16_bytes(np.full(len(b), value))
     return quants.dequantize(b, tp).reshape(len(b), -1).astype(np.float64)
 
 
 def f16_at(blocks, off):
-    return blocks[:, off:off + 2].copy().view(np.float16)[:, 0].astype(F32)
+    return blocks[:, off : off + 2].copy().view(np.float16)[:, 0].astype(F32)
 
 
 def emulate_row(tp: T, blocks: np.ndarray, x: np.ndarray) -> F32:
@@ -282,8 +299,9 @@ def test_grouped_rows_equal_separate_matrices(case):
     Y = K.matmul_q(tp, W, 6, COLS, K.quantize_activation(tp, X.reshape(6, COLS)), group_rows=2)
     group_bytes = W.size // 3
     for g in range(3):
-        np.testing.assert_array_equal(Y[:, 2 * g:2 * g + 2],
-                                      K.matmul(tp, W[g * group_bytes:(g + 1) * group_bytes], 2, COLS, X[g]))
+        np.testing.assert_array_equal(
+            Y[:, 2 * g : 2 * g + 2], K.matmul(tp, W[g * group_bytes : (g + 1) * group_bytes], 2, COLS, X[g])
+        )
 
 
 def test_scattered_experts_equal_separate_matrices(case):
@@ -297,12 +315,26 @@ def test_scattered_experts_equal_separate_matrices(case):
     chosen = np.array([3, 0, 4], np.int64)
     for n_tok in (1, 3, 9):
         X = random_activations(len(chosen) * n_tok, COLS, rng)
-        Y = K.matmul_q(tp, W, len(chosen) * rows, COLS, K.quantize_activation(tp, X), group_rows=rows, stacked=True,
-                       starts=chosen * expert_bytes)
+        Y = K.matmul_q(
+            tp,
+            W,
+            len(chosen) * rows,
+            COLS,
+            K.quantize_activation(tp, X),
+            group_rows=rows,
+            stacked=True,
+            starts=chosen * expert_bytes,
+        )
         for g, e in enumerate(chosen):
-            alone = K.matmul_q(tp, W[e * expert_bytes:(e + 1) * expert_bytes], rows, COLS,
-                               K.quantize_activation(tp, X[g * n_tok:(g + 1) * n_tok]), stacked=True)
-            np.testing.assert_array_equal(Y[:, g * rows:(g + 1) * rows], alone)
+            alone = K.matmul_q(
+                tp,
+                W[e * expert_bytes : (e + 1) * expert_bytes],
+                rows,
+                COLS,
+                K.quantize_activation(tp, X[g * n_tok : (g + 1) * n_tok]),
+                stacked=True,
+            )
+            np.testing.assert_array_equal(Y[:, g * rows : (g + 1) * rows], alone)
 
 
 def test_starts_outside_the_buffer_are_refused():
@@ -314,12 +346,14 @@ def test_starts_outside_the_buffer_are_refused():
         K.matmul_q(T.Q4_K, W, 2, 256, qx, group_rows=1, starts=np.array([-1, 0], np.int64))
     qf = K.quantize_activation(T.F32, np.ones((2, 256), np.float32))  # float rows are viewed as floats
     with pytest.raises(ValueError, match="multiples"):
-        K.matmul_q(T.F32, np.zeros(4 * 512 + 2, np.uint8), 2, 256, qf, group_rows=1,
-                   starts=np.array([0, 1026], np.int64))
+        K.matmul_q(
+            T.F32, np.zeros(4 * 512 + 2, np.uint8), 2, 256, qf, group_rows=1, starts=np.array([0, 1026], np.int64)
+        )
 
 
-@pytest.mark.parametrize("tp", [tp for tp in TYPES if K.KERNELS[int(tp)].straight_tokens and tp not in (T.F16, T.BF16)],
-                         ids=lambda t: t.name)
+@pytest.mark.parametrize(
+    "tp", [tp for tp in TYPES if K.KERNELS[int(tp)].straight_tokens and tp not in (T.F16, T.BF16)], ids=lambda t: t.name
+)
 def test_straight_and_decoded_routes_agree(tp):
     """KERNELS' straight_tokens picks a route by speed alone: both take the same exact block sums
     and the same float steps, so the same bits, on every rounding route (rows % 8 == 0 repacks
@@ -328,16 +362,23 @@ def test_straight_and_decoded_routes_agree(tp):
     rows with their own tokens; rows of three super-blocks (IQ2_XXS's straight route takes them in
     pairs and an odd last one alone)."""
     rng = np.random.default_rng(int(tp) + 40)
-    for rows, stacked, group_rows, cols in ((ROWS, False, ROWS, COLS), (8, False, 8, COLS), (8, True, 8, COLS),
-                                            (32, True, 32, COLS), (32, False, 16, COLS), (24, True, 24, COLS),
-                                            (40, False, 20, COLS), (8, False, 8, 768)):
+    for rows, stacked, group_rows, cols in (
+        (ROWS, False, ROWS, COLS),
+        (8, False, 8, COLS),
+        (8, True, 8, COLS),
+        (32, True, 32, COLS),
+        (32, False, 16, COLS),
+        (24, True, 24, COLS),
+        (40, False, 20, COLS),
+        (8, False, 8, 768),
+    ):
         W = random_weights(tp, rows, cols, rng)
         for n_tok in (1, 3, 9):
             qx = K.quantize_activation(tp, random_activations(n_tok * rows // group_rows, cols, rng))
             np.testing.assert_array_equal(
                 K.matmul_q(tp, W, rows, cols, qx, group_rows, stacked=stacked, straight=True),
-                K.matmul_q(tp, W, rows, cols, qx, group_rows, stacked=stacked, straight=False))
-
+                K.matmul_q(tp, W, rows, cols, qx, group_rows, stacked=stacked, straight=False),
+            )
 
 
 @pytest.mark.slow
@@ -350,10 +391,25 @@ def test_row_decode_where_no_tiles_run(tmp_path):
     import os
     import subprocess
     import sys
+
     env = dict(os.environ, NUMBA_CPU_NAME="x86-64-v3", NUMBA_CACHE_DIR=str(tmp_path))
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
-                          "routes_agree or repacked_route or tiled_route or grouped_rows"],
-                         env=env, capture_output=True, text=True, timeout=1800)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            __file__,
+            "-k",
+            "routes_agree or repacked_route or tiled_route or grouped_rows",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert " passed" in run.stdout and "skipped" not in run.stdout.splitlines()[-1]
 
@@ -381,7 +437,7 @@ def _bf16_lanes(w, x, bases, acc):
             for i in (base + 2 * lane + 1, base + 2 * lane):
                 acc[lane] = np.float32(acc[lane] + np.float32(w[i] * x[i]))
     for width in (8, 4):  # _mm512_reduce_add_ps as GCC orders it
-        acc[:width] = (acc[:width] + acc[width:2 * width]).astype(np.float32)
+        acc[:width] = (acc[:width] + acc[width : 2 * width]).astype(np.float32)
     return np.float32(np.float32(acc[0] + acc[2]) + np.float32(acc[1] + acc[3]))
 
 
@@ -478,6 +534,7 @@ def test_concurrent_calls_from_threads():
 
 # ---- the rounding of llama.cpp's batch routes, bit for bit (kernels.ggml_order) -------------
 
+
 def block_sums(tp: T, W: np.ndarray, rows: int, x: np.ndarray, step: int = 256):
     """Per-row integer sums of scaled quants x Q8_K activation over each `step` values, the mins
     x activation sums over the same spans, and the scales: isum, summ [rows, cols // step]."""
@@ -496,8 +553,13 @@ def block_sums(tp: T, W: np.ndarray, rows: int, x: np.ndarray, step: int = 256):
         summ = (mins * q.reshape(-1)).reshape(rows, -1, step).sum(axis=2)
         dmin = f16_at(blocks, m_off).reshape(rows, -1)
     per_block = 256 // step
-    return isum.astype(F32), summ.astype(F32), np.repeat(dw, per_block, 1), np.repeat(dmin, per_block, 1), \
-        np.repeat(dy, per_block)
+    return (
+        isum.astype(F32),
+        summ.astype(F32),
+        np.repeat(dw, per_block, 1),
+        np.repeat(dmin, per_block, 1),
+        np.repeat(dy, per_block),
+    )
 
 
 def fma(a, b, c):
@@ -531,7 +593,7 @@ def test_repacked_route_rounding(tp, gemm_step):
     W = random_weights(tp, rows, COLS, rng)
     blocks = W.reshape(-1, GGML_QUANT_SIZES[tp][1])
     dmin_at = F16_FIELDS[tp][1]  # dmin apart from d (random_weights gives both the same value)
-    blocks[:, dmin_at:dmin_at + 2] = f16_bytes(rng.uniform(-0.05, 0.05, len(blocks)))
+    blocks[:, dmin_at : dmin_at + 2] = f16_bytes(rng.uniform(-0.05, 0.05, len(blocks)))
     X = random_activations(5, COLS, rng)
     batch = K.matmul(tp, W, rows, COLS, X)
     # stacked experts: gemv rounding for 5 and for 10 tokens (whichever route KERNELS picks)
@@ -550,7 +612,7 @@ def test_repacked_route_rounding(tp, gemm_step):
 def tree_sum(v):
     """ggml's horizontal sum of a float vector of 8 or 16 lanes."""
     while len(v) > 4:
-        v = (v[:len(v) // 2] + v[len(v) // 2:]).astype(F32)
+        v = (v[: len(v) // 2] + v[len(v) // 2 :]).astype(F32)
     return F32(F32(v[0] + v[2]) + F32(v[1] + v[3]))
 
 
@@ -565,7 +627,7 @@ def test_lanes_route_rounding():
         for r in range(8):
             lanes = np.zeros(16, F32)
             for base in range(0, COLS, 16):
-                lanes = fma(W[r, base:base + 16], X[t, base:base + 16], lanes)
+                lanes = fma(W[r, base : base + 16], X[t, base : base + 16], lanes)
             assert Y[t, r] == tree_sum(lanes)
     # the legacy types (Q4_0 only where llama.cpp does not repack it: rows % 8 != 0)
     for tp in (T.Q8_0, T.Q4_0, T.Q5_0, T.Q4_1, T.Q5_1):
@@ -639,13 +701,16 @@ def iq2_xxs_pair_order(x):
     """An IQ2_XXS row's activation as its VBMI row dot reads it: each pair of blocks in
     simd.IQ2_XXS_PAIR_ORDER, an odd last block in simd.IQ2_XXS_ORDER."""
     paired = x.size - x.size % 512
-    return np.concatenate([x[:paired].reshape(-1, 512)[:, simd.IQ2_XXS_PAIR_ORDER].reshape(-1),
-                           x_order(x[paired:], simd.VBMI, T.IQ2_XXS)])
+    return np.concatenate(
+        [x[:paired].reshape(-1, 512)[:, simd.IQ2_XXS_PAIR_ORDER].reshape(-1), x_order(x[paired:], simd.VBMI, T.IQ2_XXS)]
+    )
 
 
-@pytest.mark.parametrize("order, size", [(simd.IQ2_XXS_ORDER, 256), (simd.IQ2_XXS_PAIR_ORDER, 512),
-                                         (simd.IQ3_ORDER, 256), (simd.GROUP_MAJOR_ORDER, 256)],
-                         ids=["IQ2_XXS", "IQ2_XXS-pair", "IQ3_XXS", "group-major"])
+@pytest.mark.parametrize(
+    "order, size",
+    [(simd.IQ2_XXS_ORDER, 256), (simd.IQ2_XXS_PAIR_ORDER, 512), (simd.IQ3_ORDER, 256), (simd.GROUP_MAJOR_ORDER, 256)],
+    ids=["IQ2_XXS", "IQ2_XXS-pair", "IQ3_XXS", "group-major"],
+)
 def test_activation_orders_are_chunks_of_sub_blocks(order, size):
     """Every value once, and qword k of each 64-byte chunk from one sub-block (what the per-sub-block
     int32 lanes need): in a single block sub-block k; in a pair sub-block k of the first block in
@@ -659,14 +724,18 @@ def test_activation_orders_are_chunks_of_sub_blocks(order, size):
 
 def test_grid_activations_in_the_order_the_grid_intrinsics_read():
     from swapmoe.runtime.kernels._jit import grid_activations, iq2_xxs_activations, iq3_activations
+
     x = np.random.default_rng(31).integers(-127, 128, (3, 768), dtype=np.int8)
     reordered = simd.REORDERED
-    np.testing.assert_array_equal(grid_activations(x), np.stack([x_order(row, simd.VBMI) for row in x])
-                                  if reordered else x)
-    np.testing.assert_array_equal(iq3_activations(x),
-                                  np.stack([x_order(row, simd.VBMI, T.IQ3_XXS) for row in x]) if reordered else x)
-    np.testing.assert_array_equal(iq2_xxs_activations(x), np.stack([iq2_xxs_pair_order(row) for row in x])
-                                  if reordered else x)
+    np.testing.assert_array_equal(
+        grid_activations(x), np.stack([x_order(row, simd.VBMI) for row in x]) if reordered else x
+    )
+    np.testing.assert_array_equal(
+        iq3_activations(x), np.stack([x_order(row, simd.VBMI, T.IQ3_XXS) for row in x]) if reordered else x
+    )
+    np.testing.assert_array_equal(
+        iq2_xxs_activations(x), np.stack([iq2_xxs_pair_order(row) for row in x]) if reordered else x
+    )
 
 
 def skip_unless_this_cpu_runs(target):
@@ -690,7 +759,7 @@ def test_simd_q4_k_isum(target):
     w = rng.integers(0, 256, 5 + n * 128, dtype=np.uint8)
     x = rng.integers(-128, 128, n * 256, dtype=np.int8)
     x[:256] = -128  # the extremes: largest nibbles, scales and activations
-    w[5:5 + 128] = 255
+    w[5 : 5 + 128] = 255
     scales = rng.integers(0, 64, (n, 8), dtype=np.uint8)
     scales[0] = 63
     out = np.empty(n, np.int32)
@@ -722,7 +791,7 @@ def test_simd_k4_tile16(tp, target):
     rng = np.random.default_rng(23)
     stride, size = 300, GGML_QUANT_SIZES[tp][1]
     w = rng.integers(0, 256, 7 + 16 * stride, dtype=np.uint8)
-    w[7:7 + size] = 255  # row 0: the largest values, scales and activations
+    w[7 : 7 + size] = 255  # row 0: the largest values, scales and activations
     x = rng.integers(-127, 128, 512, dtype=np.int8)
     x[256:320] = -127
     scales = rng.integers(0, 64, (8, 16)).astype(np.int32)
@@ -737,8 +806,16 @@ def test_simd_k4_tile16(tp, target):
     # each row's unsigned values: its block with d = 1, dmin = 0, every scale 1 and min 0
     scale_bytes = np.array([1] * 4 + [0] * 4 + [1] * 4, np.uint8)  # 6-bit scales 1, mins 0
     unit = np.concatenate([f16_bytes(np.array([1.0, 0.0])).reshape(-1), scale_bytes])
-    values = np.stack([quants.dequantize(np.concatenate([unit, w[7 + i * stride + 16:7 + i * stride + size]]), tp)
-                       for i in range(16)]).astype(np.int64).reshape(16, 8, 32)  # [row, sub-block, value]
+    values = (
+        np.stack(
+            [
+                quants.dequantize(np.concatenate([unit, w[7 + i * stride + 16 : 7 + i * stride + size]]), tp)
+                for i in range(16)
+            ]
+        )
+        .astype(np.int64)
+        .reshape(16, 8, 32)
+    )  # [row, sub-block, value]
     sub = (values * x[256:].reshape(8, 32)).sum(axis=2) * scales.T  # [row, sub-block]
     pairs = bsums[16:].reshape(8, 2).sum(axis=1)  # per sub-block
     isum = sub[:, 0::2] + sub[:, 1::2]  # [row, 64-value step]
@@ -779,7 +856,7 @@ def test_simd_q6_k_tile16(target):
     rng = np.random.default_rng(24)
     stride = 250
     w = rng.integers(0, 256, 3 + 16 * stride, dtype=np.uint8)
-    w[3:3 + 192] = 255  # row 0: the largest values
+    w[3 : 3 + 192] = 255  # row 0: the largest values
     x = rng.integers(-127, 128, 512, dtype=np.int8)
     scales = rng.integers(-128, 128, (16, 16)).astype(np.int32)
     scales[:, 0] = -128
@@ -790,8 +867,15 @@ def test_simd_q6_k_tile16(target):
     start = acc.copy()
     run(w, 3, stride, x, scales, bsums, dw, dx, acc)
     unit = np.concatenate([np.ones(16, np.uint8), f16_bytes(np.array([1.0])).reshape(-1)])  # scales 1, d 1
-    values = np.stack([quants.dequantize(np.concatenate([w[3 + i * stride:3 + i * stride + 192], unit]), T.Q6_K)
-                       for i in range(16)]).astype(np.int64) + 32  # u: the 6-bit values
+    values = (
+        np.stack(
+            [
+                quants.dequantize(np.concatenate([w[3 + i * stride : 3 + i * stride + 192], unit]), T.Q6_K)
+                for i in range(16)
+            ]
+        ).astype(np.int64)
+        + 32
+    )  # u: the 6-bit values
     isum = ((values - 32) * np.repeat(scales.T, 16, axis=1) * x[256:]).sum(axis=1)
     np.testing.assert_array_equal(acc[16:32], fma(isum.astype(F32) * dw, dx, start[16:32]))
     np.testing.assert_array_equal(acc[32:48], (start[32:48] + (dw * dx).astype(F32) * isum.astype(F32)).astype(F32))
@@ -823,7 +907,7 @@ def test_simd_int8_tile16(target):
     values[0] = -128
     w = np.zeros(5 + 16 * stride, np.uint8)
     for i in range(16):
-        w[5 + i * stride:5 + i * stride + 256] = values[i].view(np.uint8)
+        w[5 + i * stride : 5 + i * stride + 256] = values[i].view(np.uint8)
     x = rng.integers(-127, 128, 512, dtype=np.int8)
     x[256:272] = -127
     scales = rng.integers(-64, 64, (16, 16)).astype(np.int32)
@@ -865,6 +949,7 @@ def test_half_to_float_every_bit_pattern():
         def run(out):
             for h in range(65536):
                 out[h] = convert(h)
+
         out = np.empty(65536, F32)
         run(out)
         return out
@@ -928,18 +1013,26 @@ def test_simd_q2_k_isum(target):
     np.testing.assert_array_equal(mins, want_mins)
 
 
-@pytest.mark.parametrize("tp, target", [(tp, target) for tp in (T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S)
-                                        for target in (IQ1_TARGETS if tp in OWN_ORDER else GRID_TARGETS)],
-                         ids=lambda v: v.name if isinstance(v, T) else v)
+@pytest.mark.parametrize(
+    "tp, target",
+    [
+        (tp, target)
+        for tp in (T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S)
+        for target in (IQ1_TARGETS if tp in OWN_ORDER else GRID_TARGETS)
+    ],
+    ids=lambda v: v.name if isinstance(v, T) else v,
+)
 def test_simd_grid_isum(tp, target):
     skip_unless_this_cpu_runs(target)
     from swapmoe.runtime.kernels import iquants
+
     isum, grid, signs, d_scale = {
         T.IQ2_XXS: (simd.IQ2_XXS_ISUM, iquants._GRID8_IQ2_XXS, iquants._SIGN_MASKS, 8.0),
         T.IQ2_XS: (simd.IQ2_XS_ISUM, iquants._GRID8_IQ2_XS, iquants._SIGN_MASKS, 8.0),
         T.IQ2_S: (simd.IQ2_S_ISUM, iquants._GRID8_IQ2_S, iquants._BYTE_MASKS, 8.0),
         T.IQ3_XXS: (simd.IQ3_XXS_ISUM, iquants._GRID4_IQ3_XXS, iquants._SIGN_MASKS, 4.0),
-        T.IQ3_S: (simd.IQ3_S_ISUM, iquants._GRID4_IQ3_S, iquants._BYTE_MASKS, 1.0)}[tp]
+        T.IQ3_S: (simd.IQ3_S_ISUM, iquants._GRID4_IQ3_S, iquants._BYTE_MASKS, 1.0),
+    }[tp]
     isum = isum[target]
     size = GGML_QUANT_SIZES[tp][1]
 
@@ -1010,6 +1103,7 @@ def test_simd_legacy_row_dot(kind, target):
     @njit
     def run(row, x, dx, sx, nb):
         return dot(row, x, dx, sx, nb)
+
     with_min = tp in (T.Q4_1, T.Q5_1)
     for blocks in rows:
         ints = integer_parts(tp, blocks, **({"o0": 1.0, "o2": 0.0} if with_min else {"o0": 1.0})).astype(np.int64)
@@ -1043,10 +1137,14 @@ def test_simd_rows_dot8(tp, target):
     @njit
     def run(W, x, dx, nb, out):
         dot8(W, 0, W.size // 8, x, dx, nb, out, 0)
+
     got = np.zeros(8, F32)
     run(rows.reshape(-1), x, dx, nb, got)
-    table = {T.Q4_0: np.arange(16) - 8, T.IQ4_NL: np.array(quants.IQ4_NL.kvalues),
-             T.MXFP4: np.array(quants.MXFP4.kvalues)}[tp]
+    table = {
+        T.Q4_0: np.arange(16) - 8,
+        T.IQ4_NL: np.array(quants.IQ4_NL.kvalues),
+        T.MXFP4: np.array(quants.MXFP4.kvalues),
+    }[tp]
     quants_at = size - 16
     for r, blocks in enumerate(rows):
         q = blocks[:, quants_at:].astype(np.int64)
@@ -1103,9 +1201,9 @@ def test_simd_words_dot(target, span):
     n = 12
     ws = rng.integers(-32768, 32768, 5 + n * span).astype(np.int16)
     x = rng.integers(-128, 128, 3 + n * span).astype(np.int8)
-    ws[5:5 + span], x[3:3 + span] = -32768, -128
-    ws[5 + span:5 + 2 * span], x[3 + span:3 + 2 * span] = -32768, 127
-    ws[5 + 2 * span:5 + 3 * span], x[3 + 2 * span:3 + 3 * span] = 32767, -128
+    ws[5 : 5 + span], x[3 : 3 + span] = -32768, -128
+    ws[5 + span : 5 + 2 * span], x[3 + span : 3 + 2 * span] = -32768, 127
+    ws[5 + 2 * span : 5 + 3 * span], x[3 + 2 * span : 3 + 3 * span] = 32767, -128
     out = np.empty(n, np.int32)
     run(ws, x, out)
     expected = (ws[5:].reshape(n, span).astype(np.int64) * x[3:].reshape(n, span)).sum(axis=1)
@@ -1146,6 +1244,7 @@ def test_simd_k4_isum_real_layout(tp, target):
     """q4_k_isum / q5_k_isum on whole blocks against gguf's integer parts (scale x quant)."""
     skip_unless_this_cpu_runs(target)
     from swapmoe.runtime.kernels.kquants import _scales_mins_k4
+
     size = GGML_QUANT_SIZES[tp][1]
     isum = simd.Q4_K_ISUM[target] if tp == T.Q4_K else simd.Q5_K_ISUM[target]
 
@@ -1202,6 +1301,7 @@ def test_numba_configuration_survives_a_reload():
     import os
 
     import numba
+
     os.environ["NUMBA_SWAPMOE_TEST_PROBE"] = "1"  # any change makes numba re-read its variables
     try:
         numba.config.reload_config()
@@ -1217,6 +1317,7 @@ def test_numba_configuration_survives_a_reload():
 def test_simd_iq1_s_isum(target):
     skip_unless_this_cpu_runs(target)
     from swapmoe.runtime.kernels import iquants
+
     isum = simd.IQ1_S_ISUM[target]
 
     @njit
@@ -1247,6 +1348,7 @@ def test_simd_iq1_s_isum(target):
 def test_simd_iq1_m_isum(target):
     skip_unless_this_cpu_runs(target)
     from swapmoe.runtime.kernels import iquants
+
     isum = simd.IQ1_M_ISUM[target]
 
     @njit

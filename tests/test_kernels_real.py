@@ -1,5 +1,6 @@
 """Kernels on blocks written by llama.cpp's own llama-quantize
 (tests/data/kernels, made by tools/make_kernel_fixtures.py)."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -1,5 +1,6 @@
 """The architecture contract of models/base.py: mistakes in an architecture file fail when the
 model loads, with a message that names what is wrong."""
+
 import pytest
 
 import swapmoe

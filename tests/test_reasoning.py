@@ -1,5 +1,6 @@
 """A thinking model's reply split into reasoning_content and content (swapmoe.server.reasoning),
 and the server's reply assembly around it (worker.Reply) with a scripted token stream."""
+
 import pytest
 
 from swapmoe.runtime.model import Sequence
@@ -47,6 +48,7 @@ class _Tokens:
 
             def flush(self):
                 return ""
+
         return Decoder()
 
 

@@ -1,4 +1,5 @@
 """Repack, index, verify and unpack round trips on tiny synthetic models of every family."""
+
 from __future__ import annotations
 
 import errno
@@ -58,7 +59,7 @@ def check_round_trip(src: Path, out: Path, layout: str, page_size: int = 16384) 
             offset, length, ggml_type, shape = idx.projection(t.layer, e, part_name(t.cls))
             assert (length, ggml_type, shape) == (n, t.ggml_type, t.shape[1:])
             with open(out, "rb") as f:
-                assert os.pread(f.fileno(), length, offset) == src_bytes[e * n:(e + 1) * n].tobytes()
+                assert os.pread(f.fileno(), length, offset) == src_bytes[e * n : (e + 1) * n].tobytes()
     for layer in idx.moe_layers():
         for e in range(idx.n_expert):
             ranges = idx.slice(layer, e)
@@ -274,11 +275,14 @@ def test_cli_round_trip(models, tmp_path):
     assert run_cli("verify", copy).exit_code == 0
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--page-size", "5000"], "power of two"),
-    (["--page-size", "2048"], "power of two"),
-    (["--layout", "striped"], "Invalid value"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--page-size", "5000"], "power of two"),
+        (["--page-size", "2048"], "power of two"),
+        (["--layout", "striped"], "Invalid value"),
+    ],
+)
 def test_cli_bad_options(models, tmp_path, args, message):
     result = run_cli("repack", models("qwen3moe"), tmp_path / "out.gguf", *args)
     assert result.exit_code == 2 and message in result.output
@@ -302,11 +306,14 @@ def corrupt_copy(src: Path, tmp_path: Path, edit) -> Path:
     return bad
 
 
-@pytest.mark.parametrize("edit, message", [
-    (lambda d: d.__delitem__(slice(len(d) - 300_000, None)), "truncated"),
-    (lambda d: d.__setitem__(slice(30, 60), b"\xff" * 30), "corrupt or truncated GGUF header"),
-    (lambda d: d.__setitem__(slice(0, 4), b"GGML"), "not a GGUF"),
-])
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda d: d.__delitem__(slice(len(d) - 300_000, None)), "truncated"),
+        (lambda d: d.__setitem__(slice(30, 60), b"\xff" * 30), "corrupt or truncated GGUF header"),
+        (lambda d: d.__setitem__(slice(0, 4), b"GGML"), "not a GGUF"),
+    ],
+)
 def test_bad_input(models, tmp_path, edit, message):
     bad = corrupt_copy(models("qwen3moe"), tmp_path, edit)
     before = sha256_file(bad)
@@ -323,7 +330,7 @@ def test_hash_table_id_out_of_range(models, tmp_path):
     table = open_gguf(src).tensor("blk.0.ffn_gate_tid2eid.weight")
 
     def edit(data):
-        data[table.offset + 4 * 7:table.offset + 4 * 8] = np.int32(99).tobytes()  # token 1, slot 1 of k=2? entry 7
+        data[table.offset + 4 * 7 : table.offset + 4 * 8] = np.int32(99).tobytes()  # token 1, slot 1 of k=2? entry 7
 
     bad = corrupt_copy(src, tmp_path, edit)
     for command in (["repack", bad, tmp_path / "out.gguf"], ["index", bad]):
@@ -367,9 +374,14 @@ def test_disk_full_leaves_nothing(models, tmp_path, monkeypatch):
     assert len(calls) > 3 and list(tmp_path.iterdir()) == [] and sha256_file(src) == before
 
 
-@pytest.mark.parametrize("signum, code, said", [(signal.SIGINT, 130, "interrupted"),
-                                                 (signal.SIGTERM, 143, "stopped by SIGTERM"),
-                                                 (signal.SIGHUP, 129, "stopped by SIGHUP")])
+@pytest.mark.parametrize(
+    "signum, code, said",
+    [
+        (signal.SIGINT, 130, "interrupted"),
+        (signal.SIGTERM, 143, "stopped by SIGTERM"),
+        (signal.SIGHUP, 129, "stopped by SIGHUP"),
+    ],
+)
 def test_interrupt_leaves_nothing(tmp_path, signum, code, said):
     """Ctrl-C for real, and SIGTERM/SIGHUP (timeout, systemd, docker stop, a closed terminal):
     the signal to a repack running in its own process, once its temp file exists."""
@@ -379,9 +391,12 @@ def test_interrupt_leaves_nothing(tmp_path, signum, code, said):
     out_dir.mkdir()
     # a background job (CI) may run with SIGINT ignored, and Python then keeps ignoring it: give the
     # child a terminal's default disposition, as a user pressing Ctrl-C has
-    proc = subprocess.Popen(cli_command("repack", src, out_dir / "out.gguf"),
-                            stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = subprocess.Popen(
+        cli_command("repack", src, out_dir / "out.gguf"),
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     deadline = time.monotonic() + 60
     while not any(".tmp-" in p.name for p in out_dir.iterdir()):
         assert proc.poll() is None and time.monotonic() < deadline, "repack ended before it could be interrupted"
@@ -489,8 +504,9 @@ def _stop_once(bench, command: str, signum: int, force: bool, seed: int) -> None
             (folder / name).write_bytes(data)
         argv = argv + (["--force"] if command != "index" else [])  # index always rewrites the sidecar
     delay = random.Random(f"{command}/{signum}/{force}/{seed}").uniform(0.05, 1.2 * seconds)
-    proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = subprocess.Popen(
+        argv, stderr=subprocess.PIPE, text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)
+    )
     time.sleep(delay)
     proc.send_signal(signum)
     _, err = proc.communicate(timeout=120)

@@ -1,5 +1,6 @@
 """tools/replay_trace.py: its `store` replay reproduces the counters of the run that recorded the
 trace, and its MIN is the optimum (brute force on small traces) and never reads more than the others."""
+
 from __future__ import annotations
 
 import json
@@ -25,8 +26,12 @@ def record(path: Path, n_tokens: int, sampled: bool, **options) -> dict:
     for _ in model.generate("import os\n\ndef main(", max_tokens=n_tokens, ignore_eos=True, **sampling):
         pass
     model.net.routing.trace.file.close()
-    return {"misses": model.stats.misses, "bytes_read": model.stats.bytes_read, "requests": model.stats.requests,
-            "plan": model.plan}
+    return {
+        "misses": model.stats.misses,
+        "bytes_read": model.stats.bytes_read,
+        "requests": model.stats.requests,
+        "plan": model.plan,
+    }
 
 
 RUNS = {  # name: (tokens, sampled, load options)
@@ -54,7 +59,10 @@ def test_store_replay_reproduces_the_recorded_run(rt, runs, name):
     assert s.source == "model" and s.keep_recent == counters["plan"].keep_recent
     result = rt.replay(trace, s, trace.header["budget_bytes"], "store")
     assert (result.misses, result.bytes_read, result.requests) == (
-        counters["misses"], counters["bytes_read"], counters["requests"])
+        counters["misses"],
+        counters["bytes_read"],
+        counters["requests"],
+    )
     assert counters["misses"] < counters["requests"]  # the budget made it evict, and not everything missed
 
 
@@ -84,12 +92,24 @@ def test_min_never_reads_more_than_the_others(rt, runs, name):
 def write_trace(path: Path, visits, expert_bytes, n_expert_used=1, budget=None) -> Path:
     """A hand-made trace: visits as (pass, layer, [[ids of a token]...])."""
     n_layer, n_expert = np.shape(expert_bytes)
-    header = {"format": "swapmoe-trace", "version": 1, "model": "/nonexistent/hand.gguf", "arch": "qwen3moe",
-              "n_layer": n_layer, "n_expert": n_expert, "n_expert_used": n_expert_used,
-              "expert_bytes": expert_bytes, "budget_bytes": budget, "keep_recent": None, "fixation": 0,
-              "prefetch": "off", "hash_layers": []}
-    lines = [header] + [{"pass": p, "phase": "decode", "layer": layer, "ids": ids, "hash": False}
-                        for p, layer, ids in visits]
+    header = {
+        "format": "swapmoe-trace",
+        "version": 1,
+        "model": "/nonexistent/hand.gguf",
+        "arch": "qwen3moe",
+        "n_layer": n_layer,
+        "n_expert": n_expert,
+        "n_expert_used": n_expert_used,
+        "expert_bytes": expert_bytes,
+        "budget_bytes": budget,
+        "keep_recent": None,
+        "fixation": 0,
+        "prefetch": "off",
+        "hash_layers": [],
+    }
+    lines = [header] + [
+        {"pass": p, "phase": "decode", "layer": layer, "ids": ids, "hash": False} for p, layer, ids in visits
+    ]
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
     return path
 

@@ -1,4 +1,5 @@
 """The sampler's penalties and truncations, on hand-made logits."""
+
 import numpy as np
 
 from swapmoe.runtime.sampling import Sampler, Sampling

@@ -1,5 +1,6 @@
 """`swapmoe serve` on 127.0.0.1 with the tiny model, driven by the official openai client (and raw
 HTTP for what a client library would not send)."""
+
 import concurrent.futures
 import json
 import socket
@@ -66,8 +67,9 @@ def solo(model, messages, max_tokens):
 
 
 def post(base, path, body: bytes, headers=None):
-    request = urllib.request.Request(base + path, data=body, headers={"Content-Type": "application/json",
-                                                                      **(headers or {})})
+    request = urllib.request.Request(
+        base + path, data=body, headers={"Content-Type": "application/json", **(headers or {})}
+    )
     try:
         with urllib.request.urlopen(request) as r:
             return r.status, json.loads(r.read())
@@ -93,13 +95,22 @@ def test_chat_is_run_chats_greedy_output(client, model):
 
 def test_streaming_gives_the_same_text_and_usage(client):
     whole = client.completions.create(model="tiny-moe", prompt="def main():", max_tokens=20, **GREEDY)
-    chunks = list(client.completions.create(model="tiny-moe", prompt="def main():", max_tokens=20, stream=True,
-                                            stream_options={"include_usage": True}, **GREEDY))
+    chunks = list(
+        client.completions.create(
+            model="tiny-moe",
+            prompt="def main():",
+            max_tokens=20,
+            stream=True,
+            stream_options={"include_usage": True},
+            **GREEDY,
+        )
+    )
     assert "".join(c.choices[0].text for c in chunks if c.choices) == whole.choices[0].text
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 20
-    chat = list(client.chat.completions.create(model="tiny-moe", messages=MESSAGES, max_tokens=5, stream=True,
-                                               **GREEDY))
+    chat = list(
+        client.chat.completions.create(model="tiny-moe", messages=MESSAGES, max_tokens=5, stream=True, **GREEDY)
+    )
     assert chat[0].choices[0].delta.role == "assistant"
     assert chat[-1].choices[0].finish_reason == "length" and all(c.usage is None for c in chat)
 
@@ -108,13 +119,13 @@ def test_stop_strings_end_the_text_and_are_not_in_it(client):
     free = client.completions.create(model="tiny-moe", prompt="def main():", max_tokens=30, **GREEDY)
     text = free.choices[0].text
     stop = text[10:13]  # three characters the greedy text reaches
-    cut = client.completions.create(model="tiny-moe", prompt="def main():", max_tokens=30, stop=[stop, "zzz"],
-                                    **GREEDY)
-    assert cut.choices[0].text == text[:text.index(stop)]
+    cut = client.completions.create(model="tiny-moe", prompt="def main():", max_tokens=30, stop=[stop, "zzz"], **GREEDY)
+    assert cut.choices[0].text == text[: text.index(stop)]
     assert cut.choices[0].finish_reason == "stop"
-    streamed = client.completions.create(model="tiny-moe", prompt="def main():", max_tokens=30, stop=stop,
-                                         stream=True, **GREEDY)
-    assert "".join(c.choices[0].text for c in streamed if c.choices) == text[:text.index(stop)]
+    streamed = client.completions.create(
+        model="tiny-moe", prompt="def main():", max_tokens=30, stop=stop, stream=True, **GREEDY
+    )
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == text[: text.index(stop)]
 
 
 def test_concurrent_clients_each_get_their_solo_output(served, client, model):
@@ -122,8 +133,9 @@ def test_concurrent_clients_each_get_their_solo_output(served, client, model):
     tokens, steps = metric(served, "tokens_predicted_total"), metric(served, "decode_steps_total")
 
     def ask(messages):
-        stream = client.chat.completions.create(model="tiny-moe", messages=messages, max_tokens=64, stream=True,
-                                                **GREEDY)
+        stream = client.chat.completions.create(
+            model="tiny-moe", messages=messages, max_tokens=64, stream=True, **GREEDY
+        )
         return "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
 
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
@@ -135,8 +147,7 @@ def test_concurrent_clients_each_get_their_solo_output(served, client, model):
 
 def test_a_dropped_stream_frees_the_model(served, client):
     before = metric(served, "tokens_predicted_total")
-    stream = client.completions.create(model="tiny-moe", prompt="def main():", max_tokens=3000, stream=True,
-                                       **GREEDY)
+    stream = client.completions.create(model="tiny-moe", prompt="def main():", max_tokens=3000, stream=True, **GREEDY)
     for i, _ in enumerate(stream):
         if i == 2:
             break
@@ -146,17 +157,20 @@ def test_a_dropped_stream_frees_the_model(served, client):
     assert metric(served, "tokens_predicted_total") - before < 500  # the dropped one stopped early
 
 
-@pytest.mark.parametrize("body, status, param", [
-    (b"{not json", 400, None),
-    (b'{"model": "other", "messages": [{"role": "user", "content": "hi"}]}', 404, "model"),
-    (b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": -1}', 400, "max_tokens"),
-    (b'{"messages": []}', 400, "messages"),
-    (b'{"messages": [{"role": "user", "content": "hi"}], "n": 2}', 400, "n"),
-    (b'{"messages": [{"role": "user", "content": "hi"}], "ignore_eos": 1}', 400, "ignore_eos"),
-    (b'{"messages": [{"role": "wizard", "content": "hi"}]}', 400, "messages[0]"),
-    (b'{"messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}', 400, "temperature"),
-    (b'[1, 2]', 400, None),
-])
+@pytest.mark.parametrize(
+    "body, status, param",
+    [
+        (b"{not json", 400, None),
+        (b'{"model": "other", "messages": [{"role": "user", "content": "hi"}]}', 404, "model"),
+        (b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": -1}', 400, "max_tokens"),
+        (b'{"messages": []}', 400, "messages"),
+        (b'{"messages": [{"role": "user", "content": "hi"}], "n": 2}', 400, "n"),
+        (b'{"messages": [{"role": "user", "content": "hi"}], "ignore_eos": 1}', 400, "ignore_eos"),
+        (b'{"messages": [{"role": "wizard", "content": "hi"}]}', 400, "messages[0]"),
+        (b'{"messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}', 400, "temperature"),
+        (b"[1, 2]", 400, None),
+    ],
+)
 def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(served, client, body, status, param):
     code, error = post(served, "/v1/chat/completions", body)
     assert code == status and error["error"]["param"] == param and error["error"]["message"]
@@ -193,38 +207,46 @@ def test_api_key_guards_every_route_but_health():
 
 def test_a_second_turn_reuses_the_first(client):
     first = client.chat.completions.create(model="tiny-moe", messages=MESSAGES, max_tokens=12, **GREEDY)
-    turn = [*MESSAGES, {"role": "assistant", "content": first.choices[0].message.content},
-            {"role": "user", "content": "And another."}]
+    turn = [
+        *MESSAGES,
+        {"role": "assistant", "content": first.choices[0].message.content},
+        {"role": "user", "content": "And another."},
+    ]
     second = client.chat.completions.create(model="tiny-moe", messages=turn, max_tokens=4, **GREEDY)
     cached = second.usage.prompt_tokens_details.cached_tokens
     # the first turn's prompt and all but its last reply token were fed to the caches
     assert cached >= first.usage.prompt_tokens + first.usage.completion_tokens - 1
-    unrelated = client.chat.completions.create(model="tiny-moe", messages=[{"role": "user", "content": "Zebra?"}],
-                                               max_tokens=2, **GREEDY)
+    unrelated = client.chat.completions.create(
+        model="tiny-moe", messages=[{"role": "user", "content": "Zebra?"}], max_tokens=2, **GREEDY
+    )
     assert unrelated.usage.prompt_tokens_details.cached_tokens < unrelated.usage.prompt_tokens
 
 
 def test_logprobs_are_the_models_distribution(client, model):
     import numpy as np
 
-    reply = client.chat.completions.create(model="tiny-moe", messages=MESSAGES, max_tokens=3, logprobs=True,
-                                           top_logprobs=2, **GREEDY)
+    reply = client.chat.completions.create(
+        model="tiny-moe", messages=MESSAGES, max_tokens=3, logprobs=True, top_logprobs=2, **GREEDY
+    )
     steps = reply.choices[0].logprobs.content
     assert len(steps) == 3 and "".join(s.token for s in steps) == reply.choices[0].message.content
     prompt = model.tokenize(ChatTemplate(model.tokenizer).render(MESSAGES), add_special=False)
     z = model.logits(prompt)[-1].astype(np.float64)
     log_p = z - z.max() - np.log(np.exp(z - z.max()).sum())
     assert abs(steps[0].logprob - log_p.max()) < 1e-4  # greedy: the most likely token
-    assert [t.logprob for t in steps[0].top_logprobs] == sorted((t.logprob for t in steps[0].top_logprobs),
-                                                                 reverse=True)
+    assert [t.logprob for t in steps[0].top_logprobs] == sorted(
+        (t.logprob for t in steps[0].top_logprobs), reverse=True
+    )
     text = client.completions.create(model="tiny-moe", prompt="def main():", max_tokens=2, logprobs=1, **GREEDY)
     assert len(text.choices[0].logprobs.token_logprobs) == 2
-    streamed = client.chat.completions.create(model="tiny-moe", messages=MESSAGES, max_tokens=3, logprobs=True,
-                                              top_logprobs=2, stream=True, **GREEDY)
+    streamed = client.chat.completions.create(
+        model="tiny-moe", messages=MESSAGES, max_tokens=3, logprobs=True, top_logprobs=2, stream=True, **GREEDY
+    )
     pieces = [step for c in streamed if c.choices and c.choices[0].logprobs for step in c.choices[0].logprobs.content]
     assert [(p.token, p.logprob) for p in pieces] == [(s.token, s.logprob) for s in steps]
-    stream = client.completions.create(model="tiny-moe", prompt="def main():", max_tokens=2, logprobs=1, stream=True,
-                                       **GREEDY)
+    stream = client.completions.create(
+        model="tiny-moe", prompt="def main():", max_tokens=2, logprobs=1, stream=True, **GREEDY
+    )
     offsets = [o for c in stream if c.choices and c.choices[0].logprobs for o in c.choices[0].logprobs.text_offset]
     assert offsets == text.choices[0].logprobs.text_offset
 
@@ -243,12 +265,18 @@ def test_thinking_goes_to_reasoning_content(served, client, model, monkeypatch):
     reply = client.chat.completions.create(model="tiny-moe", messages=messages, max_tokens=24, **GREEDY)
     message = reply.choices[0].message
     assert (message.reasoning_content, message.content) == (before.lstrip(), after.lstrip())
-    chunks = list(client.chat.completions.create(model="tiny-moe", messages=messages, max_tokens=24, stream=True,
-                                                 **GREEDY))
+    chunks = list(
+        client.chat.completions.create(model="tiny-moe", messages=messages, max_tokens=24, stream=True, **GREEDY)
+    )
     deltas = [c.choices[0].delta for c in chunks if c.choices]
     streamed = "".join(getattr(d, "reasoning_content", None) or "" for d in deltas)
     assert (streamed, "".join(d.content or "" for d in deltas)) == (before.lstrip(), after.lstrip())
-    plain = client.chat.completions.create(model="tiny-moe", messages=messages, max_tokens=24,
-                                           extra_body={**GREEDY["extra_body"], "reasoning_format": "none"},
-                                           temperature=0, top_p=1)
+    plain = client.chat.completions.create(
+        model="tiny-moe",
+        messages=messages,
+        max_tokens=24,
+        extra_body={**GREEDY["extra_body"], "reasoning_format": "none"},
+        temperature=0,
+        top_p=1,
+    )
     assert plain.choices[0].message.content == text

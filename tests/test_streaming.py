@@ -1,6 +1,7 @@
 """Expert streaming: both engines, the byte budget, keep-recent, fixation and prefetch.
 
 Behaviour only; nothing here measures time."""
+
 import ctypes
 import mmap
 import os
@@ -54,8 +55,15 @@ GiB = 1 << 30
 
 def test_defaults_fit_the_machine():
     def choose(expert_gb, available_gb, repacked=False, **given):
-        return plan(StreamingOptions(**given), int(expert_gb * GiB), GiB // 2, 64 << 20, 16 << 20, repacked,
-                    (int(available_gb * GiB), "test"))
+        return plan(
+            StreamingOptions(**given),
+            int(expert_gb * GiB),
+            GiB // 2,
+            64 << 20,
+            16 << 20,
+            repacked,
+            (int(available_gb * GiB), "test"),
+        )
 
     fits = choose(4, 24)
     assert not fits.streaming and fits.engine == "mmap" and fits.budget_bytes is None
@@ -70,7 +78,7 @@ def test_defaults_fit_the_machine():
 
 def _capacity(m) -> int:
     """How many experts the pread engine can hold at once (all slices have the same size)."""
-    (size, free), = m.store.engine.free.items()
+    ((size, free),) = m.store.engine.free.items()
     assert len(free) * size == len(free) * m.store._new_entry(0, 0).nbytes <= m.store.budget
     return len(free)
 
@@ -229,7 +237,7 @@ def test_fixation_pins_ids_for_the_window(model_path, monkeypatch):
     list(m.generate_ids(PROMPT, max_tokens=7, ignore_eos=True))
     decode = [(layer, ids) for decoding, layer, ids in seen if decoding]
     n_layer = len(m.index.moe_layers())
-    passes = [decode[i:i + n_layer] for i in range(0, len(decode), n_layer)]
+    passes = [decode[i : i + n_layer] for i in range(0, len(decode), n_layer)]
     assert len(passes) == 6  # the first token comes from the prompt pass
     assert passes[1] == passes[0] and passes[2] == passes[0]  # one window of 3
     assert passes[4] == passes[3] and passes[5] == passes[3]
@@ -254,8 +262,11 @@ def test_lookahead_prefetches_the_predicted_experts(model_path):
     # every hinted range is exactly an index slice of a predicted expert of that layer
     expected = {(r.file, r.offset, r.length) for i, ids in predicted for e in ids for r in m.index.slice(i, int(e))}
     assert hinted and {r for ranges in hinted for r in ranges} <= expected | {
-        (r.file, r.offset, r.length) for layer in m.index.moe_layers() for e in range(16)
-        for r in m.index.slice(layer, e)}
+        (r.file, r.offset, r.length)
+        for layer in m.index.moe_layers()
+        for e in range(16)
+        for r in m.index.slice(layer, e)
+    }
     assert m.store.stats.prefetch_issued > 0
 
 
@@ -379,8 +390,9 @@ def test_eviction_ranks_are_the_documented_ones():
     in_use = np.array([0 * n_expert + 3, 2 * n_expert + 7], np.int64)
     for layer in range(n_layer):
         for need in (0, 200):
-            flat, expected, last_used, certain = _eviction_ranks(origin, nbytes, need, share, cycle, layer,
-                                                                 cycle_length, used_at, in_use)
+            flat, expected, last_used, certain = _eviction_ranks(
+                origin, nbytes, need, share, cycle, layer, cycle_length, used_at, in_use
+            )
             keep = (origin >= 0) & (origin != DEMAND)
             keep.ravel()[in_use] = False
             if need:

@@ -4,6 +4,7 @@ The expected tensor set is llama.cpp's load_arch_tensors (src/models/deepseek4.c
 again from the file's own metadata, as llama.cpp reads it, independent of swapmoe's builder. No
 llama.cpp run here (tools/llama_ref.py does that: the tiny file loads and generates).
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -20,13 +21,31 @@ from swapmoe.synthetic.archs import compress_ratios
 
 A = "deepseek4."
 REQUIRED_KEYS = [  # load_arch_hparams and the generic loader: a missing one throws
-    "context_length", "embedding_length", "block_count", "attention.head_count", "attention.layer_norm_rms_epsilon",
-    "attention.q_lora_rank", "attention.sliding_window", "expert_feed_forward_length", "expert_shared_count",
-    "expert_weights_scale", "expert_weights_norm", "swiglu_clamp_exp", "attention.indexer.head_count",
-    "attention.indexer.key_length", "attention.indexer.top_k", "attention.output_group_count",
-    "attention.output_lora_rank", "attention.compress_rope_freq_base", "hyper_connection.count",
-    "hyper_connection.sinkhorn_iterations", "hyper_connection.epsilon", "hash_layer_count",
-    "attention.compress_ratios", "expert_gating_func"]
+    "context_length",
+    "embedding_length",
+    "block_count",
+    "attention.head_count",
+    "attention.layer_norm_rms_epsilon",
+    "attention.q_lora_rank",
+    "attention.sliding_window",
+    "expert_feed_forward_length",
+    "expert_shared_count",
+    "expert_weights_scale",
+    "expert_weights_norm",
+    "swiglu_clamp_exp",
+    "attention.indexer.head_count",
+    "attention.indexer.key_length",
+    "attention.indexer.top_k",
+    "attention.output_group_count",
+    "attention.output_lora_rank",
+    "attention.compress_rope_freq_base",
+    "hyper_connection.count",
+    "hyper_connection.sinkhorn_iterations",
+    "hyper_connection.epsilon",
+    "hash_layer_count",
+    "attention.compress_ratios",
+    "expert_gating_func",
+]
 
 
 @pytest.fixture(scope="module")
@@ -43,30 +62,58 @@ def expected_tensors(g) -> dict[str, tuple[int, ...]]:
     G, R, hc = k("attention.output_group_count"), k("attention.output_lora_rank"), k("hyper_connection.count")
     n_idx, idx_hd, n_hash = k("attention.indexer.head_count"), k("attention.indexer.key_length"), k("hash_layer_count")
     hc_dim, mix = hc * D, (2 + hc) * hc
-    out = {"token_embd.weight": (D, V), "output_norm.weight": (D,), "output.weight": (D, V),
-           "output_hc_fn.weight": (hc_dim, hc), "output_hc_base.weight": (hc,), "output_hc_scale.weight": (1,)}
-    for i, ratio in enumerate(k("attention.compress_ratios")[:k("block_count")]):
+    out = {
+        "token_embd.weight": (D, V),
+        "output_norm.weight": (D,),
+        "output.weight": (D, V),
+        "output_hc_fn.weight": (hc_dim, hc),
+        "output_hc_base.weight": (hc,),
+        "output_hc_scale.weight": (1,),
+    }
+    for i, ratio in enumerate(k("attention.compress_ratios")[: k("block_count")]):
         p = f"blk.{i}."
-        out |= {p + "attn_norm.weight": (D,), p + "attn_sinks.weight": (H,), p + "attn_q_a.weight": (D, ql),
-                p + "attn_q_a_norm.weight": (ql,), p + "attn_q_b.weight": (ql, H * hd), p + "attn_kv.weight": (D, hd),
-                p + "attn_kv_a_norm.weight": (hd,), p + "attn_output_a.weight": (H * hd // G, R * G),
-                p + "attn_output_b.weight": (G * R, D), p + "ffn_gate_inp.weight": (D, E), p + "ffn_norm.weight": (D,),
-                p + "ffn_gate_exps.weight": (D, F, E), p + "ffn_up_exps.weight": (D, F, E),
-                p + "ffn_down_exps.weight": (F, D, E), p + "ffn_gate_shexp.weight": (D, F * n_sh),
-                p + "ffn_up_shexp.weight": (D, F * n_sh), p + "ffn_down_shexp.weight": (F * n_sh, D)}
+        out |= {
+            p + "attn_norm.weight": (D,),
+            p + "attn_sinks.weight": (H,),
+            p + "attn_q_a.weight": (D, ql),
+            p + "attn_q_a_norm.weight": (ql,),
+            p + "attn_q_b.weight": (ql, H * hd),
+            p + "attn_kv.weight": (D, hd),
+            p + "attn_kv_a_norm.weight": (hd,),
+            p + "attn_output_a.weight": (H * hd // G, R * G),
+            p + "attn_output_b.weight": (G * R, D),
+            p + "ffn_gate_inp.weight": (D, E),
+            p + "ffn_norm.weight": (D,),
+            p + "ffn_gate_exps.weight": (D, F, E),
+            p + "ffn_up_exps.weight": (D, F, E),
+            p + "ffn_down_exps.weight": (F, D, E),
+            p + "ffn_gate_shexp.weight": (D, F * n_sh),
+            p + "ffn_up_shexp.weight": (D, F * n_sh),
+            p + "ffn_down_shexp.weight": (F * n_sh, D),
+        }
         for half in ("attn", "ffn"):
-            out |= {p + f"hc_{half}_fn.weight": (hc_dim, mix), p + f"hc_{half}_base.weight": (mix,),
-                    p + f"hc_{half}_scale.weight": (3,)}
+            out |= {
+                p + f"hc_{half}_fn.weight": (hc_dim, mix),
+                p + f"hc_{half}_base.weight": (mix,),
+                p + f"hc_{half}_scale.weight": (3,),
+            }
         if ratio:
             c = 2 if ratio == 4 else 1
-            out |= {p + "attn_compressor_kv.weight": (D, c * hd), p + "attn_compressor_gate.weight": (D, c * hd),
-                    p + "attn_compressor_ape.weight": (c * hd, ratio), p + "attn_compressor_norm.weight": (hd,)}
+            out |= {
+                p + "attn_compressor_kv.weight": (D, c * hd),
+                p + "attn_compressor_gate.weight": (D, c * hd),
+                p + "attn_compressor_ape.weight": (c * hd, ratio),
+                p + "attn_compressor_norm.weight": (hd,),
+            }
         if ratio == 4:
-            out |= {p + "indexer.proj.weight": (D, n_idx), p + "indexer.attn_q_b.weight": (ql, n_idx * idx_hd),
-                    p + "indexer_compressor_kv.weight": (D, 2 * idx_hd),
-                    p + "indexer_compressor_gate.weight": (D, 2 * idx_hd),
-                    p + "indexer_compressor_ape.weight": (2 * idx_hd, ratio),
-                    p + "indexer_compressor_norm.weight": (idx_hd,)}
+            out |= {
+                p + "indexer.proj.weight": (D, n_idx),
+                p + "indexer.attn_q_b.weight": (ql, n_idx * idx_hd),
+                p + "indexer_compressor_kv.weight": (D, 2 * idx_hd),
+                p + "indexer_compressor_gate.weight": (D, 2 * idx_hd),
+                p + "indexer_compressor_ape.weight": (2 * idx_hd, ratio),
+                p + "indexer_compressor_norm.weight": (idx_hd,),
+            }
         if i < n_hash:
             out[p + "ffn_gate_tid2eid.weight"] = (K, V)
         else:
@@ -105,8 +152,7 @@ def test_tiny_tensors_are_exactly_llama_cpps(tiny):
     for name, ne in want.items():
         assert got[name] == ne, name
     assert sorted(ne[1] for name, ne in got.items() if name.endswith("attn_compressor_ape.weight")) == [4, 128]
-    assert not any(name.startswith(("blk.0.attn_compressor", "blk.1.attn_compressor", "blk.3.indexer"))
-                   for name in got)
+    assert not any(name.startswith(("blk.0.attn_compressor", "blk.1.attn_compressor", "blk.3.indexer")) for name in got)
 
 
 def test_tiny_hash_table(tiny):
@@ -126,8 +172,12 @@ def test_tiny_values_make_every_part_matter(tiny):
     plain average of the streams); position biases of the compressors that change the pooling."""
     for name in ("blk.0.hc_attn_scale.weight", "blk.3.hc_ffn_scale.weight", "output_hc_scale.weight"):
         assert np.all(tiny.array(name) > 0.2)
-    for name in ("blk.0.hc_attn_base.weight", "blk.2.attn_compressor_ape.weight",
-                 "blk.2.indexer_compressor_ape.weight", "blk.3.attn_compressor_ape.weight"):
+    for name in (
+        "blk.0.hc_attn_base.weight",
+        "blk.2.attn_compressor_ape.weight",
+        "blk.2.indexer_compressor_ape.weight",
+        "blk.3.attn_compressor_ape.weight",
+    ):
         assert tiny.array(name).std() > 0.5, name
     assert tiny.array("blk.0.attn_sinks.weight").std() > 0.3
     assert tiny.tensor("blk.0.hc_attn_fn.weight").ggml_type == T.Q8_0  # a matrix llama-quantize would quantize
@@ -158,13 +208,22 @@ def test_flash_preset_is_the_published_shape():
     assert key("attention.compress_ratios") == [0, 0] + [4, 128] * 20 + [4]
     assert (key("hash_layer_count"), key("attention.q_lora_rank"), key("rope.dimension_count")) == (3, 1024, 64)
     assert (key("attention.output_group_count"), key("attention.output_lora_rank")) == (8, 1024)
-    assert (key("attention.indexer.head_count"), key("attention.indexer.key_length"),
-            key("attention.indexer.top_k")) == (64, 128, 512)
+    assert (
+        key("attention.indexer.head_count"),
+        key("attention.indexer.key_length"),
+        key("attention.indexer.top_k"),
+    ) == (64, 128, 512)
     assert (key("attention.sliding_window"), key("attention.compress_rope_freq_base")) == (128, 160000.0)
     assert (key("rope.scaling.type"), key("rope.scaling.factor"), key("rope.scaling.original_context_length")) == (
-        "yarn", 16.0, 65536)
-    assert (key("hyper_connection.count"), key("hyper_connection.sinkhorn_iterations"),
-            key("hyper_connection.epsilon")) == (4, 20, 1e-6)
+        "yarn",
+        16.0,
+        65536,
+    )
+    assert (
+        key("hyper_connection.count"),
+        key("hyper_connection.sinkhorn_iterations"),
+        key("hyper_connection.epsilon"),
+    ) == (4, 20, 1e-6)
     assert (key("expert_weights_scale"), key("expert_weights_norm"), key("expert_gating_func")) == (1.5, True, 4)
     assert key("swiglu_clamp_exp") == [10.0] * 43 == key("swiglu_clamp_shexp")
     # the model card's 284B total and 13B active, counted with the real 129280-token vocabulary (active:
@@ -182,10 +241,18 @@ def test_flash_iq1_m_is_the_community_mix():
     assert Counter(t for name, t in types.items() if "_exps." in name) == Counter({T.IQ1_M: 123, T.Q2_K: 6})
     assert [i for i in range(43) if types[f"blk.{i}.ffn_down_exps.weight"] == T.Q2_K] == list(range(6))
     assert types["blk.42.ffn_gate_exps.weight"] == types["blk.0.ffn_up_exps.weight"] == T.IQ1_M
-    for name in ("token_embd.weight", "blk.2.attn_q_b.weight", "blk.2.attn_output_a.weight", "blk.7.attn_kv.weight",
-                 "blk.0.ffn_down_shexp.weight", "blk.5.hc_ffn_fn.weight", "output_hc_fn.weight",
-                 "blk.2.indexer.attn_q_b.weight", "blk.2.indexer_compressor_kv.weight",
-                 "blk.3.attn_compressor_gate.weight"):
+    for name in (
+        "token_embd.weight",
+        "blk.2.attn_q_b.weight",
+        "blk.2.attn_output_a.weight",
+        "blk.7.attn_kv.weight",
+        "blk.0.ffn_down_shexp.weight",
+        "blk.5.hc_ffn_fn.weight",
+        "output_hc_fn.weight",
+        "blk.2.indexer.attn_q_b.weight",
+        "blk.2.indexer_compressor_kv.weight",
+        "blk.3.attn_compressor_gate.weight",
+    ):
         assert types[name] == T.Q8_0, name
     assert types["output.weight"] == T.Q6_K
     assert types["blk.0.ffn_gate_inp.weight"] == T.F32 and types["blk.0.ffn_gate_tid2eid.weight"] == T.I32

@@ -6,6 +6,7 @@ pattern or its default, the gate width told apart by ne1), independent of swapmo
 llama.cpp run here (tools/llama_ref.py and tools/llama_check.py --arch laguna do that: the tiny
 files load and generate).
 """
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -25,11 +26,26 @@ from swapmoe.synthetic.vocab import build_vocab
 A = "laguna."
 TINY = PRESETS["tiny-laguna"]
 REQUIRED_KEYS = [  # the generic loader and load_arch_hparams: a missing one throws, or llama.cpp guesses
-    "context_length", "embedding_length", "block_count", "attention.head_count", "attention.head_count_kv",
-    "attention.key_length", "attention.value_length", "attention.layer_norm_rms_epsilon",
-    "leading_dense_block_count", "feed_forward_length", "expert_count", "expert_used_count",
-    "expert_feed_forward_length", "expert_shared_feed_forward_length", "expert_gating_func",
-    "expert_weights_scale", "expert_weights_norm", "rope.dimension_count", "rope.freq_base"]
+    "context_length",
+    "embedding_length",
+    "block_count",
+    "attention.head_count",
+    "attention.head_count_kv",
+    "attention.key_length",
+    "attention.value_length",
+    "attention.layer_norm_rms_epsilon",
+    "leading_dense_block_count",
+    "feed_forward_length",
+    "expert_count",
+    "expert_used_count",
+    "expert_feed_forward_length",
+    "expert_shared_feed_forward_length",
+    "expert_gating_func",
+    "expert_weights_scale",
+    "expert_weights_norm",
+    "rope.dimension_count",
+    "rope.freq_base",
+]
 VARIANTS = {  # name -> extra changes
     "head-pattern": {},
     "element-pattern": {"gate": "element"},
@@ -41,9 +57,18 @@ VARIANTS = {  # name -> extra changes
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     folder = tmp_path_factory.mktemp("laguna")
-    return {name: open_gguf(swapmoe.synth(folder / f"{name}.gguf", preset="tiny-laguna", type="Q8_0", progress=False,
-                                          extra={**TINY.extra, **changes}))
-            for name, changes in VARIANTS.items()}
+    return {
+        name: open_gguf(
+            swapmoe.synth(
+                folder / f"{name}.gguf",
+                preset="tiny-laguna",
+                type="Q8_0",
+                progress=False,
+                extra={**TINY.extra, **changes},
+            )
+        )
+        for name, changes in VARIANTS.items()
+    }
 
 
 def is_swa(g) -> list[bool]:
@@ -60,26 +85,48 @@ def expected_tensors(g) -> dict[str, tuple[int, ...]]:
     """name -> ne, as llama.cpp's load_arch_tensors creates them for this file's metadata; the gate's
     ne1 is read from the file as llama.cpp does, and must be one of the two widths."""
     k = lambda key: g.get(A + key)  # noqa: E731
-    D, V, hd, n_kv = k("embedding_length"), len(g.get("tokenizer.ggml.tokens")), k("attention.key_length"), k(
-        "attention.head_count_kv")
-    E, F, Fs, Fd, lead = (k("expert_count"), k("expert_feed_forward_length"), k("expert_shared_feed_forward_length"),
-                          k("feed_forward_length"), k("leading_dense_block_count"))
+    D, V, hd, n_kv = (
+        k("embedding_length"),
+        len(g.get("tokenizer.ggml.tokens")),
+        k("attention.key_length"),
+        k("attention.head_count_kv"),
+    )
+    E, F, Fs, Fd, lead = (
+        k("expert_count"),
+        k("expert_feed_forward_length"),
+        k("expert_shared_feed_forward_length"),
+        k("feed_forward_length"),
+        k("leading_dense_block_count"),
+    )
     out = {"token_embd.weight": (D, V), "output_norm.weight": (D,), "output.weight": (D, V)}
     for i, H in enumerate(k("attention.head_count")):
         p = f"blk.{i}."
         gate = g.tensor(p + "attn_gate.weight").ne[1]
         assert gate in (H, H * hd), (i, gate)
-        out |= {p + "attn_norm.weight": (D,), p + "attn_q.weight": (D, H * hd), p + "attn_k.weight": (D, n_kv * hd),
-                p + "attn_v.weight": (D, n_kv * hd), p + "attn_output.weight": (H * hd, D),
-                p + "attn_q_norm.weight": (hd,), p + "attn_k_norm.weight": (hd,), p + "attn_gate.weight": (D, gate),
-                p + "ffn_norm.weight": (D,)}
+        out |= {
+            p + "attn_norm.weight": (D,),
+            p + "attn_q.weight": (D, H * hd),
+            p + "attn_k.weight": (D, n_kv * hd),
+            p + "attn_v.weight": (D, n_kv * hd),
+            p + "attn_output.weight": (H * hd, D),
+            p + "attn_q_norm.weight": (hd,),
+            p + "attn_k_norm.weight": (hd,),
+            p + "attn_gate.weight": (D, gate),
+            p + "ffn_norm.weight": (D,),
+        }
         if i < lead:
             out |= {p + "ffn_gate.weight": (D, Fd), p + "ffn_up.weight": (D, Fd), p + "ffn_down.weight": (Fd, D)}
         else:
-            out |= {p + "ffn_gate_inp.weight": (D, E), p + "exp_probs_b.bias": (E,),
-                    p + "ffn_gate_exps.weight": (D, F, E), p + "ffn_up_exps.weight": (D, F, E),
-                    p + "ffn_down_exps.weight": (F, D, E), p + "ffn_gate_shexp.weight": (D, Fs),
-                    p + "ffn_up_shexp.weight": (D, Fs), p + "ffn_down_shexp.weight": (Fs, D)}
+            out |= {
+                p + "ffn_gate_inp.weight": (D, E),
+                p + "exp_probs_b.bias": (E,),
+                p + "ffn_gate_exps.weight": (D, F, E),
+                p + "ffn_up_exps.weight": (D, F, E),
+                p + "ffn_down_exps.weight": (F, D, E),
+                p + "ffn_gate_shexp.weight": (D, Fs),
+                p + "ffn_up_shexp.weight": (D, Fs),
+                p + "ffn_down_shexp.weight": (Fs, D),
+            }
     return out
 
 
@@ -127,8 +174,10 @@ def test_tiny_has_every_path_llama_cpp_has(files):
     assert {h for h, s in zip(heads, swa) if s} == {6} and {h for h, s in zip(heads, swa) if not s} == {4}
     assert all(h % g.get(A + "attention.head_count_kv") == 0 for h in heads)
     assert g.get(A + "attention.sliding_window") < 93
-    widths = {g.get(A + key) for key in ("feed_forward_length", "expert_feed_forward_length",
-                                         "expert_shared_feed_forward_length")}
+    widths = {
+        g.get(A + key)
+        for key in ("feed_forward_length", "expert_feed_forward_length", "expert_shared_feed_forward_length")
+    }
     assert len(widths) == 3
     # without the pattern key: llama.cpp's default, layer 0 full and 1-3 sliding
     d = files["head-default-pattern"]
@@ -140,8 +189,14 @@ def test_tiny_values(files):
     """Matrices Q8_0 (what llama-quantize quantizes), norms / router / bias F32; the output matrix spread
     0.25 (logits of spread ~4, far from uniform); the correction bias small, as trained ones are."""
     g = files["head-pattern"]
-    for name in ("blk.0.attn_gate.weight", "blk.1.attn_q.weight", "blk.0.ffn_down.weight", "blk.3.ffn_up_shexp.weight",
-                 "blk.2.ffn_gate_exps.weight", "output.weight"):
+    for name in (
+        "blk.0.attn_gate.weight",
+        "blk.1.attn_q.weight",
+        "blk.0.ffn_down.weight",
+        "blk.3.ffn_up_shexp.weight",
+        "blk.2.ffn_gate_exps.weight",
+        "output.weight",
+    ):
         assert g.tensor(name).ggml_type == T.Q8_0, name
     for name in ("blk.1.ffn_gate_inp.weight", "blk.1.exp_probs_b.bias", "blk.2.attn_q_norm.weight"):
         assert g.tensor(name).ggml_type == T.F32, name
@@ -175,7 +230,13 @@ def test_s_2_1_preset_is_the_published_shape():
     c = PRESETS["laguna-s-2.1"]
     assert (c.n_layer, c.d_model, c.n_head, c.n_head_kv, c.head_dim) == (48, 3072, 48, 8, 128)
     assert (c.n_expert, c.n_expert_used, c.expert_ff, c.shared_ff, c.dense_ff, c.n_dense_lead) == (
-        256, 10, 1024, 1024, 12288, 1)
+        256,
+        10,
+        1024,
+        1024,
+        12288,
+        1,
+    )
     assert (c.ctx, c.rope_base, c.rms_eps) == (262144, 5e5, 1e-6)
     tensors, keys = plan(c)
     key = lambda k: keys["{arch}." + k]  # noqa: E731
@@ -184,10 +245,17 @@ def test_s_2_1_preset_is_the_published_shape():
     assert laguna_swa_layers(c) == [i % 4 != 0 for i in range(48)]  # llama.cpp's default: 12 full, 36 sliding
     assert (key("rope.dimension_count"), key("rope.dimension_count_swa"), key("rope.freq_base_swa")) == (64, 128, 1e4)
     assert (key("rope.scaling.type"), key("rope.scaling.factor"), key("rope.scaling.original_context_length")) == (
-        "yarn", 32.0, 8192)
+        "yarn",
+        32.0,
+        8192,
+    )
     assert (key("expert_weights_scale"), key("expert_weights_norm"), key("expert_gating_func")) == (2.5, True, 2)
-    assert all(ne[1] == h for (name, ne, _, _) in tensors if name.endswith("attn_gate.weight")
-               for h in [key("attention.head_count")[int(name.split(".")[1])]])  # per-head gate on every layer
+    assert all(
+        ne[1] == h
+        for (name, ne, _, _) in tensors
+        if name.endswith("attn_gate.weight")
+        for h in [key("attention.head_count")[int(name.split(".")[1])]]
+    )  # per-head gate on every layer
     assert len(tensors) == 814  # as many as the lmstudio-community Q4_K_M GGUF holds
     # the model card's 117B-118B total and ~8B active, counted with the real 100352-token vocabulary (active:
     # 10 of the 256 routed experts, and one row of the embedding table)

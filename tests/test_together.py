@@ -1,5 +1,6 @@
 """Model.advance with several sequences: one pass for all, each expert read once, and every
 sequence's logits the bits it gets decoding alone."""
+
 import numpy as np
 import pytest
 
@@ -30,9 +31,15 @@ def _decode_together(m, prompts):
 
 # nine sequences over four experts: ≥ 8 rows meet an expert, where a prompt-sized product takes
 # another rounding route (IQ2_XXS: the tiled kernel)
-@pytest.mark.parametrize("settings", [dict(type="IQ2_XXS", n_expert=4), dict(preset="tiny-deepseek4", type="Q4_K_M"),
-                                      dict(arch="qwen35moe", type="Q4_K_M")],
-                         ids=["iq2-4experts", "deepseek4", "qwen35moe"])
+@pytest.mark.parametrize(
+    "settings",
+    [
+        dict(type="IQ2_XXS", n_expert=4),
+        dict(preset="tiny-deepseek4", type="Q4_K_M"),
+        dict(arch="qwen35moe", type="Q4_K_M"),
+    ],
+    ids=["iq2-4experts", "deepseek4", "qwen35moe"],
+)
 def test_together_is_bit_identical_to_alone(synth_model, settings):
     m = swapmoe.load(synth_model(**settings))
     rng = np.random.default_rng(0)
@@ -90,6 +97,7 @@ def test_every_product_takes_all_sequences_at_once(synth_model, monkeypatch):
         if not kwargs.get("stacked"):
             rows_by_weight.setdefault(W.ctypes.data, []).append(len(qx.qs))
         return product(ggml_type, W, rows, cols, qx, *args, **kwargs)
+
     monkeypatch.setattr(kernels, "matmul_q", counted)
     m.advance(seqs)
     assert m.net.output.raw.ctypes.data in rows_by_weight

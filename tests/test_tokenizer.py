@@ -1,5 +1,6 @@
 """The tokenizer gives llama.cpp's token ids: checked against llama.cpp's own results, recorded
 by tools/make_tokenizer_fixtures.py (llama.cpp is not needed here)."""
+
 from __future__ import annotations
 
 import hashlib
@@ -58,13 +59,29 @@ def test_corpus_is_large_and_varied():
 # (and pre-tokenizers sharing rules with a checked one) with -m slow: building a tokenizer for a
 # big vocabulary takes half a second. tools/make_tokenizer_fixtures.py --check runs them all.
 EVERY_RUN = {
-    "llama-spm", "llama-bpe", "qwen2", "qwen35", "deepseek-llm", "deepseek-coder", "gpt-2", "gemma-4",
-    "deepseek-v3@qwen2", "gpt-4o@qwen2", "glm4@qwen2", "bailingmoe@qwen2", "afmoe@qwen2", "laguna@qwen2",
-    "exaone-moe@qwen2", "kimi-k2@qwen2", "tiny_aya@qwen2",
+    "llama-spm",
+    "llama-bpe",
+    "qwen2",
+    "qwen35",
+    "deepseek-llm",
+    "deepseek-coder",
+    "gpt-2",
+    "gemma-4",
+    "deepseek-v3@qwen2",
+    "gpt-4o@qwen2",
+    "glm4@qwen2",
+    "bailingmoe@qwen2",
+    "afmoe@qwen2",
+    "laguna@qwen2",
+    "exaone-moe@qwen2",
+    "kimi-k2@qwen2",
+    "tiny_aya@qwen2",
 }
 # configurations sharing a vocabulary run one after the other: each file is read once
-CONFIGS = [pytest.param(config, marks=() if config in EVERY_RUN else pytest.mark.slow)
-           for config in sorted(EXPECTED, key=lambda config: (EXPECTED[config]["vocab"], config))]
+CONFIGS = [
+    pytest.param(config, marks=() if config in EVERY_RUN else pytest.mark.slow)
+    for config in sorted(EXPECTED, key=lambda config: (EXPECTED[config]["vocab"], config))
+]
 
 
 def test_every_run_configurations_exist():
@@ -77,10 +94,16 @@ def test_matches_llama_cpp(vocab_dir, config):
     end-of-generation set, and for the vocabularies as they are: attributes, every token's piece."""
     tok = _tokenizer(vocab_dir, config)
     expected = EXPECTED[config]
-    wrong_plain = [s for s, ids in zip(CORPUS, expected["ids_plain"])
-                   if tok.encode(s, add_special=True, parse_special=False) != ids]
-    wrong_special = [s for s, ids in zip(CORPUS, expected["ids_special"])
-                     if tok.encode(s, add_special=False, parse_special=True) != ids]
+    wrong_plain = [
+        s
+        for s, ids in zip(CORPUS, expected["ids_plain"])
+        if tok.encode(s, add_special=True, parse_special=False) != ids
+    ]
+    wrong_special = [
+        s
+        for s, ids in zip(CORPUS, expected["ids_special"])
+        if tok.encode(s, add_special=False, parse_special=True) != ids
+    ]
     assert not wrong_plain, f"{len(wrong_plain)} strings differ, first {wrong_plain[0]!r}"
     assert not wrong_special, f"{len(wrong_special)} strings differ, first {wrong_special[0]!r}"
 
@@ -93,8 +116,12 @@ def test_matches_llama_cpp(vocab_dir, config):
     assert round_trips > len(CORPUS) // 2
 
     # special ids and BOS/EOS rules (whose defaults depend on the pre-tokenizer, e.g. Laguna's: no BOS)
-    assert (tok.bos_id, tok.eos_id, tok.add_bos, tok.add_eos) == \
-        (expected["bos"], expected["eos"], expected["add_bos"], expected["add_eos"])
+    assert (tok.bos_id, tok.eos_id, tok.add_bos, tok.add_eos) == (
+        expected["bos"],
+        expected["eos"],
+        expected["add_bos"],
+        expected["add_eos"],
+    )
     assert tok.eot_ids == expected["eog"]
     if expected["pre"]:  # the vocabulary's own facts are checked with its own configuration
         return
@@ -109,8 +136,28 @@ def test_laguna_splits_lines_first():
     and "  \\n" are cut before the newline."""
     text = "x = 1  \r\n\ty\n\nDON'T 12345 東京!!!\n}\n"
     assert _WordSplitter(_RULES["laguna"])(text) == [
-        "x", " =", " ", "1", "  \r", "\n", "\ty", "\n\n", "DON", "'T", " ", "1", "2", "3", "4", "5", " 東京", "!!!",
-        "\n", "}", "\n"]
+        "x",
+        " =",
+        " ",
+        "1",
+        "  \r",
+        "\n",
+        "\ty",
+        "\n\n",
+        "DON",
+        "'T",
+        " ",
+        "1",
+        "2",
+        "3",
+        "4",
+        "5",
+        " 東京",
+        "!!!",
+        "\n",
+        "}",
+        "\n",
+    ]
     assert _WordSplitter(_RULES["qwen2"])(text)[4:6] == ["  \r\n", "\ty"]
 
 
@@ -143,11 +190,14 @@ def test_end_of_generation_ids(vocab_dir):
     assert {llama.token_ids["<|eot_id|>"], llama.token_ids["<|end_of_text|>"]} <= set(llama.eot_ids)
 
 
-@pytest.mark.parametrize("config, text", [
-    ("llama-spm", "Grüße 🦙 你好!"),  # SentencePiece byte fallback: <0xF0><0x9F><0xA6><0x99>
-    ("gpt-2", "Grüße 🦙 你好!"),  # byte-level BPE: tokens holding parts of a character
-    ("qwen2", "emoji 👨‍👩‍👧‍👦 and 𝔘𝔫𝔦𝔠𝔬𝔡𝔢"),
-])
+@pytest.mark.parametrize(
+    "config, text",
+    [
+        ("llama-spm", "Grüße 🦙 你好!"),  # SentencePiece byte fallback: <0xF0><0x9F><0xA6><0x99>
+        ("gpt-2", "Grüße 🦙 你好!"),  # byte-level BPE: tokens holding parts of a character
+        ("qwen2", "emoji 👨‍👩‍👧‍👦 and 𝔘𝔫𝔦𝔠𝔬𝔡𝔢"),
+    ],
+)
 def test_stream_decoder_yields_whole_characters(vocab_dir, config, text):
     tok = _tokenizer(vocab_dir, config)
     ids = tok.encode(text, add_special=False)

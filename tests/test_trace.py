@@ -1,4 +1,5 @@
 """--trace: every layer's expert choice as JSON lines (RoutingTrace)."""
+
 import json
 
 import swapmoe
@@ -10,8 +11,11 @@ def test_trace_records_every_layers_choice(tmp_path, monkeypatch):
     m = swapmoe.load(swapmoe.default_model_path(), trace=path, expert_cache_size=1)
     chosen = []
     select = Routing.select
-    monkeypatch.setattr(Routing, "select", lambda self, layer, selection, k: chosen.append(
-        (layer, select(self, layer, selection, k))) or chosen[-1][1])
+    monkeypatch.setattr(
+        Routing,
+        "select",
+        lambda self, layer, selection, k: chosen.append((layer, select(self, layer, selection, k))) or chosen[-1][1],
+    )
     prompt = m.tokenize("def main():")
     out = list(m.generate_ids(prompt, 5, temperature=0))
     header, *lines = [json.loads(line) for line in path.read_text().splitlines()]

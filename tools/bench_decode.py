@@ -19,6 +19,7 @@ neighbouring rounds sees about the same noise). For a model with gated DeltaNet 
 prints the share of swapmoe's decode time spent in them (the whole mixer: projections, gates,
 convolution and recurrence) and in the recurrence alone (convolution, L2 norms, delta rule).
 """
+
 import argparse
 import json
 import os
@@ -66,6 +67,7 @@ def _time_decode_deltanet(net) -> list[float]:
             if decoding[0]:
                 totals[slot] += time.perf_counter() - start
             return out
+
         return call
 
     for name in ("causal_conv", "gated_delta_rule", "_l2_norm"):
@@ -75,16 +77,34 @@ def _time_decode_deltanet(net) -> list[float]:
     def delta_net(d, x, state):
         decoding[0] = len(x) == 1
         return mixer(d, x, state)
+
     net.delta_net = delta_net
     return totals
 
 
-def llama_speed(llama_bin: Path, path: Path, n_prompt: int, n_decode: int, threads: int,
-                extra: list[str]) -> tuple[float, float]:
+def llama_speed(
+    llama_bin: Path, path: Path, n_prompt: int, n_decode: int, threads: int, extra: list[str]
+) -> tuple[float, float]:
     """One llama-bench round on the same file: (prompt, decode) tok/s, the prompt from an empty
     context and the decode after n_prompt tokens of context (`-d`), as swapmoe's round runs."""
-    cmd = [str(llama_bin / "llama-bench"), "-m", str(path), "-p", str(n_prompt), "-n", str(n_decode),
-           "-d", f"0,{n_prompt}", "-t", str(threads), "-r", "1", "-o", "json", *extra]
+    cmd = [
+        str(llama_bin / "llama-bench"),
+        "-m",
+        str(path),
+        "-p",
+        str(n_prompt),
+        "-n",
+        str(n_decode),
+        "-d",
+        f"0,{n_prompt}",
+        "-t",
+        str(threads),
+        "-r",
+        "1",
+        "-o",
+        "json",
+        *extra,
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     results = json.loads(out)
     pp = next(r["avg_ts"] for r in results if r["n_prompt"] > 0 and r["n_depth"] == 0)
@@ -118,8 +138,10 @@ def main():
             pass
     rounds = swapmoe_rounds(path, args.prompt, args.decode, args.threads)
     have_llama = (args.llama_bin / "llama-bench").exists()
-    print(f"model   {path.name} ({path.stat().st_size / 1e9:.2f} GB), {args.threads} threads, "
-          f"prompt {args.prompt} tokens, decode {args.decode} tokens; rounds alternate swapmoe and llama.cpp")
+    print(
+        f"model   {path.name} ({path.stat().st_size / 1e9:.2f} GB), {args.threads} threads, "
+        f"prompt {args.prompt} tokens, decode {args.decode} tokens; rounds alternate swapmoe and llama.cpp"
+    )
     ratios = []
     for r in range(args.rounds):
         pp, tg, (mixer_share, recurrence_share) = next(rounds)
@@ -127,8 +149,9 @@ def main():
         if mixer_share:
             line += f" (DeltaNet layers {mixer_share:.0%} of decode, their recurrence {recurrence_share:.0%})"
         if have_llama:
-            lpp, ltg = llama_speed(args.llama_bin, path, args.prompt, args.decode, args.threads,
-                                   args.llama_args.split())
+            lpp, ltg = llama_speed(
+                args.llama_bin, path, args.prompt, args.decode, args.threads, args.llama_args.split()
+            )
             ratios.append((pp / lpp, tg / ltg))
             time.sleep(args.settle)
             line += f"   llama.cpp prompt {lpp:7.1f} decode {ltg:6.2f} tok/s   ratio {pp / lpp:.2f} {tg / ltg:.2f}"

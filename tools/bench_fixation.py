@@ -10,6 +10,7 @@ held out of the embedded model's training): the first
 a time, once with fixation N and once without, and the next-token distributions are compared
 at every step. MODEL defaults to the embedded tiny model.
 """
+
 import argparse
 import calendar
 from pathlib import Path
@@ -36,10 +37,12 @@ def main():
     ap.add_argument("--steps", type=int, default=96)
     args = ap.parse_args()
     model = swapmoe.load(args.model, expert_streaming=False)
-    tokens = model.tokenize(args.text.read_text())[:args.prompt + args.steps]
+    tokens = model.tokenize(args.text.read_text())[: args.prompt + args.steps]
     reference = log_softmax(decode_logits(model, tokens, args.prompt, 0))
-    print(f"model {Path(args.model).name}, text {args.text.name}: {args.prompt}-token prompt, "
-          f"{len(tokens) - args.prompt} teacher-forced decode steps")
+    print(
+        f"model {Path(args.model).name}, text {args.text.name}: {args.prompt}-token prompt, "
+        f"{len(tokens) - args.prompt} teacher-forced decode steps"
+    )
     print(f"{'fixation N':>10} {'mean KL':>10} {'max KL':>10} {'top-1 agree':>12}")
     for n in (2, 4, 8):
         fixed = log_softmax(decode_logits(model, tokens, args.prompt, n))

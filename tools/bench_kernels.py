@@ -14,6 +14,7 @@ Weights are valid random blocks (swapmoe.synthetic.blocks.random_blocks: finite,
 scales; raw random bytes put subnormal and NaN scales in the float path, which slows some
 kernels several-fold and no real file has), a 4 MiB pool tiled to the size.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -76,20 +77,27 @@ def best_time(fn, reps: int, inner: int = 1) -> tuple[float, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--mib", type=int, default=256,
-                    help="matvec weight size per type (MiB); 8x the 32 MiB L3 of an EPYC VM, where at 64 MiB part of "
-                         "the weights still came from cache (Q4_K, Q8_0, F16 read 1.2x the probe's bandwidth); on a "
-                         "Xeon VM reporting 480 MiB of L3, 1024 MiB read the same as 256")
+    ap.add_argument(
+        "--mib",
+        type=int,
+        default=256,
+        help="matvec weight size per type (MiB); 8x the 32 MiB L3 of an EPYC VM, where at 64 MiB part of "
+        "the weights still came from cache (Q4_K, Q8_0, F16 read 1.2x the probe's bandwidth); on a "
+        "Xeon VM reporting 480 MiB of L3, 1024 MiB read the same as 256",
+    )
     ap.add_argument("--inner", type=int, default=1, help="calls per timing (use >1 for small --mib)")
     ap.add_argument("--types", default=",".join(T(t).name for t in K.KERNELS))
     args = ap.parse_args()
     numba.set_num_threads(args.threads)
     rng = np.random.default_rng(0)
     bw = memory_bandwidth(args.threads)
-    print(f"memory read bandwidth (numpy max, {args.threads} threads): {bw / 1e9:.1f} GB/s; "
-          "kernels on the same threads")
-    print(f"{'type':8s} {'compile s':>9s} {'matvec GB/s':>11s} {'x mem bw':>8s} {'per CPU-s':>9s} "
-          f"{'matmul T=64 GB/s':>16s}")
+    print(
+        f"memory read bandwidth (numpy max, {args.threads} threads): {bw / 1e9:.1f} GB/s; kernels on the same threads"
+    )
+    print(
+        f"{'type':8s} {'compile s':>9s} {'matvec GB/s':>11s} {'x mem bw':>8s} {'per CPU-s':>9s} "
+        f"{'matmul T=64 GB/s':>16s}"
+    )
     total_compile = 0.0
     for name in args.types.split(","):
         tp = T[name]
@@ -111,8 +119,11 @@ def main() -> None:
         qX = K.quantize_activation(tp, X)
         mm, _ = best_time(lambda: K.matmul_q(tp, W, mm_rows, COLS, qX), 2)
         mv_bw = rows * row_bytes / mv
-        print(f"{name:8s} {compile_s:9.1f} {mv_bw / 1e9:11.2f} {mv_bw / bw:8.2f} "
-              f"{rows * row_bytes / mv_cpu / 1e9:9.2f} {mm_rows * row_bytes / mm / 1e9:16.3f}", flush=True)
+        print(
+            f"{name:8s} {compile_s:9.1f} {mv_bw / 1e9:11.2f} {mv_bw / bw:8.2f} "
+            f"{rows * row_bytes / mv_cpu / 1e9:9.2f} {mm_rows * row_bytes / mm / 1e9:16.3f}",
+            flush=True,
+        )
     print(f"total compile/load time: {total_compile:.1f} s")
 
 

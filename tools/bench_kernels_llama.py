@@ -13,6 +13,7 @@ ours / llama.cpp.
 test-backend-ops is not part of llama.cpp's default build: configure the llama.cpp source with
 -DLLAMA_BUILD_TESTS=ON and build the target test-backend-ops (docs/benchmarks.md).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,8 +43,9 @@ def ggml_name(tp: T) -> str:
 def llama_rate(binary: str, tp: T) -> float:
     """llama.cpp's matvec throughput for `tp` in weight bytes/s."""
     case = rf"type_a={ggml_name(tp)},type_b=f32,m={ROWS},n=1,k={COLS},bs=\[1,1\],"
-    run = subprocess.run([binary, "perf", "-o", "MUL_MAT", "-b", "CPU", "-p", case],
-                         capture_output=True, text=True, timeout=600)
+    run = subprocess.run(
+        [binary, "perf", "-o", "MUL_MAT", "-b", "CPU", "-p", case], capture_output=True, text=True, timeout=600
+    )
     found = re.search(r"([0-9.]+) us/run", run.stdout)
     if run.returncode != 0 or not found:
         sys.exit(f"{binary}: no MUL_MAT timing for {ggml_name(tp)}:\n{run.stdout[-2000:]}{run.stderr[-2000:]}")

@@ -16,6 +16,7 @@ file (indexed in place), a compat repack and a bundled repack, it reads the same
 (POSIX_FADV_RANDOM), and reports time, preads and bytes the kernel had to read (ranges
 rounded out to 4 KiB pages).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -83,8 +84,10 @@ def compare_layouts(model: Path, workdir: Path, n: int, drop: bool) -> None:
         print(f"{n} random expert slices, cold, readahead off:")
         for layout, path in files.items():
             seconds, reads, nbytes = expert_reads(path, n, drop)
-            print(f"  {layout:8s} {seconds * 1000:8.1f} ms  {reads:6d} preads  {nbytes / 2**20:8.1f} MiB read  "
-                  f"{seconds / n * 1000:6.2f} ms/slice  file {path.stat().st_size / 1e9:.3f} GB")
+            print(
+                f"  {layout:8s} {seconds * 1000:8.1f} ms  {reads:6d} preads  {nbytes / 2**20:8.1f} MiB read  "
+                f"{seconds / n * 1000:6.2f} ms/slice  file {path.stat().st_size / 1e9:.3f} GB"
+            )
     finally:
         for p in made:
             p.unlink(missing_ok=True)
@@ -96,8 +99,13 @@ def main() -> None:
     ap.add_argument("--workdir", type=Path, help="where outputs go (default: beside the model, same disk)")
     ap.add_argument("--layout", default="bundled", choices=["bundled", "compat"])
     ap.add_argument("--rounds", type=int, default=1)
-    ap.add_argument("--expert-reads", type=int, default=0, metavar="N",
-                    help="also compare random expert reads in the original, compat and bundled layouts")
+    ap.add_argument(
+        "--expert-reads",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also compare random expert reads in the original, compat and bundled layouts",
+    )
     ap.add_argument("--skip-copy", action="store_true", help="skip the cp/repack throughput rounds")
     args = ap.parse_args()
     workdir = args.workdir or args.model.parent
@@ -105,21 +113,26 @@ def main() -> None:
     drop = os.geteuid() == 0
     cp_out, rp_out = workdir / "bench-cp.gguf", workdir / "bench-repack.gguf"
     swapmoe = [sys.executable, "-m", "swapmoe.cli"]
-    print(f"model {args.model} ({size / 1e9:.2f} GB), outputs in {workdir}, layout {args.layout}, "
-          f"cores {os.cpu_count()}, load average {os.getloadavg()[0]:.2f} at start")
+    print(
+        f"model {args.model} ({size / 1e9:.2f} GB), outputs in {workdir}, layout {args.layout}, "
+        f"cores {os.cpu_count()}, load average {os.getloadavg()[0]:.2f} at start"
+    )
     print(f"before each run: sync{' + drop_caches' if drop else ' (not root: page cache NOT dropped)'}")
     results = {"cp": [], "repack": []}
     try:
         for round_no in range(1, 0 if args.skip_copy else args.rounds + 1):
-            for name, cmd in (("cp", ["sh", "-c", f'cp "{args.model}" "{cp_out}" && sync "{cp_out}"']),
-                              ("repack", swapmoe + ["repack", str(args.model), str(rp_out), "--force",
-                                                    "--layout", args.layout])):
+            for name, cmd in (
+                ("cp", ["sh", "-c", f'cp "{args.model}" "{cp_out}" && sync "{cp_out}"']),
+                ("repack", swapmoe + ["repack", str(args.model), str(rp_out), "--force", "--layout", args.layout]),
+            ):
                 cp_out.unlink(missing_ok=True)
                 settle(drop)
                 seconds, rss, cpu = timed(cmd)
                 results[name].append((seconds, rss))
-                print(f"round {round_no} {name:6s} {seconds:7.2f} s  {size / seconds / 1e6:7.0f} MB/s  "
-                      f"peak RSS {rss / 2**20:6.0f} MiB  CPU {cpu:6.1f} s  load {os.getloadavg()[0]:.1f}")
+                print(
+                    f"round {round_no} {name:6s} {seconds:7.2f} s  {size / seconds / 1e6:7.0f} MB/s  "
+                    f"peak RSS {rss / 2**20:6.0f} MiB  CPU {cpu:6.1f} s  load {os.getloadavg()[0]:.1f}"
+                )
     finally:
         for p in (cp_out, rp_out, rp_out.with_name(rp_out.name + ".swapidx")):
             p.unlink(missing_ok=True)
@@ -129,10 +142,12 @@ def main() -> None:
         return
     cp_s = sum(s for s, _ in results["cp"]) / len(results["cp"])
     rp_s = sum(s for s, _ in results["repack"]) / len(results["repack"])
-    print(f"mean: cp {size / cp_s / 1e6:.0f} MB/s, repack {size / rp_s / 1e6:.0f} MB/s, "
-          f"ratio repack/cp = {cp_s / rp_s:.2f}; "
-          f"repack peak RSS {max(r for _, r in results['repack']) / 2**20:.0f} MiB; "
-          f"load average {os.getloadavg()[0]:.2f} at end")
+    print(
+        f"mean: cp {size / cp_s / 1e6:.0f} MB/s, repack {size / rp_s / 1e6:.0f} MB/s, "
+        f"ratio repack/cp = {cp_s / rp_s:.2f}; "
+        f"repack peak RSS {max(r for _, r in results['repack']) / 2**20:.0f} MiB; "
+        f"load average {os.getloadavg()[0]:.2f} at end"
+    )
 
 
 if __name__ == "__main__":

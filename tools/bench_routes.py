@@ -16,6 +16,7 @@ which straight was at least 5 % faster (a suggestion for straight_tokens, next t
 value; KERNELS takes the smaller of two runs).  Both routes give the same bits
 (tests/test_kernels.py), so the choice is speed alone.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -56,6 +57,7 @@ def route_timer(tp: T, experts: list[np.ndarray], rows: int, cols: int, n_tok: i
 
     def timed(straight: bool, reps: int) -> float:
         return best_time(lambda: call(straight), reps)[0]
+
     return timed
 
 
@@ -67,15 +69,18 @@ def main() -> None:
     ap.add_argument("--cols", type=int, default=2048)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tokens", default=",".join(map(str, TOKENS)))
-    ap.add_argument("--pool-mib", type=int, default=1024,
-                    help="expert weights cycled through (MiB): more than the last-level cache")
+    ap.add_argument(
+        "--pool-mib", type=int, default=1024, help="expert weights cycled through (MiB): more than the last-level cache"
+    )
     ap.add_argument("--rounds", type=int, default=3, help="alternating timings per route (best of 3 calls each)")
     args = ap.parse_args()
     numba.set_num_threads(args.threads)
     rng = np.random.default_rng(0)
     tokens = [int(t) for t in args.tokens.split(",")]
-    print(f"{args.rows} x {args.cols} stacked experts ({args.pool_mib} MiB of them), {args.threads} threads; "
-          f"µs per call straight / decoded (decoded ÷ straight)")
+    print(
+        f"{args.rows} x {args.cols} stacked experts ({args.pool_mib} MiB of them), {args.threads} threads; "
+        f"µs per call straight / decoded (decoded ÷ straight)"
+    )
     for name in args.types.split(","):
         tp = T[name]
         experts = expert_pool(random_weights(tp, args.rows * args.cols, rng), args.pool_mib << 20)

@@ -23,6 +23,7 @@ weights into anonymous memory, which a cap kills), greedy, --llama-decode tokens
 its own eval speed over all of them. The disk's sequential read bandwidth (O_DIRECT)
 is measured before each model, so readers can scale the numbers to their disk.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -106,14 +107,18 @@ def bench_model(preset: str, args) -> None:
     cap = CAP if layers == full else int(WORKING + fixed + (CAP - WORKING - fixed) * layers / full)
     disk = bench_stream.disk_bandwidth(packed)
     size = packed.stat().st_size
-    print(f"\n## {preset} {type_name}: {layers} of {full} layers, {size / 1e9:.2f} GB (the seed's file: {seed_gb} GB,"
-          f" {seed_tps} tok/s); cap {cap / GIB:.2f} GiB; disk {disk:.2f} GB/s")
+    print(
+        f"\n## {preset} {type_name}: {layers} of {full} layers, {size / 1e9:.2f} GB (the seed's file: {seed_gb} GB,"
+        f" {seed_tps} tok/s); cap {cap / GIB:.2f} GiB; disk {disk:.2f} GB/s"
+    )
     print(routing_note(preset))
     run_args = argparse.Namespace(prompt=args.prompt, decode=args.warm + args.decode, cap_mib=cap >> 20, cached=False)
     # compile and cache the kernels outside the measured runs
     bench_stream.run_swapmoe(packed, {}, argparse.Namespace(**{**vars(run_args), "decode": 2}))
-    print(f"{'configuration':26} {'steady tok/s':>12} {'all decode':>10} {'prompt tok/s':>12} {'GB read/tok':>11} "
-          f"{'peak MiB':>9} {'OOM':>4}")
+    print(
+        f"{'configuration':26} {'steady tok/s':>12} {'all decode':>10} {'prompt tok/s':>12} {'GB read/tok':>11} "
+        f"{'peak MiB':>9} {'OOM':>4}"
+    )
     for name in args.configs:
         row = bench_stream.run_swapmoe(packed, CONFIGS[name], run_args)
         if "error" in row:
@@ -121,19 +126,26 @@ def bench_model(preset: str, args) -> None:
             continue
         rate = steady(row, args.warm)
         per_token = row["storage_read_bytes"] / max(1, row["prompt_tokens"] + row["decode_tokens"])
-        print(f"{name:26} {rate or float('nan'):12.2f} {row['decode_tokens'] / row['decode_seconds']:10.2f} "
-              f"{row['prompt_tokens'] / row['prompt_seconds']:12.1f} {per_token / 1e9:11.3f} "
-              f"{row['peak'] >> 20:9d} {row['oom']:4d}", flush=True)
+        print(
+            f"{name:26} {rate or float('nan'):12.2f} {row['decode_tokens'] / row['decode_seconds']:10.2f} "
+            f"{row['prompt_tokens'] / row['prompt_seconds']:12.1f} {per_token / 1e9:11.3f} "
+            f"{row['peak'] >> 20:9d} {row['oom']:4d}",
+            flush=True,
+        )
     if not args.no_llama and (args.llama_bin / "llama-completion").exists():
-        row = bench_stream.run_llama(args.llama_bin, original,
-                                     argparse.Namespace(prompt=args.prompt, decode=args.llama_decode,
-                                                        cap_mib=cap >> 20))
+        row = bench_stream.run_llama(
+            args.llama_bin,
+            original,
+            argparse.Namespace(prompt=args.prompt, decode=args.llama_decode, cap_mib=cap >> 20),
+        )
         label = "llama.cpp --no-repack"
         if "error" in row:
             print(f"{label:26} failed: {row['error']} (peak {row['peak'] >> 20} MiB, OOM {row['oom']})")
         else:
-            print(f"{label:26} {'':>12} {row['decode_tps']:10.2f} {row['prompt_tps']:12.1f} {'':>11} "
-                  f"{row['peak'] >> 20:9d} {row['oom']:4d}")
+            print(
+                f"{label:26} {'':>12} {row['decode_tps']:10.2f} {row['prompt_tps']:12.1f} {'':>11} "
+                f"{row['peak'] >> 20:9d} {row['oom']:4d}"
+            )
     if not args.keep:
         original.unlink()
         packed.unlink()

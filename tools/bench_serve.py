@@ -23,6 +23,7 @@ second turn (the first prompt + the reply + a new line) twice: once where the se
 first turn's caches, once with a different first character (nothing shared). Printed: the prompt
 seconds of each (the server's /metrics) and the cached tokens the server reported.
 """
+
 import argparse
 import json
 import os
@@ -49,16 +50,30 @@ def free_port() -> int:
 
 def metrics(base: str) -> dict[str, float]:
     with urllib.request.urlopen(base + "/metrics") as r:
-        return {line.split()[0].removeprefix("swapmoe:"): float(line.split()[1])
-                for line in r.read().decode().splitlines() if line.startswith("swapmoe:")}
+        return {
+            line.split()[0].removeprefix("swapmoe:"): float(line.split()[1])
+            for line in r.read().decode().splitlines()
+            if line.startswith("swapmoe:")
+        }
 
 
 def complete(base: str, prompt: list[int], tokens: int, seed: int, detokenize) -> int:
     """One streaming completion; the number of tokens it reported."""
-    body = {"prompt": detokenize(prompt), "max_tokens": tokens, "stream": True, "temperature": 1.0, "top_k": 0,
-            "top_p": 1.0, "min_p": 0.0, "seed": seed, "ignore_eos": True, "stream_options": {"include_usage": True}}
-    request = urllib.request.Request(base + "/v1/completions", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
+    body = {
+        "prompt": detokenize(prompt),
+        "max_tokens": tokens,
+        "stream": True,
+        "temperature": 1.0,
+        "top_k": 0,
+        "top_p": 1.0,
+        "min_p": 0.0,
+        "seed": seed,
+        "ignore_eos": True,
+        "stream_options": {"include_usage": True},
+    }
+    request = urllib.request.Request(
+        base + "/v1/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
     used = 0
     with urllib.request.urlopen(request, timeout=3600) as r:
         for line in r:
@@ -89,14 +104,20 @@ def round_of(base: str, prompts: list[list[int]], tokens: int, seed: int, detoke
     seconds = after["tokens_predicted_seconds_total"] - before["tokens_predicted_seconds_total"]
     steps = after["decode_steps_total"] - before["decode_steps_total"]
     read = after["expert_bytes_read_total"] - before["expert_bytes_read_total"]
-    return {"tokens": sum(counts), "decode": decoded / seconds, "wall": sum(counts) / wall, "steps": steps,
-            "gb_per_step": read / 1e9 / max(steps, 1)}
+    return {
+        "tokens": sum(counts),
+        "decode": decoded / seconds,
+        "wall": sum(counts) / wall,
+        "steps": steps,
+        "gb_per_step": read / 1e9 / max(steps, 1),
+    }
 
 
 def completion(base: str, text: str, tokens: int) -> dict:
     body = {"prompt": text, "max_tokens": tokens, "temperature": 0, "ignore_eos": True}
-    request = urllib.request.Request(base + "/v1/completions", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        base + "/v1/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(request, timeout=3600) as r:
         return json.loads(r.read())
 
@@ -109,8 +130,11 @@ def second_turns(base: str, first: str, tokens: int) -> dict:
     for name, text in (("kept", second), ("fresh", "#" + second)):
         before = metrics(base)
         usage = completion(base, text, 1)["usage"]
-        out[name] = (metrics(base)["prompt_seconds_total"] - before["prompt_seconds_total"],
-                     usage["prompt_tokens_details"]["cached_tokens"], usage["prompt_tokens"])
+        out[name] = (
+            metrics(base)["prompt_seconds_total"] - before["prompt_seconds_total"],
+            usage["prompt_tokens_details"]["cached_tokens"],
+            usage["prompt_tokens"],
+        )
     return out
 
 
@@ -147,16 +171,28 @@ def main():
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     pid_file = args.dir / "bench_serve.pid"
-    code = ("import json, os, sys, swapmoe; open(sys.argv[6], 'w').write(str(os.getpid())); "
-            "swapmoe.serve(sys.argv[1], port=int(sys.argv[2]), parallel=int(sys.argv[3]), ctx=int(sys.argv[4]), "
-            "**json.loads(sys.argv[5]))")
-    cmd = [sys.executable, "-c", code, str(packed), str(port), str(parallel),
-           str(args.prompt * 3 + args.decode + 64), args.options, str(pid_file)]
+    code = (
+        "import json, os, sys, swapmoe; open(sys.argv[6], 'w').write(str(os.getpid())); "
+        "swapmoe.serve(sys.argv[1], port=int(sys.argv[2]), parallel=int(sys.argv[3]), ctx=int(sys.argv[4]), "
+        "**json.loads(sys.argv[5]))"
+    )
+    cmd = [
+        sys.executable,
+        "-c",
+        code,
+        str(packed),
+        str(port),
+        str(parallel),
+        str(args.prompt * 3 + args.decode + 64),
+        args.options,
+        str(pid_file),
+    ]
     bench_stream.drop_caches()
     log = open(args.dir / "bench_serve.log", "w")
     done = {}
-    server = threading.Thread(target=lambda: done.update(result=run_capped(cmd, args.cap_mib << 20, stdout=log,
-                                                                            stderr=subprocess.STDOUT)))
+    server = threading.Thread(
+        target=lambda: done.update(result=run_capped(cmd, args.cap_mib << 20, stdout=log, stderr=subprocess.STDOUT))
+    )
     server.start()
     try:
         for _ in range(1200):
@@ -169,9 +205,11 @@ def main():
                     raise SystemExit(f"the server exited; see {log.name}")
                 time.sleep(0.5)
         disk = bench_stream.disk_bandwidth(packed)
-        print(f"model {packed.name}: {packed.stat().st_size / 1e9:.2f} GB, cap {args.cap_mib} MiB, "
-              f"--parallel {parallel}, prompt {args.prompt}, decode {args.decode} per client; "
-              f"disk sequential read {disk:.2f} GB/s")
+        print(
+            f"model {packed.name}: {packed.stat().st_size / 1e9:.2f} GB, cap {args.cap_mib} MiB, "
+            f"--parallel {parallel}, prompt {args.prompt}, decode {args.decode} per client; "
+            f"disk sequential read {disk:.2f} GB/s"
+        )
         print(routing_note(args.preset))
         rng = np.random.default_rng(0)
         n_vocab = tokenizer.n_vocab
@@ -185,25 +223,33 @@ def main():
         round_of(base, prompts(1), 8, 0, detokenize)  # warm-up: compile, first reads
         if args.turns:
             rows = [second_turns(base, detokenize(prompts(1)[0]), args.decode) for _ in range(args.rounds)]
-            print(f"{'second turn':>12} {'prompt s':>9} {'cached':>7} {'of tokens':>9}   "
-                  f"(medians of {args.rounds} rounds)")
+            print(
+                f"{'second turn':>12} {'prompt s':>9} {'cached':>7} {'of tokens':>9}   "
+                f"(medians of {args.rounds} rounds)"
+            )
             for name in ("kept", "fresh"):
-                print(f"{name:>12} {statistics.median(r[name][0] for r in rows):>9.2f} "
-                      f"{statistics.median(r[name][1] for r in rows):>7.0f} "
-                      f"{statistics.median(r[name][2] for r in rows):>9.0f}")
+                print(
+                    f"{name:>12} {statistics.median(r[name][0] for r in rows):>9.2f} "
+                    f"{statistics.median(r[name][1] for r in rows):>7.0f} "
+                    f"{statistics.median(r[name][2] for r in rows):>9.0f}"
+                )
             return
         results = {n: [] for n in args.clients}
         for r in range(args.rounds):
             for n in args.clients:
                 results[n].append(round_of(base, prompts(n), args.decode, 100 * r, detokenize))
         one = statistics.median(x["decode"] for x in results[args.clients[0]])
-        print(f"{'clients':>7} {'decode tok/s':>12} {'x first':>7} {'wall tok/s':>10} {'steps':>6} "
-              f"{'GB read/step':>12}   (medians of {args.rounds} rounds)")
+        print(
+            f"{'clients':>7} {'decode tok/s':>12} {'x first':>7} {'wall tok/s':>10} {'steps':>6} "
+            f"{'GB read/step':>12}   (medians of {args.rounds} rounds)"
+        )
         for n, rows in results.items():
             decode = statistics.median(x["decode"] for x in rows)
-            print(f"{n:>7} {decode:>12.2f} {decode / one:>7.2f} {statistics.median(x['wall'] for x in rows):>10.2f} "
-                  f"{statistics.median(x['steps'] for x in rows):>6.0f} "
-                  f"{statistics.median(x['gb_per_step'] for x in rows):>12.3f}")
+            print(
+                f"{n:>7} {decode:>12.2f} {decode / one:>7.2f} {statistics.median(x['wall'] for x in rows):>10.2f} "
+                f"{statistics.median(x['steps'] for x in rows):>6.0f} "
+                f"{statistics.median(x['gb_per_step'] for x in rows):>12.3f}"
+            )
     finally:
         if pid_file.exists():
             os.kill(int(pid_file.read_text()), signal.SIGINT)

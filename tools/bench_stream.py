@@ -35,6 +35,7 @@ machine does not move, and the faster in-RAM median as a share of this one). Dec
 (temperature 1, seed 0) so that the routing keeps moving. llama.cpp runs on the original file with --no-repack (its CPU
 repacking copies weights into anonymous memory, which a cap kills), greedy.
 """
+
 import argparse
 import json
 import os
@@ -78,14 +79,21 @@ def child(args) -> None:
     # sampled, not greedy: a random network's greedy output soon repeats one token, whose experts
     # then never miss; sampling keeps the routing moving as real text does
     ids, token_times = [], []  # perf_counter when each token came out: steady-state speed (bench_seed.py)
-    for token in model.generate_ids(prompt, max_tokens=args.decode, ignore_eos=True, temperature=1.0, top_k=0,
-                                    top_p=1.0, min_p=0.0, seed=0):
+    for token in model.generate_ids(
+        prompt, max_tokens=args.decode, ignore_eos=True, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=0
+    ):
         ids.append(token)
         token_times.append(time.perf_counter())
     s = model.stats.as_dict()
-    s.update(load_seconds=load_seconds, plan=model.plan.reasons, engine=model.plan.engine,
-             budget=model.plan.budget_bytes, tokens=ids, token_times=token_times,
-             hash_layers=model.index.hash_layers())
+    s.update(
+        load_seconds=load_seconds,
+        plan=model.plan.reasons,
+        engine=model.plan.engine,
+        budget=model.plan.budget_bytes,
+        tokens=ids,
+        token_times=token_times,
+        hash_layers=model.index.hash_layers(),
+    )
     print("RESULT " + json.dumps(s))
 
 
@@ -124,8 +132,18 @@ def capped(cmd: list[str], cap_mib: int):
 
 
 def run_swapmoe(model: Path, options: dict, args) -> dict:
-    cmd = [sys.executable, __file__, "--child", str(model), "--options", json.dumps(options),
-           "--prompt", str(args.prompt), "--decode", str(args.decode)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        str(model),
+        "--options",
+        json.dumps(options),
+        "--prompt",
+        str(args.prompt),
+        "--decode",
+        str(args.decode),
+    ]
     if args.cached:  # no cap, file in the page cache: what the streaming machinery itself costs
         with open(model, "rb") as f:
             while f.read(64 << 20):
@@ -182,8 +200,24 @@ def median_token_ms(row: dict) -> float:
 def run_llama(llama_bin: Path, model: Path, args) -> dict:
     drop_caches()
     prompt = " ".join(["hello"] * args.prompt)
-    cmd = [str(llama_bin / "llama-completion"), "-m", str(model), "-p", prompt, "-n", str(args.decode),
-           "-t", "2", "--temp", "0", "-no-cnv", "--no-repack", "--ignore-eos", "-c", str(args.prompt * 2 + args.decode)]
+    cmd = [
+        str(llama_bin / "llama-completion"),
+        "-m",
+        str(model),
+        "-p",
+        prompt,
+        "-n",
+        str(args.decode),
+        "-t",
+        "2",
+        "--temp",
+        "0",
+        "-no-cnv",
+        "--no-repack",
+        "--ignore-eos",
+        "-c",
+        str(args.prompt * 2 + args.decode),
+    ]
     result, text = capped(cmd, args.cap_mib)
     row = {"peak": result.peak, "oom": result.oom_kills, "rc": result.returncode}
     decode = re.search(r"eval time =\s*([\d.]+) ms /\s*(\d+) runs.*?([\d.]+) tokens per second", text)
@@ -203,18 +237,27 @@ def main():
     ap.add_argument("--preset", default="qwen3-30b-a3b", help="shape of the synthetic model (swapmoe synth --preset)")
     ap.add_argument("--type", default="Q4_K_M", help="its weight type or mix")
     ap.add_argument("--layers", type=int, help="layer count (qwen3-30b-a3b default: 12 with --quick, else 48)")
-    ap.add_argument("--size-gb", type=float,
-                    help="scale the layer count to this size instead (other presets: 4.5 with --quick, else 17)")
+    ap.add_argument(
+        "--size-gb",
+        type=float,
+        help="scale the layer count to this size instead (other presets: 4.5 with --quick, else 17)",
+    )
     ap.add_argument("--experts", type=int, help="override the preset's expert count (to fit big presets)")
     ap.add_argument("--cap-mib", type=int)
     ap.add_argument("--prompt", type=int, default=64)
     ap.add_argument("--decode", type=int, default=32)
     ap.add_argument("--dir", type=Path, default=Path("/tmp/swapmoe-bench"))
     ap.add_argument("--configs", nargs="*", default=[c for c in CONFIGS if c != "streaming-off" and "256" not in c])
-    ap.add_argument("--no-bound", action="store_true",
-                    help="skip the compute-only run and the MIN replay that give each configuration's bound")
-    ap.add_argument("--cached", action="store_true",
-                    help="no cap and a warm page cache: compare e.g. --configs default streaming-off")
+    ap.add_argument(
+        "--no-bound",
+        action="store_true",
+        help="skip the compute-only run and the MIN replay that give each configuration's bound",
+    )
+    ap.add_argument(
+        "--cached",
+        action="store_true",
+        help="no cap and a warm page cache: compare e.g. --configs default streaming-off",
+    )
     default_bin = os.environ.get("SWAPMOE_LLAMA_BIN", str(Path.home() / ".cache/swapmoe-ref/llama-build/bin"))
     ap.add_argument("--llama-bin", type=Path, default=Path(default_bin))
     ap.add_argument("--no-llama", action="store_true", help="leave llama.cpp out (minutes per run on big files)")
@@ -244,9 +287,11 @@ def main():
         swapmoe.repack(original, packed)
     disk_before = disk_bandwidth(packed)
     size = packed.stat().st_size
-    print(f"model {packed.name}: {size / 1e9:.2f} GB, "
-          f"{'no cap, file cached' if args.cached else f'cap {args.cap_mib} MiB'}, prompt {args.prompt}, "
-          f"decode {args.decode}; disk sequential read {disk_before:.2f} GB/s (O_DIRECT, 16 MiB reads)")
+    print(
+        f"model {packed.name}: {size / 1e9:.2f} GB, "
+        f"{'no cap, file cached' if args.cached else f'cap {args.cap_mib} MiB'}, prompt {args.prompt}, "
+        f"decode {args.decode}; disk sequential read {disk_before:.2f} GB/s (O_DIRECT, 16 MiB reads)"
+    )
     print(routing_note(args.preset))
     # kernels compiled and cached first, so that no measured run compiles them in its decode
     # (on a cold numba cache that took the compute-only bound from 40 to 5 tok/s)
@@ -254,9 +299,11 @@ def main():
     compute_before = None
     if not args.cached and not args.no_bound:
         compute_before = run_compute_only(packed, args)
-    print(f"{'configuration':30} {'decode tok/s':>12} {'prompt tok/s':>12} {'GB read/tok':>11} {'read BW/disk':>12} "
-          f"{'disk GB/s':>9} {'I/O wait':>8} {'peak MiB':>9} {'OOM':>4}" +
-          (f" {'MIN GB':>7} {'bound tok/s':>11} {'of bound':>8} {'= in RAM':>8}" if compute_before else ""))
+    print(
+        f"{'configuration':30} {'decode tok/s':>12} {'prompt tok/s':>12} {'GB read/tok':>11} {'read BW/disk':>12} "
+        f"{'disk GB/s':>9} {'I/O wait':>8} {'peak MiB':>9} {'OOM':>4}"
+        + (f" {'MIN GB':>7} {'bound tok/s':>11} {'of bound':>8} {'= in RAM':>8}" if compute_before else "")
+    )
     rows = {}
     for name in args.configs:
         trace = args.dir / f"trace-{name}.jsonl"
@@ -284,33 +331,52 @@ def main():
         if compute:
             row["min_decode_bytes"], row["bound_tps"] = bound_of(trace, row, compute, disk)
             same = "yes" if row["tokens"] == compute["tokens"] else "NO"
-            bound = (f" {row['min_decode_bytes'] / 1e9:7.2f} {row['bound_tps']:11.2f} "
-                     f"{tg / row['bound_tps']:8.2f} {same:>8}")
-        print(f"{name:30} {tg:12.2f} {pp:12.1f} {per_token / 1e9:11.3f} {bandwidth / disk:12.2f} {disk:9.2f} "
-              f"{row['wait_seconds'] / seconds:8.0%} {row['peak'] / 2**20:9.0f} {row['oom']:4d}" + bound)
+            bound = (
+                f" {row['min_decode_bytes'] / 1e9:7.2f} {row['bound_tps']:11.2f} {tg / row['bound_tps']:8.2f} {same:>8}"
+            )
+        print(
+            f"{name:30} {tg:12.2f} {pp:12.1f} {per_token / 1e9:11.3f} {bandwidth / disk:12.2f} {disk:9.2f} "
+            f"{row['wait_seconds'] / seconds:8.0%} {row['peak'] / 2**20:9.0f} {row['oom']:4d}" + bound
+        )
         if compute:
             row["compute_tps"] = [decode_speed(r) for r in neighbours]
             row["median_token_ms"] = median_token_ms(row)
             row["compute_median_token_ms"] = [median_token_ms(r) for r in neighbours]
-            print(f"{'':30} compute only (in RAM) just before and after: "
-                  + " and ".join(f"{v:.2f}" for v in row["compute_tps"]) + " tok/s decode", flush=True)
+            print(
+                f"{'':30} compute only (in RAM) just before and after: "
+                + " and ".join(f"{v:.2f}" for v in row["compute_tps"])
+                + " tok/s decode",
+                flush=True,
+            )
             share = min(row["compute_median_token_ms"]) / row["median_token_ms"]
-            print(f"{'':30} median token {row['median_token_ms']:.1f} ms, in RAM "
-                  + " and ".join(f"{v:.1f}" for v in row["compute_median_token_ms"])
-                  + f" ms: {share:.2f} of the faster", flush=True)
+            print(
+                f"{'':30} median token {row['median_token_ms']:.1f} ms, in RAM "
+                + " and ".join(f"{v:.1f}" for v in row["compute_median_token_ms"])
+                + f" ms: {share:.2f} of the faster",
+                flush=True,
+            )
         if row["hash_layers"]:
-            print(f"{'':30} hash-routed layers while decoding, resident or in flight when asked: " + ", ".join(
-                f"layer {layer} {row['decode_layers'][str(layer)][0]}/{row['decode_layers'][str(layer)][1]}"
-                for layer in row["hash_layers"] if str(layer) in row["decode_layers"]))
+            print(
+                f"{'':30} hash-routed layers while decoding, resident or in flight when asked: "
+                + ", ".join(
+                    f"layer {layer} {row['decode_layers'][str(layer)][0]}/{row['decode_layers'][str(layer)][1]}"
+                    for layer in row["hash_layers"]
+                    if str(layer) in row["decode_layers"]
+                )
+            )
     if (args.llama_bin / "llama-completion").exists() and not args.cached and not args.no_llama:
         row = run_llama(args.llama_bin, original, args)
         rows["llama.cpp"] = row
         if "error" in row:
-            print(f"{'llama.cpp --no-repack':30} failed: {row['error']} (peak {row['peak'] / 2**20:.0f} MiB, "
-                  f"OOM {row['oom']})")
+            print(
+                f"{'llama.cpp --no-repack':30} failed: {row['error']} (peak {row['peak'] / 2**20:.0f} MiB, "
+                f"OOM {row['oom']})"
+            )
         else:
-            print(f"{'llama.cpp --no-repack':30} {row['decode_tps']:12.2f} {row['prompt_tps']:12.1f} {'':>11} "
-                  f"{'':>12} {'':>9} {'':>8} {row['peak'] / 2**20:9.0f} {row['oom']:4d}")
+            print(
+                f"{'llama.cpp --no-repack':30} {row['decode_tps']:12.2f} {row['prompt_tps']:12.1f} {'':>11} "
+                f"{'':>12} {'':>9} {'':>8} {row['peak'] / 2**20:9.0f} {row['oom']:4d}"
+            )
             if "default" in rows and "error" not in rows["default"]:
                 d = rows["default"]
                 ratio = decode_speed(d) / row["decode_tps"]

@@ -11,6 +11,7 @@ The three alternate for --rounds rounds (the machine is shared and noisy); each 
 the median over rounds. Prints GB/s for each, synth's ratio to cp and to dd, and synth's
 peak RSS.
 """
+
 import argparse
 import os
 import statistics
@@ -54,8 +55,22 @@ def main():
     try:
         for _ in range(args.rounds):
             cold = drop_caches()
-            seconds, peak = timed([sys.executable, "-m", "swapmoe.cli", "synth", model, "--preset", "qwen3-30b-a3b",
-                                   "--type", "Q4_K_M", "--size-gb", str(args.size_gb), "--force"])
+            seconds, peak = timed(
+                [
+                    sys.executable,
+                    "-m",
+                    "swapmoe.cli",
+                    "synth",
+                    model,
+                    "--preset",
+                    "qwen3-30b-a3b",
+                    "--type",
+                    "Q4_K_M",
+                    "--size-gb",
+                    str(args.size_gb),
+                    "--force",
+                ]
+            )
             times["synth"].append(seconds)
             rss.append(peak)
             size = model.stat().st_size
@@ -63,8 +78,11 @@ def main():
             times["cp"].append(timed(["sh", "-c", f"cp '{model}' '{copy}' && sync"])[0])
             copy.unlink()
             drop_caches()
-            times["dd"].append(timed(["dd", "if=/dev/zero", f"of={zeros}", "bs=16M", f"count={size >> 24}",
-                                      "conv=fsync", "status=none"])[0])
+            times["dd"].append(
+                timed(
+                    ["dd", "if=/dev/zero", f"of={zeros}", "bs=16M", f"count={size >> 24}", "conv=fsync", "status=none"]
+                )[0]
+            )
             zeros.unlink()
     finally:
         for p in (model, copy, zeros):
@@ -72,8 +90,10 @@ def main():
     t_synth, t_cp, t_dd = (statistics.median(times[k]) for k in ("synth", "cp", "dd"))
     rss = max(rss)
     gb = size / 1e9
-    print(f"file size            {gb:.2f} GB, {args.rounds} rounds, medians "
-          f"(page cache dropped before each run: {'yes' if cold else 'no, not root'})")
+    print(
+        f"file size            {gb:.2f} GB, {args.rounds} rounds, medians "
+        f"(page cache dropped before each run: {'yes' if cold else 'no, not root'})"
+    )
     print(f"swapmoe synth        {gb / t_synth:6.2f} GB/s  ({t_synth:.1f} s), peak RSS {rss:.0f} MB")
     print(f"cp + sync            {gb / t_cp:6.2f} GB/s  ({t_cp:.1f} s)")
     print(f"dd /dev/zero fsync   {gb / t_dd:6.2f} GB/s  ({t_dd:.1f} s)")

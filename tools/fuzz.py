@@ -30,6 +30,7 @@ fails inside the child instead of exhausting the machine (the RSS check still re
 The summary has one row per kind; every failing case is listed with the command that
 reproduces it. Exit status: 0 when every case passed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -78,6 +79,7 @@ DEFAULT_ALIGNMENT = 32
 @dataclass
 class Field:
     """Where one header field is, for byte-level mutations: what it is, its bytes, whose it is."""
+
     what: str
     pos: int
     size: int
@@ -114,7 +116,7 @@ def _read_value(blob: bytes, pos: int, value_type: int, owner: str, fields: list
     if value_type == STRING:
         (n,) = struct.unpack_from("<Q", blob, pos)
         fields.append(Field("string_length", pos, 8, owner))
-        return blob[pos + 8:pos + 8 + n], pos + 8 + n
+        return blob[pos + 8 : pos + 8 + n], pos + 8 + n
     if value_type == ARRAY:
         item_type, count = struct.unpack_from("<IQ", blob, pos)
         fields += [Field("array_type", pos, 4, owner), Field("array_count", pos + 4, 8, owner)]
@@ -132,7 +134,7 @@ def _read_value(blob: bytes, pos: int, value_type: int, owner: str, fields: list
 def _read_name(blob: bytes, pos: int, what: str, fields: list[Field]) -> tuple[str, int]:
     """A key's or tensor's name at `pos` (its length field recorded as `what`), and the position after it."""
     (n,) = struct.unpack_from("<Q", blob, pos)
-    name = blob[pos + 8:pos + 8 + n].decode()
+    name = blob[pos + 8 : pos + 8 + n].decode()
     fields.append(Field(what, pos, 8, name))
     return name, pos + 8 + n
 
@@ -163,7 +165,7 @@ def read_gguf(blob: bytes) -> Gguf:
     g = Gguf(version, kvs, tensors, b"", fields, 0)
     alignment = g.get("general.alignment", DEFAULT_ALIGNMENT)
     g.data_offset = -(-pos // alignment) * alignment
-    g.data = blob[g.data_offset:]
+    g.data = blob[g.data_offset :]
     return g
 
 
@@ -225,17 +227,18 @@ def read_sidecar(blob: bytes) -> list[Section]:
     pos, sections, d = SIDECAR_HEADER.size, [], zstandard.ZstdDecompressor()
     for _ in range(n_sections):
         (n,) = struct.unpack_from("<H", blob, pos)
-        name = blob[pos + 2:pos + 2 + n].decode()
+        name = blob[pos + 2 : pos + 2 + n].decode()
         pos += 2 + n
         kind, n = struct.unpack_from("<BB", blob, pos)
-        dtype = blob[pos + 2:pos + 2 + n].decode()
+        dtype = blob[pos + 2 : pos + 2 + n].decode()
         pos += 2 + n
         ndim = blob[pos]
         shape = struct.unpack_from(f"<{ndim}Q", blob, pos + 1)
         raw_len, stored_len = struct.unpack_from("<QQ", blob, pos + 1 + 8 * ndim)
         pos += 1 + 8 * ndim + 16
-        sections.append(Section(name, kind, dtype, shape, d.decompress(blob[pos:pos + stored_len],
-                                                                        max_output_size=raw_len)))
+        sections.append(
+            Section(name, kind, dtype, shape, d.decompress(blob[pos : pos + stored_len], max_output_size=raw_len))
+        )
         pos += stored_len
     return sections
 
@@ -243,8 +246,11 @@ def read_sidecar(blob: bytes) -> list[Section]:
 def write_sidecar(sections: list[Section], version: int = 1, reserved: int = 0) -> tuple[bytearray, list[Field]]:
     """Bytes without the checksum trailer, and where each section-header field is."""
     out = bytearray(SIDECAR_HEADER.pack(b"SWAPIDX\0", version, len(sections), reserved))
-    fields = [Field("version", 8, 4, "header"), Field("n_sections", 12, 4, "header"),
-              Field("reserved", 16, 8, "header")]
+    fields = [
+        Field("version", 8, 4, "header"),
+        Field("n_sections", 12, 4, "header"),
+        Field("reserved", 16, 8, "header"),
+    ]
     c = zstandard.ZstdCompressor(level=3)
     for s in sections:
         data = c.compress(s.raw)
@@ -255,8 +261,11 @@ def write_sidecar(sections: list[Section], version: int = 1, reserved: int = 0) 
         fields.append(Field("ndim", len(out), 1, s.name))
         fields += [Field("dim", len(out) + 1 + 8 * i, 8, s.name) for i in range(len(s.shape))]
         out += struct.pack(f"<B{len(s.shape)}Q", len(s.shape), *s.shape)
-        fields += [Field("raw_length", len(out), 8, s.name), Field("stored_length", len(out) + 8, 8, s.name),
-                   Field("frame", len(out) + 16, len(data), s.name)]
+        fields += [
+            Field("raw_length", len(out), 8, s.name),
+            Field("stored_length", len(out) + 8, 8, s.name),
+            Field("frame", len(out) + 16, len(data), s.name),
+        ]
         out += struct.pack("<QQ", len(s.raw), len(data)) + data
     return out, fields
 
@@ -381,8 +390,15 @@ def execute(argv: list[str], cwd: Path, env: dict, timeout: float = TIMEOUT) -> 
     with tempfile.TemporaryDirectory() as scratch:
         out, err, usage = (Path(scratch) / name for name in ("out", "err", "usage"))
         with open(out, "wb") as stdout, open(err, "wb") as stderr:
-            proc = subprocess.Popen([sys.executable, "-S", "-c", TRAMPOLINE, str(usage), *argv], cwd=cwd, env=env,
-                                    stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, preexec_fn=_limit_child)
+            proc = subprocess.Popen(
+                [sys.executable, "-S", "-c", TRAMPOLINE, str(usage), *argv],
+                cwd=cwd,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=stdout,
+                stderr=stderr,
+                preexec_fn=_limit_child,
+            )
             try:
                 proc.wait(timeout)
             except subprocess.TimeoutExpired:
@@ -392,8 +408,9 @@ def execute(argv: list[str], cwd: Path, env: dict, timeout: float = TIMEOUT) -> 
         if usage.exists():
             maxrss, status = (int(v) for v in usage.read_text().split())
             code, rss = os.waitstatus_to_exitcode(status), maxrss * 1024
-        return Result(code, out.read_text("utf-8", "replace"), err.read_text("utf-8", "replace"), rss,
-                      time.monotonic() - start)
+        return Result(
+            code, out.read_text("utf-8", "replace"), err.read_text("utf-8", "replace"), rss, time.monotonic() - start
+        )
 
 
 # ==========================================================================================
@@ -449,43 +466,85 @@ def pick(rng: random.Random, weighted: list[tuple]) -> object:
 
 def number_for(rng: random.Random, value: int, limit: int = U64) -> int:
     """A hostile replacement for an integer field."""
-    candidates = [0, 1, value - 1, value + 1, value * 2, value // 2, 1 << 31, U32, 1 << 40, 1 << 62, 1 << 63,
-                  U64, rng.randrange(limit + 1)]
+    candidates = [
+        0,
+        1,
+        value - 1,
+        value + 1,
+        value * 2,
+        value // 2,
+        1 << 31,
+        U32,
+        1 << 40,
+        1 << 62,
+        1 << 63,
+        U64,
+        rng.randrange(limit + 1),
+    ]
     return min(max(0, rng.choice(candidates)), limit)
 
 
-def run_cmd(model: str, *extra, must_fail=False, must_pass=False, rss: int | None = None, env=None,
-            names=None) -> Command:
-    return Command(["run", model, "-p", PROMPT, "-n", "2", *extra], must_fail, must_pass, rss_limit=rss,
-                   env=env or {}, names=names)
+def run_cmd(
+    model: str, *extra, must_fail=False, must_pass=False, rss: int | None = None, env=None, names=None
+) -> Command:
+    return Command(
+        ["run", model, "-p", PROMPT, "-n", "2", *extra], must_fail, must_pass, rss_limit=rss, env=env or {}, names=names
+    )
 
 
-def chain_for_original(rng: random.Random, model: str, must_fail: bool, run_rss: int, run_must_fail: bool,
-                       names: str) -> Command:
+def chain_for_original(
+    rng: random.Random, model: str, must_fail: bool, run_rss: int, run_must_fail: bool, names: str
+) -> Command:
     """One of the commands a GGUF goes through, on the mutated file."""
     scenario = rng.choice(["inspect", "index", "repack", "run"])
     if scenario == "inspect":
         return Command(["inspect", model] + (["--json"] if rng.random() < 0.3 else []), must_fail, names=names)
     if scenario == "index":
         side = model + ".swapidx"
-        return Command(["index", model] + (["--no-digests"] if rng.random() < 0.3 else []), must_fail,
-                       writes=(side,), names=names, then=[Command(["verify", model], names=model)])
+        return Command(
+            ["index", model] + (["--no-digests"] if rng.random() < 0.3 else []),
+            must_fail,
+            writes=(side,),
+            names=names,
+            then=[Command(["verify", model], names=model)],
+        )
     if scenario == "repack":
         layout = rng.choice(["bundled", "compat"])
-        return Command(["repack", model, "OUT.gguf", "--layout", layout], must_fail,
-                       writes=("OUT.gguf", "OUT.gguf.swapidx"), names=names,
-                       then=[Command(["verify", "OUT.gguf"]), run_cmd("OUT.gguf", rss=run_rss)])
+        return Command(
+            ["repack", model, "OUT.gguf", "--layout", layout],
+            must_fail,
+            writes=("OUT.gguf", "OUT.gguf.swapidx"),
+            names=names,
+            then=[Command(["verify", "OUT.gguf"]), run_cmd("OUT.gguf", rss=run_rss)],
+        )
     return run_cmd(model, must_fail=must_fail or run_must_fail, rss=run_rss, names=names)
 
 
 # --- gguf ---------------------------------------------------------------------------------
-GENERIC_KEYS = ("block_count", "embedding_length", "expert_count", "expert_used_count", "attention.head_count",
-                "attention.head_count_kv", "attention.key_length", "attention.value_length",
-                "expert_feed_forward_length", "context_length", "rope.dimension_count")
+GENERIC_KEYS = (
+    "block_count",
+    "embedding_length",
+    "expert_count",
+    "expert_used_count",
+    "attention.head_count",
+    "attention.head_count_kv",
+    "attention.key_length",
+    "attention.value_length",
+    "expert_feed_forward_length",
+    "context_length",
+    "rope.dimension_count",
+)
 # keys tied to tensor shapes for every base (llama.cpp's loader checks each tensor's shape against them)
 TIED = ("block_count", "embedding_length", "expert_count", "expert_feed_forward_length")
-REQUIRED = ("general.architecture", "{arch}.block_count", "{arch}.embedding_length", "{arch}.attention.head_count",
-            "{arch}.expert_count", "tokenizer.ggml.tokens", "tokenizer.ggml.model")
+REQUIRED = (
+    "general.architecture",
+    "{arch}.block_count",
+    "{arch}.embedding_length",
+    "{arch}.attention.head_count",
+    "{arch}.expert_count",
+    "tokenizer.ggml.tokens",
+    "tokenizer.ggml.model",
+)
 
 
 def _gqa(g: Gguf) -> bool:
@@ -496,8 +555,15 @@ def _gqa(g: Gguf) -> bool:
 
 def _tied_tensors(g: Gguf) -> list[list]:
     """Tensors whose every dimension some generic key (or the vocabulary) fixes."""
-    suffixes = ("attn_norm.weight", "ffn_norm.weight", "ffn_gate_inp.weight", "_exps.weight", "token_embd.weight",
-                "output.weight", "output_norm.weight")
+    suffixes = (
+        "attn_norm.weight",
+        "ffn_norm.weight",
+        "ffn_gate_inp.weight",
+        "_exps.weight",
+        "token_embd.weight",
+        "output.weight",
+        "output_norm.weight",
+    )
     if _gqa(g):
         suffixes += ("attn_k.weight", "attn_v.weight", "attn_output.weight")
     return [t for t in g.tensors if t[0].endswith(suffixes)]
@@ -507,9 +573,24 @@ def gguf_semantic(rng: random.Random, g: Gguf) -> tuple[str, bool, bool]:
     """Change g so that it still parses; return (what, inconsistent, unrunnable): inconsistent
     models must be refused by every command, unrunnable ones by run."""
     arch = g.arch
-    choice = pick(rng, [(6, "key"), (2, "key_type"), (2, "remove_key"), (1, "no_tensors"), (2, "remove_tensor"),
-                        (3, "dims"), (2, "type"), (2, "offset"), (1, "rename"), (1, "vocab"), (1, "special_id"),
-                        (1, "arch"), (1, "alignment")])
+    choice = pick(
+        rng,
+        [
+            (6, "key"),
+            (2, "key_type"),
+            (2, "remove_key"),
+            (1, "no_tensors"),
+            (2, "remove_tensor"),
+            (3, "dims"),
+            (2, "type"),
+            (2, "offset"),
+            (1, "rename"),
+            (1, "vocab"),
+            (1, "special_id"),
+            (1, "arch"),
+            (1, "alignment"),
+        ],
+    )
     if choice == "key":
         name = rng.choice(GENERIC_KEYS)
         kv = g.kv(f"{arch}.{name}")
@@ -534,15 +615,18 @@ def gguf_semantic(rng: random.Random, g: Gguf) -> tuple[str, bool, bool]:
             bad = tied and new != old
         return f"{arch}.{name} {old} -> {new}", bad, bad or new == 0 and name != "context_length"
     if choice == "key_type":
-        name = rng.choice(("block_count", "expert_count", "expert_used_count", "attention.head_count",
-                           "embedding_length"))
+        name = rng.choice(
+            ("block_count", "expert_count", "expert_used_count", "attention.head_count", "embedding_length")
+        )
         kv = g.kv(f"{arch}.{name}")
         if kv is None or not isinstance(kv[2], int):
             return f"{arch}.{name}: unchanged", False, False
         new_type = rng.choice([6, 12, STRING, ARRAY, 7])
         old = kv[2]
-        kv[1], kv[2] = new_type, {6: float(old), 12: float(old) + 0.5, STRING: str(old).encode(),
-                                  ARRAY: (4, [old, old]), 7: True}[new_type]
+        kv[1], kv[2] = (
+            new_type,
+            {6: float(old), 12: float(old) + 0.5, STRING: str(old).encode(), ARRAY: (4, [old, old]), 7: True}[new_type],
+        )
         return f"{arch}.{name} {old} stored as value type {new_type}", True, True
     if choice == "remove_key":
         key = rng.choice(REQUIRED).format(arch=arch)
@@ -582,30 +666,37 @@ def gguf_semantic(rng: random.Random, g: Gguf) -> tuple[str, bool, bool]:
         alignment = g.get("general.alignment", DEFAULT_ALIGNMENT)
         t[3] = rng.choice([rng.choice(others), old + 1, old + alignment, len(g.data), 1 << 40, U64 - 7])
         end = t[3] + (tensor_nbytes(t[2], t[1]) or 0)
-        overlap = any(o is not t and o[3] < end and t[3] < o[3] + (tensor_nbytes(o[2], o[1]) or 0)
-                      for o in g.tensors)
+        overlap = any(o is not t and o[3] < end and t[3] < o[3] + (tensor_nbytes(o[2], o[1]) or 0) for o in g.tensors)
         bad = t[3] != old and (t[3] % alignment != 0 or end > len(g.data) or overlap)
         return f"tensor {t[0]} offset {old} -> {t[3]}", bad, bad
     if choice == "rename":
         t = rng.choice([t for t in g.tensors if not t[0].startswith("output.")])  # output.weight is optional
         old = t[0]
-        t[0] = rng.choice([g.tensors[0][0], old.replace("blk.0.", "blk.7."), old.replace("blk.1.", "blk.4000000000."),
-                           old + ".x", "blk.x." + old])
+        t[0] = rng.choice(
+            [
+                g.tensors[0][0],
+                old.replace("blk.0.", "blk.7."),
+                old.replace("blk.1.", "blk.4000000000."),
+                old + ".x",
+                "blk.x." + old,
+            ]
+        )
         if t[0] == old:
             return f"tensor {old}: name unchanged", False, False
         duplicate = sum(o[0] == t[0] for o in g.tensors) > 1
         beyond = "blk.7." in t[0] or "blk.4000000000." in t[0]
         return f"tensor {old} renamed {t[0]}", duplicate or beyond, True
     if choice == "vocab":
-        key = rng.choice(["tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.merges",
-                          "tokenizer.ggml.scores"])
+        key = rng.choice(
+            ["tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.merges", "tokenizer.ggml.scores"]
+        )
         kv = g.kv(key)
         if kv is None:
             return f"{key} absent: unchanged", False, False
         item_type, items = kv[2]
         how = rng.choice(["drop", "duplicate", "empty", "garbage"])
         if how == "drop":
-            items = items[:-rng.choice([1, 10, len(items)])]
+            items = items[: -rng.choice([1, 10, len(items)])]
         elif how == "duplicate":
             items = items + items[:5]
         elif how == "empty" and item_type == STRING:
@@ -650,10 +741,10 @@ def gguf_bytes(rng: random.Random, blob: bytes, g: Gguf) -> tuple[bytes, str, bo
         kinds = sorted({f.what for f in g.fields})
         what = rng.choice(kinds)
         f = rng.choice([f for f in g.fields if f.what == what])
-        old = int.from_bytes(data[f.pos:f.pos + f.size], "little")
+        old = int.from_bytes(data[f.pos : f.pos + f.size], "little")
         limit = (1 << (8 * f.size)) - 1
         new = number_for(rng, old, limit) if what != "value_type" else rng.choice([0, 6, 8, 9, 12, 13, 255, U32])
-        data[f.pos:f.pos + f.size] = new.to_bytes(f.size, "little")
+        data[f.pos : f.pos + f.size] = new.to_bytes(f.size, "little")
         return bytes(data), f"{what} of {f.owner} at byte {f.pos}: {old} -> {new}", False
     if choice == "truncate":
         end_of_data = g.data_offset + max((t[3] + (tensor_nbytes(t[2], t[1]) or 0) for t in g.tensors), default=0)
@@ -703,9 +794,27 @@ def make_gguf_case(rng: random.Random, bases: Bases):
 
 
 # --- sidecar --------------------------------------------------------------------------------
-ARRAYS = ("part_offset", "part_length", "part_file", "part_type", "part_ne", "slice_offset", "slice_length",
-          "slice_flags", "nonexpert", "tensor_type", "tensor_ne", "tensor_file", "tensor_offset", "tensor_nbytes",
-          "file_sizes", "header_lengths", "header_digests", "part_digest", "tensor_digest")
+ARRAYS = (
+    "part_offset",
+    "part_length",
+    "part_file",
+    "part_type",
+    "part_ne",
+    "slice_offset",
+    "slice_length",
+    "slice_flags",
+    "nonexpert",
+    "tensor_type",
+    "tensor_ne",
+    "tensor_file",
+    "tensor_offset",
+    "tensor_nbytes",
+    "file_sizes",
+    "header_lengths",
+    "header_digests",
+    "part_digest",
+    "tensor_digest",
+)
 IDENTITY = ("file_sizes", "header_lengths", "header_digests")
 
 
@@ -752,8 +861,9 @@ def sidecar_mutation(rng: random.Random, sections: list[Section], size: int, n_e
     """Change the sections (the checksum is made valid afterwards: a crafted file, not a damaged
     one); return (what, run must fail, verify must fail)."""
     by_name = {s.name: s for s in sections}
-    choice = pick(rng, [(8, "value"), (3, "meta"), (1, "dtype"), (1, "shape"), (1, "drop"), (1, "reorder"),
-                        (1, "hash")])
+    choice = pick(
+        rng, [(8, "value"), (3, "meta"), (1, "dtype"), (1, "shape"), (1, "drop"), (1, "reorder"), (1, "hash")]
+    )
     if choice == "value":
         name = rng.choice(ARRAYS)
         s = by_name[name]
@@ -764,8 +874,23 @@ def sidecar_mutation(rng: random.Random, sections: list[Section], size: int, n_e
         i = int(rng.choice(list(where)))
         old = int(flat[i])
         info = np.iinfo(a.dtype)
-        new = rng.choice([0, -1, 1, old + 1, old - 1, old + 4096, size, size + 1, 1 << 31, 1 << 62, info.max,
-                          info.min, int(flat[int(rng.choice(list(where)))])])
+        new = rng.choice(
+            [
+                0,
+                -1,
+                1,
+                old + 1,
+                old - 1,
+                old + 4096,
+                size,
+                size + 1,
+                1 << 31,
+                1 << 62,
+                info.max,
+                info.min,
+                int(flat[int(rng.choice(list(where)))]),
+            ]
+        )
         new = min(max(new, int(info.min)), int(info.max))
         flat[i] = new
         s.set_array(a)
@@ -774,8 +899,23 @@ def sidecar_mutation(rng: random.Random, sections: list[Section], size: int, n_e
         return f"{name}{[int(x) for x in np.unravel_index(i, a.shape)]} {old} -> {new}", bad, new != old
     if choice == "meta":
         meta = json.loads(by_name["meta"].raw)
-        key = rng.choice(["n_layer", "n_expert", "n_expert_used", "parts", "files", "layout", "page_size", "arch",
-                          "has_digests", "tensor_names", "hash_layers", "extra", "missing"])
+        key = rng.choice(
+            [
+                "n_layer",
+                "n_expert",
+                "n_expert_used",
+                "parts",
+                "files",
+                "layout",
+                "page_size",
+                "arch",
+                "has_digests",
+                "tensor_names",
+                "hash_layers",
+                "extra",
+                "missing",
+            ]
+        )
         old = meta.get(key)
         bad = True
         if key == "parts":
@@ -834,7 +974,7 @@ def sidecar_mutation(rng: random.Random, sections: list[Section], size: int, n_e
     if how == "id":
         a.reshape(-1)[rng.randrange(a.size)] = rng.choice([n_expert, np.iinfo(a.dtype).max])
     elif how == "rows":
-        a = a[:rng.randrange(a.shape[0])]
+        a = a[: rng.randrange(a.shape[0])]
     else:
         a = np.concatenate([a, a], axis=1)
     s.set_array(a)
@@ -861,9 +1001,9 @@ def make_sidecar_case(rng: random.Random, bases: Bases):
         run_fails = verify_fails = True
         if choice == "header":
             f = rng.choice([f for f in fields if f.what != "frame"])
-            old = int.from_bytes(body[f.pos:f.pos + f.size], "little")
+            old = int.from_bytes(body[f.pos : f.pos + f.size], "little")
             value = number_for(rng, old, (1 << (8 * f.size)) - 1)
-            body[f.pos:f.pos + f.size] = value.to_bytes(f.size, "little")
+            body[f.pos : f.pos + f.size] = value.to_bytes(f.size, "little")
             what = f"{f.what} of section {f.owner}: {old} -> {value} (checksum made valid)"
             run_fails = verify_fails = value != old and f.what != "reserved"
             new = sealed(body)
@@ -913,20 +1053,34 @@ def hostile_template(rng: random.Random) -> tuple[str, bool | None]:
     n = rng.choice([10**3, 10**5, 10**7, 10**9, 2**31, 10**12])
     templates = [
         ("{{ 'x' * N }}", _verdict(n)),
-        ("{% for i in range(N) %}{% for j in range(N) %}{% endfor %}{% endfor %}",
-         True if n > TEMPLATE_RANGE else None),  # or an empty prompt
+        (
+            "{% for i in range(N) %}{% for j in range(N) %}{% endfor %}{% endfor %}",
+            True if n > TEMPLATE_RANGE else None,
+        ),  # or an empty prompt
         ("{% for i in range(N) %}{{ i }}{% endfor %}", True if n > TEMPLATE_RANGE else _verdict(5 * n)),
-        ("{% set s = 'x' * 1000 %}{% for a in s %}{% for b in s %}{% for c in s %}{% for d in s %}"
-         "{% endfor %}{% endfor %}{% endfor %}{% endfor %}", True),
+        (
+            "{% set s = 'x' * 1000 %}{% for a in s %}{% for b in s %}{% for c in s %}{% for d in s %}"
+            "{% endfor %}{% endfor %}{% endfor %}{% endfor %}",
+            True,
+        ),
         ("{% macro f(n) %}{% if n > 0 %}{{ f(n - 1) }}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(60) }}", True),
         ("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", True),
-        ("{% macro d(s, k) %}{% if k %}{{ d(s ~ s, k - 1) }}{% else %}{{ s | length }}{% endif %}{% endmacro %}"
-         "{{ d('x', 64) }}", True),
+        (
+            "{% macro d(s, k) %}{% if k %}{{ d(s ~ s, k - 1) }}{% else %}{{ s | length }}{% endif %}{% endmacro %}"
+            "{{ d('x', 64) }}",
+            True,
+        ),
         ("{% set s = 'x' %}" + "{% set s = s ~ s %}" * 48 + "{{ s | length }}", True),
-        ("{% set ns = namespace(a=['x']) %}{% for i in range(64) %}{% set ns.a = ns.a + ns.a %}{% endfor %}"
-         "{{ ns.a | length }}", True),
-        ("{% set ns = namespace(s='x') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}"
-         "{{ ns.s | length }}", True),
+        (
+            "{% set ns = namespace(a=['x']) %}{% for i in range(64) %}{% set ns.a = ns.a + ns.a %}{% endfor %}"
+            "{{ ns.a | length }}",
+            True,
+        ),
+        (
+            "{% set ns = namespace(s='x') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}"
+            "{{ ns.s | length }}",
+            True,
+        ),
         ("{{ '%0*d' % (N, 1) }}", _verdict(n)),
         ("{{ '%.*f' % (N, 1.0) }}", _verdict(n)),
         ("{{ '{:>N}'.format(1) }}", _verdict(n)),
@@ -950,13 +1104,18 @@ def hostile_template(rng: random.Random) -> tuple[str, bool | None]:
         ("{{ raise_exception('no ' ~ 'x' * 100) }}", True),
         ("{{ 1 / 0 }}", True),
         ("{{ messages[5].content }}", True),
-        ("{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}{% if add_generation_prompt %}"
-         "assistant:{% endif %}", False),
+        (
+            "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}{% if add_generation_prompt %}"
+            "assistant:{% endif %}",
+            False,
+        ),
         ("{{ bos_token }}{% for m in messages %}<{{ m['role'] }}>{{ m['content'] | trim }}{% endfor %}", False),
         ("{% for", True),
         ("{{ x.y.z }}", None),
-        ("{{ (messages | map(attribute='content') | list) * N }}", _verdict(n, TEMPLATE_ITEMS) if n > FITS // 6
-         else False),
+        (
+            "{{ (messages | map(attribute='content') | list) * N }}",
+            _verdict(n, TEMPLATE_ITEMS) if n > FITS // 6 else False,
+        ),
         ("{{ messages | batch(N) | list | length }}", None),
         ("{{ strftime_now('%Y' * N) }}", _verdict(4 * n) if 2 * n <= TEMPLATE_TEXT else True),
         ("{{ (range(65536) | list | string | length) }}", False),
@@ -987,14 +1146,33 @@ def make_template_case(rng: random.Random, bases: Bases):
         kv[2] = b"\xff\xfe{{ messages }}\xc0\x80"
         what, must_fail = "chat template not UTF-8", None
     rss = bases.run_rss[arch] + RUN_RSS_MARGIN
-    cmd = Command(["run", "M.gguf", "--chat", "-p", "hi", "-n", "2"], must_fail is True, must_fail is False,
-                  rss_limit=rss, names="M.gguf")
+    cmd = Command(
+        ["run", "M.gguf", "--chat", "-p", "hi", "-n", "2"],
+        must_fail is True,
+        must_fail is False,
+        rss_limit=rss,
+        names="M.gguf",
+    )
     return f"{arch}: {what}", {"M.gguf": write_gguf(g)}, [cmd]
 
 
 # --- option ----------------------------------------------------------------------------------
-BAD_INTS = ["-1", "-5", "0x10", "abc", "", "1e3", "1.5", str(1 << 63), str(1 << 64), str(-(1 << 63) - 1), " ",
-            "nan", "inf", "9" * 400]
+BAD_INTS = [
+    "-1",
+    "-5",
+    "0x10",
+    "abc",
+    "",
+    "1e3",
+    "1.5",
+    str(1 << 63),
+    str(1 << 64),
+    str(-(1 << 63) - 1),
+    " ",
+    "nan",
+    "inf",
+    "9" * 400,
+]
 BAD_FLOATS = ["nan", "-nan", "inf", "-inf", "1e309", "abc", "", "0x1p3z"]
 SYNTH_TINY_USED = 2  # experts per token of the tiny presets
 
@@ -1017,8 +1195,9 @@ def int_option(rng: random.Random, name: str, low: int, high: int | None, usual:
     return [name, value], None if _in_range(value, low, high) else True
 
 
-def float_option(rng: random.Random, name: str, low: float, high: float, usual: tuple[float, float],
-                 low_open: bool = False):
+def float_option(
+    rng: random.Random, name: str, low: float, high: float, usual: tuple[float, float], low_open: bool = False
+):
     r = rng.random()
     if r < 0.45:
         value = f"{rng.uniform(*usual):.3g}"
@@ -1040,8 +1219,12 @@ def path_arg(rng: random.Random, files: dict, valid: str) -> tuple[str, bool]:
     choice = rng.choice(["valid", "valid", "valid", "missing", "dir", "devnull", "empty", "text", "shard", "loop"])
     if choice == "valid":
         return valid, False
-    made = {"empty": ("empty.gguf", b""), "text": ("notes.gguf", b"These are not the weights.\n" * 20),
-            "shard": ("x-00002-of-00003.gguf", b"GGUF"), "loop": ("loop.gguf", "loop.gguf")}  # a self-symlink
+    made = {
+        "empty": ("empty.gguf", b""),
+        "text": ("notes.gguf", b"These are not the weights.\n" * 20),
+        "shard": ("x-00002-of-00003.gguf", b"GGUF"),
+        "loop": ("loop.gguf", "loop.gguf"),
+    }  # a self-symlink
     if choice in made:
         name, content = made[choice]
         files[name] = content
@@ -1053,8 +1236,10 @@ def override_spec(rng: random.Random, arch: str, truth: dict[str, int]) -> tuple
     """An --override-kv spec and whether the run must refuse it (None: either outcome)."""
     if rng.random() < 0.1:
         return rng.choice(["novalue", "a=b", "=int:3", f"{arch}.expert_count=int", "k=float"]), True
-    name = rng.choice(list(truth) + ["context_length", "rope.freq_base", "general.architecture",
-                                     "tokenizer.ggml.bos_token_id", "unknown.key"])
+    name = rng.choice(
+        list(truth)
+        + ["context_length", "rope.freq_base", "general.architecture", "tokenizer.ggml.bos_token_id", "unknown.key"]
+    )
     key = f"{arch}.{name}" if name in truth or name in ("context_length", "rope.freq_base") else name
     kind = rng.choice(["int", "int", "float", "bool", "str", "xyz"])
     value = rng.choice(["0", "1", "2", "-1", "8", "10000000", str(1 << 70), "nan", "true", "llama"])
@@ -1078,10 +1263,29 @@ def combine(invalid: bool | None, bad: bool | None) -> bool | None:
     return None if invalid is None or bad is None else False
 
 
-RUN_OPTIONS = ("-n", "--temp", "--top-k", "--top-p", "--min-p", "--repeat-penalty", "--seed", "--ctx", "--threads",
-               "--expert-cache-size", "--expert-keep-recent", "--expert-fixation", "--expert-prefetch", "--io",
-               "--trace", "--override-kv", "--chat", "--ignore-eos", "--stats", "--expert-streaming",
-               "--no-expert-streaming")
+RUN_OPTIONS = (
+    "-n",
+    "--temp",
+    "--top-k",
+    "--top-p",
+    "--min-p",
+    "--repeat-penalty",
+    "--seed",
+    "--ctx",
+    "--threads",
+    "--expert-cache-size",
+    "--expert-keep-recent",
+    "--expert-fixation",
+    "--expert-prefetch",
+    "--io",
+    "--trace",
+    "--override-kv",
+    "--chat",
+    "--ignore-eos",
+    "--stats",
+    "--expert-streaming",
+    "--no-expert-streaming",
+)
 
 
 def run_option(rng: random.Random, option: str, arch: str, truth: dict[str, int]) -> tuple[list[str], bool | None]:
@@ -1124,15 +1328,36 @@ def run_option(rng: random.Random, option: str, arch: str, truth: dict[str, int]
 
 def make_option_case(rng: random.Random, bases: Bases):
     arch = "qwen3moe"
-    truth = {"expert_count": 8, "expert_used_count": 2, "block_count": 2, "attention.head_count": 4,
-             "embedding_length": 256}  # the tiny qwen3moe preset
+    truth = {
+        "expert_count": 8,
+        "expert_used_count": 2,
+        "block_count": 2,
+        "attention.head_count": 4,
+        "embedding_length": 256,
+    }  # the tiny qwen3moe preset
     original = bases.get(arch, "original")["M.gguf"]
     packed = bases.get(arch, "repacked")
-    files: dict = {"M.gguf": original, "R.gguf": packed["R.gguf"], "R.gguf.swapidx": packed["R.gguf.swapidx"],
-                   "subdir/": None}
+    files: dict = {
+        "M.gguf": original,
+        "R.gguf": packed["R.gguf"],
+        "R.gguf.swapidx": packed["R.gguf.swapidx"],
+        "subdir/": None,
+    }
     rss = bases.run_rss[arch] + RUN_RSS_MARGIN
-    command = pick(rng, [(6, "run"), (2, "inspect"), (2, "repack"), (1, "index"), (1, "verify"), (1, "unpack"),
-                         (2, "synth"), (1, "serve"), (1, "env")])
+    command = pick(
+        rng,
+        [
+            (6, "run"),
+            (2, "inspect"),
+            (2, "repack"),
+            (1, "index"),
+            (1, "verify"),
+            (1, "unpack"),
+            (2, "synth"),
+            (1, "serve"),
+            (1, "env"),
+        ],
+    )
     invalid: bool | None = False
     writes: tuple[str, ...] = ()
     logs: tuple[str, ...] = ()
@@ -1169,9 +1394,17 @@ def make_option_case(rng: random.Random, bases: Bases):
             if extra[:2] == ["--trace", "trace.jsonl"]:
                 logs = ("trace.jsonl",)
         if command == "env":
-            name = rng.choice(["SWAPMOE_EXPERT_CACHE_SIZE", "SWAPMOE_IO", "SWAPMOE_EXPERT_PREFETCH",
-                               "SWAPMOE_EXPERT_STREAMING", "SWAPMOE_EXPERT_KEEP_RECENT", "SWAPMOE_EXPERT_FIXATION",
-                               "SWAPMOE_EXPERT_HASH_PREFETCH"])
+            name = rng.choice(
+                [
+                    "SWAPMOE_EXPERT_CACHE_SIZE",
+                    "SWAPMOE_IO",
+                    "SWAPMOE_EXPERT_PREFETCH",
+                    "SWAPMOE_EXPERT_STREAMING",
+                    "SWAPMOE_EXPERT_KEEP_RECENT",
+                    "SWAPMOE_EXPERT_FIXATION",
+                    "SWAPMOE_EXPERT_HASH_PREFETCH",
+                ]
+            )
             value = rng.choice(["-1", "0", "abc", "", "nan", "1e3", "maybe", "bogus", str(1 << 70)])
             env, invalid = {name: value}, combine(invalid, None)
     elif command == "inspect":
@@ -1210,8 +1443,9 @@ def make_option_case(rng: random.Random, bases: Bases):
             args, invalid = args + ["--against", against], combine(invalid, bad)
     elif command == "unpack":
         packed, invalid = path_arg(rng, files, "R.gguf")
-        orig = rng.choice(["ORIG.gguf", "ORIG.gguf", "M.gguf", "subdir", "R.gguf", "nodir/x.gguf",
-                           "x-00001-of-00002.gguf"])
+        orig = rng.choice(
+            ["ORIG.gguf", "ORIG.gguf", "M.gguf", "subdir", "R.gguf", "nodir/x.gguf", "x-00001-of-00002.gguf"]
+        )
         force = rng.random() < 0.3
         args = ["unpack", packed, orig] + (["--force"] if force else [])
         refused = orig in ("R.gguf", "nodir/x.gguf", "x-00001-of-00002.gguf") or (orig == "M.gguf" and not force)
@@ -1219,8 +1453,10 @@ def make_option_case(rng: random.Random, bases: Bases):
         writes = {"ORIG.gguf": ("ORIG.gguf",), "M.gguf": ("M.gguf",), "subdir": ("subdir/M.gguf",)}.get(orig, ())
     elif command == "synth":
         out = rng.choice(["S.gguf", "S.gguf", "M.gguf", "subdir", "nodir/S.gguf"])
-        options = rng.sample(["--arch", "--preset", "--type", "--layers", "--experts", "--size-gb", "--seed",
-                              "--force"], rng.randint(1, 3))
+        options = rng.sample(
+            ["--arch", "--preset", "--type", "--layers", "--experts", "--size-gb", "--seed", "--force"],
+            rng.randint(1, 3),
+        )
         args = ["synth", out]
         invalid = combine(out in ("subdir", "nodir/S.gguf"), out == "M.gguf" and "--force" not in options)
         for option in options:
@@ -1252,15 +1488,21 @@ def make_option_case(rng: random.Random, bases: Bases):
             writes = (out,)
             then = [Command(["inspect", out], must_pass=True)]  # what synth writes must be a consistent model
     else:  # serve, only with a bad value, so that it never starts listening
-        option, value = rng.choice([("--port", v) for v in ("0", "65536", "-1", "abc", "", "99999999999")]
-                                   + [("--parallel", v) for v in ("0", "65", "-3", "x")])
+        option, value = rng.choice(
+            [("--port", v) for v in ("0", "65536", "-1", "abc", "", "99999999999")]
+            + [("--parallel", v) for v in ("0", "65", "-3", "x")]
+        )
         args, invalid = ["serve", "M.gguf", option, value], True
     cmd = Command(args, must_fail=invalid is True, writes=writes, rss_limit=limit, env=env, then=then, logs=logs)
     return f"{command}: {cmd.line()}", files, [cmd]
 
 
-MAKERS = {"gguf": make_gguf_case, "sidecar": make_sidecar_case, "template": make_template_case,
-          "option": make_option_case}
+MAKERS = {
+    "gguf": make_gguf_case,
+    "sidecar": make_sidecar_case,
+    "template": make_template_case,
+    "option": make_option_case,
+}
 
 
 # ==========================================================================================
@@ -1359,8 +1601,10 @@ def run_case(case: Case, folder: Path) -> Outcome:
         count += 1
         result = execute(cli(*cmd.args), folder, child_env(cmd.env))
         problems += [f"`{cmd.line()}`: {p}" for p in check(cmd, result)]
-        log.append(f"$ {cmd.line()}\n  exit {result.code}, {result.seconds:.1f} s, peak RSS {result.rss >> 20} MiB"
-                   + "".join(f"\n  | {line[:300]}" for line in message_lines(result.stderr)[-6:]))
+        log.append(
+            f"$ {cmd.line()}\n  exit {result.code}, {result.seconds:.1f} s, peak RSS {result.rss >> 20} MiB"
+            + "".join(f"\n  | {line[:300]}" for line in message_lines(result.stderr)[-6:])
+        )
         written |= set(cmd.logs)
         if result.code == 0:
             written |= set(cmd.writes)
@@ -1381,19 +1625,27 @@ def run_case(case: Case, folder: Path) -> Outcome:
 # Main
 # ==========================================================================================
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--seed", type=int, default=0, help="corpus seed (default 0)")
     parser.add_argument("--cases", type=int, default=DEFAULT_CASES, help=f"corpus size (default {DEFAULT_CASES})")
     parser.add_argument("--case", type=int, action="append", help="run only this case number (repeatable)")
     parser.add_argument("--kind", choices=KINDS, action="append", help="run only cases of this kind (repeatable)")
     parser.add_argument("--jobs", type=int, default=1, help="cases run at once (default 1)")
-    parser.add_argument("--work", type=Path, help="work directory, kept with its base models and the folders of "
-                        "failing cases (default: a temp dir, removed)")
+    parser.add_argument(
+        "--work",
+        type=Path,
+        help="work directory, kept with its base models and the folders of "
+        "failing cases (default: a temp dir, removed)",
+    )
     parser.add_argument("--list", action="store_true", help="describe the cases without running them")
     args = parser.parse_args(argv)
-    numbers = args.case if args.case else [k for k in range(args.cases) if not args.kind
-                                           or CYCLE[k % len(CYCLE)] in args.kind]
+    numbers = (
+        args.case
+        if args.case
+        else [k for k in range(args.cases) if not args.kind or CYCLE[k % len(CYCLE)] in args.kind]
+    )
     work = args.work or Path(tempfile.mkdtemp(prefix="swapmoe-fuzz-"))
     work.mkdir(parents=True, exist_ok=True)
     try:

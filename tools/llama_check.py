@@ -9,6 +9,7 @@ Prints what llama.cpp generated and exits non-zero if any run failed. Needs a ll
 build (DIR holds llama-completion; default: $SWAPMOE_LLAMA_BIN, else
 ~/.cache/swapmoe-ref/llama-build/bin). Not part of the test suite.
 """
+
 import argparse
 import os
 import subprocess
@@ -22,10 +23,27 @@ PROMPT = "def main():\n    "
 
 
 def generate(llama_bin: Path, model: Path, n: int, extra: list[str]) -> tuple[bool, str]:
-    cmd = [str(llama_bin / "llama-completion"), "-m", str(model), "-p", PROMPT, "-n", str(n), "--temp", "0",
-           "--seed", "1", "-no-cnv", "--no-display-prompt", "-t", "2", *extra]
-    proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace", stdin=subprocess.DEVNULL,
-                          timeout=300)  # a random model may emit bytes that are not UTF-8
+    cmd = [
+        str(llama_bin / "llama-completion"),
+        "-m",
+        str(model),
+        "-p",
+        PROMPT,
+        "-n",
+        str(n),
+        "--temp",
+        "0",
+        "--seed",
+        "1",
+        "-no-cnv",
+        "--no-display-prompt",
+        "-t",
+        "2",
+        *extra,
+    ]
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, errors="replace", stdin=subprocess.DEVNULL, timeout=300
+    )  # a random model may emit bytes that are not UTF-8
     if proc.returncode != 0:
         tail = proc.stderr.strip().splitlines()[-3:]
         return False, f"exit {proc.returncode}: " + " | ".join(tail)
@@ -46,8 +64,13 @@ def main():
     extra = args.llama_args.split()
     failed = 0
     with tempfile.TemporaryDirectory() as tmp:
-        models = [(f"synthetic {arch} {args.type}", swapmoe.synth(Path(tmp) / f"{arch}.gguf", arch=arch, type=args.type,
-                                                               progress=False)) for arch in args.arch]
+        models = [
+            (
+                f"synthetic {arch} {args.type}",
+                swapmoe.synth(Path(tmp) / f"{arch}.gguf", arch=arch, type=args.type, progress=False),
+            )
+            for arch in args.arch
+        ]
         models.append(("embedded tiny model", Path(swapmoe.default_model_path())))
         for label, path in models:
             ok, text = generate(args.llama_bin, path, args.n, extra)

@@ -15,6 +15,7 @@ All llama.cpp runs pass --no-repack / use_extra_bufts=false: with this reference
 (GGML_NATIVE on an AMX-capable Xeon) the AMX path for Q8_0 matrices crashes (SIGSEGV/SIGILL in
 ggml_backend_amx_mul_mat) on this machine.  Results go to WORK_DIR/llama_check.json.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,11 +30,11 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 
 PROBE_STRINGS = [
-    "def main():\n    x = 1  # héllo\n\n\tif x:\n        return \"don't\"",
+    'def main():\n    x = 1  # héllo\n\n\tif x:\n        return "don\'t"',
     "import os, sys\nfrom typing import List\n\nclass Foo(Bar):\n    pass\n",
-    "    for i in range(10):\n        print(f\"{i:03d} {i**2}\")\r\n",
+    '    for i in range(10):\n        print(f"{i:03d} {i**2}")\r\n',
     "x = [1, 2, 3.14e-10]; y = {'a': None} if True else ()  \n\n\n",
-    "I'M HERE and they'll see it's 12345 \u00e9\u00e8 \u4e2d\u6587 \U0001F600 tabs\t\tend",
+    "I'M HERE and they'll see it's 12345 \u00e9\u00e8 \u4e2d\u6587 \U0001f600 tabs\t\tend",
     "   leading spaces and trailing   ",
 ]
 
@@ -56,8 +57,18 @@ def llama_tokenize(bin_dir: Path, gguf: Path, text: str | None = None, file: Pat
 
 
 def compare_logits(ref_python: Path, gguf: Path, ids_file: Path, torch_logits_file: Path, out_file: Path) -> dict:
-    subprocess.run([str(ref_python), "-c", LOGITS_HELPER, str(gguf), str(ids_file), str(out_file),
-                    str(Path(__file__).resolve().parent)], check=True)
+    subprocess.run(
+        [
+            str(ref_python),
+            "-c",
+            LOGITS_HELPER,
+            str(gguf),
+            str(ids_file),
+            str(out_file),
+            str(Path(__file__).resolve().parent),
+        ],
+        check=True,
+    )
     llama = np.load(out_file)
     torch_logits = np.load(torch_logits_file)
     diff = np.abs(llama - torch_logits)
@@ -71,20 +82,50 @@ def compare_logits(ref_python: Path, gguf: Path, ids_file: Path, torch_logits_fi
 
 
 def llama_perplexity(bin_dir: Path, gguf: Path, text_file: Path, n_ctx: int, extra: list[str]) -> dict:
-    cmd = [str(bin_dir / "llama-perplexity"), "-m", str(gguf), "-f", str(text_file), "-c", str(n_ctx),
-           "-b", str(n_ctx), "-t", "2", "--no-repack", *extra]
+    cmd = [
+        str(bin_dir / "llama-perplexity"),
+        "-m",
+        str(gguf),
+        "-f",
+        str(text_file),
+        "-c",
+        str(n_ctx),
+        "-b",
+        str(n_ctx),
+        "-t",
+        "2",
+        "--no-repack",
+        *extra,
+    ]
     res = subprocess.run(cmd, capture_output=True, text=True)
     log = res.stdout + res.stderr
     m = re.search(r"Final estimate: PPL = ([0-9.]+) \+/- ([0-9.]+)", log)
     chunks = re.search(r"calculating perplexity over (\d+) chunks", log)
-    return {"command": " ".join(cmd), "ppl": float(m.group(1)) if m else None,
-            "ppl_stderr": float(m.group(2)) if m else None,
-            "chunks": int(chunks.group(1)) if chunks else None, "returncode": res.returncode}
+    return {
+        "command": " ".join(cmd),
+        "ppl": float(m.group(1)) if m else None,
+        "ppl_stderr": float(m.group(2)) if m else None,
+        "chunks": int(chunks.group(1)) if chunks else None,
+        "returncode": res.returncode,
+    }
 
 
 def llama_complete(bin_dir: Path, gguf: Path, prompt: str, n: int) -> dict:
-    cmd = [str(bin_dir / "llama-completion"), "-m", str(gguf), "-p", prompt, "-n", str(n), "--temp", "0",
-           "-no-cnv", "--no-repack", "-t", "2"]
+    cmd = [
+        str(bin_dir / "llama-completion"),
+        "-m",
+        str(gguf),
+        "-p",
+        prompt,
+        "-n",
+        str(n),
+        "--temp",
+        "0",
+        "-no-cnv",
+        "--no-repack",
+        "-t",
+        "2",
+    ]
     res = subprocess.run(cmd, capture_output=True, text=True)
     return {"command": " ".join(cmd), "output": res.stdout, "returncode": res.returncode}
 
@@ -119,22 +160,27 @@ def main(argv=None) -> None:
 
     if f32_gguf.exists():
         results["logits_f32_gguf_vs_torch_f32"] = compare_logits(
-            ref_python, f32_gguf, work / "sample_ids.npy", work / "sample_logits_f32.npy",
-            work / "llama_logits_f32.npy")
+            ref_python, f32_gguf, work / "sample_ids.npy", work / "sample_logits_f32.npy", work / "llama_logits_f32.npy"
+        )
         print("F32 logits:", results["logits_f32_gguf_vs_torch_f32"], flush=True)
     results["logits_q8_gguf_vs_torch_dequant_q8"] = compare_logits(
-        ref_python, args.gguf, work / "sample_ids.npy", work / "sample_logits_q8.npy",
-        work / "llama_logits_q8.npy")
+        ref_python, args.gguf, work / "sample_ids.npy", work / "sample_logits_q8.npy", work / "llama_logits_q8.npy"
+    )
     results["logits_q8_gguf_vs_torch_f32"] = compare_logits(
-        ref_python, args.gguf, work / "sample_ids.npy", work / "sample_logits_f32.npy",
-        work / "llama_logits_q8.npy")
+        ref_python, args.gguf, work / "sample_ids.npy", work / "sample_logits_f32.npy", work / "llama_logits_q8.npy"
+    )
     print("Q8_0 logits:", results["logits_q8_gguf_vs_torch_dequant_q8"], flush=True)
 
     results["perplexity_default_kv"] = llama_perplexity(bin_dir, args.gguf, work / "held_out.txt", args.context, [])
     results["perplexity_f32_kv_fa_off"] = llama_perplexity(
-        bin_dir, args.gguf, work / "held_out.txt", args.context, ["-ctk", "f32", "-ctv", "f32", "-fa", "off"])
-    print("llama-perplexity:", results["perplexity_default_kv"]["ppl"], results["perplexity_f32_kv_fa_off"]["ppl"],
-          flush=True)
+        bin_dir, args.gguf, work / "held_out.txt", args.context, ["-ctk", "f32", "-ctv", "f32", "-fa", "off"]
+    )
+    print(
+        "llama-perplexity:",
+        results["perplexity_default_kv"]["ppl"],
+        results["perplexity_f32_kv_fa_off"]["ppl"],
+        flush=True,
+    )
 
     results["completion"] = llama_complete(bin_dir, args.gguf, "def main():\\n    ", 64)
     print(results["completion"]["command"])

@@ -10,6 +10,7 @@ prompt in one batch, 2 threads. The .npz holds `tokens`, `logits` [n, n_vocab] (
 prompt position) and `greedy` (the next --greedy tokens, argmax each step, one token per
 decode call). `--tokenize TEXT` instead prints llama.cpp's token ids for TEXT as JSON.
 """
+
 import argparse
 import ctypes
 import json
@@ -51,6 +52,7 @@ def run(model, tokens: list[int], greedy: int, threads: int) -> tuple[np.ndarray
     logits = np.empty((len(tokens), n_vocab), np.float32)
     out = []
     try:
+
         def decode(ids, start, want_all):
             for j, t in enumerate(ids):
                 batch.token[j], batch.pos[j], batch.n_seq_id[j] = t, start + j, 1

@@ -15,6 +15,7 @@ computation) and numpy's axis order (the reverse of ggml's ne). Feed them to swa
 operations one at a time and compare bit for bit: docs/benchmarks.md (parity) lists the routes
 found this way.
 """
+
 import argparse
 import ctypes
 
@@ -27,10 +28,21 @@ _quiet = L.llama_log_callback(lambda level, text, user: None)
 class GgmlTensor(ctypes.Structure):
     """The head of ggml.h's struct ggml_tensor, up to its name (GGML_MAX_DIMS 4, GGML_MAX_SRC 10,
     GGML_MAX_OP_PARAMS 64, GGML_MAX_NAME 64)."""
-    _fields_ = [("type", ctypes.c_int), ("buffer", ctypes.c_void_p), ("ne", ctypes.c_int64 * 4),
-                ("nb", ctypes.c_size_t * 4), ("op", ctypes.c_int), ("op_params", ctypes.c_int32 * 16),
-                ("flags", ctypes.c_int32), ("src", ctypes.c_void_p * 10), ("view_src", ctypes.c_void_p),
-                ("view_offs", ctypes.c_size_t), ("data", ctypes.c_void_p), ("name", ctypes.c_char * 64)]
+
+    _fields_ = [
+        ("type", ctypes.c_int),
+        ("buffer", ctypes.c_void_p),
+        ("ne", ctypes.c_int64 * 4),
+        ("nb", ctypes.c_size_t * 4),
+        ("op", ctypes.c_int),
+        ("op_params", ctypes.c_int32 * 16),
+        ("flags", ctypes.c_int32),
+        ("src", ctypes.c_void_p * 10),
+        ("view_src", ctypes.c_void_p),
+        ("view_offs", ctypes.c_size_t),
+        ("data", ctypes.c_void_p),
+        ("name", ctypes.c_char * 64),
+    ]
 
 
 def trace(path: str, tokens: list[int], then: int | None) -> dict[str, np.ndarray]:

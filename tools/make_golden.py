@@ -22,6 +22,7 @@ show (DeepSeek's legacy attn_kv_b, lite, YaRN, V2 gating, fused gate_up; gpt-oss
 windows short enough for the prompt); tests/test_archs.py regenerates each with swapmoe.synth
 and the recorded overrides.
 """
+
 import argparse
 import hashlib
 import json
@@ -36,15 +37,34 @@ import zstandard
 import swapmoe
 from swapmoe.synthetic.presets import PRESETS
 
-ARCHS = ("qwen3moe", "qwen2moe", "olmoe", "llama", "deepseek2", "deepseek4", "minimax-m2", "gpt-oss", "qwen35moe",
-         "qwen3next", "laguna")
+ARCHS = (
+    "qwen3moe",
+    "qwen2moe",
+    "olmoe",
+    "llama",
+    "deepseek2",
+    "deepseek4",
+    "minimax-m2",
+    "gpt-oss",
+    "qwen35moe",
+    "qwen3next",
+    "laguna",
+)
 QUANTS = ("Q8_0", "Q4_K_M", "Q2_K", "IQ2_XXS")
-EXTRA_QUANTS = {"gpt-oss": ("MXFP4_MOE",), "qwen35moe": ("IQ1_M", "MXFP4_MOE"), "qwen3next": ("IQ1_M", "MXFP4_MOE"),
-                "deepseek4": ("IQ1_M", "MXFP4_MOE"), "laguna": ("IQ1_M",)}
+EXTRA_QUANTS = {
+    "gpt-oss": ("MXFP4_MOE",),
+    "qwen35moe": ("IQ1_M", "MXFP4_MOE"),
+    "qwen3next": ("IQ1_M", "MXFP4_MOE"),
+    "deepseek4": ("IQ1_M", "MXFP4_MOE"),
+    "laguna": ("IQ1_M",),
+}
 SYNTH = {"type": "F32", "seed": 7, "n_layer": 2}
-ARCH_SYNTH = {"qwen35moe": {"n_layer": 4}, "qwen3next": {"n_layer": 4},  # three DeltaNet layers, one attention
-              "deepseek4": {"n_layer": 4},  # a hash-routed layer, then compress ratios 0, 4, 128
-              "laguna": {"n_layer": 4}}  # a dense layer, then MoE; full and 32-token-window layers alternate
+ARCH_SYNTH = {
+    "qwen35moe": {"n_layer": 4},
+    "qwen3next": {"n_layer": 4},  # three DeltaNet layers, one attention
+    "deepseek4": {"n_layer": 4},  # a hash-routed layer, then compress ratios 0, 4, 128
+    "laguna": {"n_layer": 4},
+}  # a dense layer, then MoE; full and 32-token-window layers alternate
 # the prompt repeated: DeepSeek-V4's needs to cross its 64-token window, fill a 128-block and give
 # the indexer more compressed rows than its top-k
 ARCH_PROMPT_REPEATS = {"deepseek4": 3}
@@ -52,20 +72,53 @@ ARCH_PROMPT_REPEATS = {"deepseek4": 3}
 # position biases (*_ape, read by row), and for its grouped attn_output_a one row of statistics per
 # group, which llama-quantize refuses; the IQ types need statistics, so those stay Q8_0 (as
 # community quants keep them)
-IQ_ARGS = {"deepseek4": ["--tensor-type", "hc_=q8_0", "--tensor-type", "_ape=q8_0", "--tensor-type",
-                         "attn_output_a=q8_0", "--exclude-weights", "attn_output_a"]}
-_DS2 = {"q_lora_rank": 128, "kv_lora_rank": 64, "rope_dim": 32, "nope_dim": 32, "v_dim": 32, "groups": 4,
-        "groups_used": 2}  # the tiny-deepseek2 preset's extra
+IQ_ARGS = {
+    "deepseek4": [
+        "--tensor-type",
+        "hc_=q8_0",
+        "--tensor-type",
+        "_ape=q8_0",
+        "--tensor-type",
+        "attn_output_a=q8_0",
+        "--exclude-weights",
+        "attn_output_a",
+    ]
+}
+_DS2 = {
+    "q_lora_rank": 128,
+    "kv_lora_rank": 64,
+    "rope_dim": 32,
+    "nope_dim": 32,
+    "v_dim": 32,
+    "groups": 4,
+    "groups_used": 2,
+}  # the tiny-deepseek2 preset's extra
 _Q35 = {"ssm_state": 64, "ssm_groups": 2, "ssm_heads": 4}  # the tiny-qwen35moe and tiny-qwen3next presets' extra
 _LAG = dict(PRESETS["tiny-laguna"].extra)
 VARIANTS = {  # name: (arch, swapmoe.synth overrides on top of SYNTH)
     "deepseek2-legacy-kv-b": ("deepseek2", {"n_layer": 3, "extra": {**_DS2, "mla": False}}),
     "deepseek2-lite": ("deepseek2", {"n_layer": 3, "extra": {**_DS2, "q_lora_rank": 0}}),
-    "deepseek2-yarn-v3": ("deepseek2", {"n_layer": 3, "extra": {
-        **_DS2, "yarn": {"factor": 40, "original_context_length": 256, "log_mul": 1.0}}}),
-    "deepseek2-v2-lite-yarn": ("deepseek2", {"n_layer": 3, "extra": {
-        **_DS2, "q_lora_rank": 0, "mla": False, "gating": 1, "weights_norm": False, "weights_scale": 16.0,
-        "groups": 1, "groups_used": 1, "yarn": {"factor": 40, "original_context_length": 256, "log_mul": 0.707}}}),
+    "deepseek2-yarn-v3": (
+        "deepseek2",
+        {"n_layer": 3, "extra": {**_DS2, "yarn": {"factor": 40, "original_context_length": 256, "log_mul": 1.0}}},
+    ),
+    "deepseek2-v2-lite-yarn": (
+        "deepseek2",
+        {
+            "n_layer": 3,
+            "extra": {
+                **_DS2,
+                "q_lora_rank": 0,
+                "mla": False,
+                "gating": 1,
+                "weights_norm": False,
+                "weights_scale": 16.0,
+                "groups": 1,
+                "groups_used": 1,
+                "yarn": {"factor": 40, "original_context_length": 256, "log_mul": 0.707},
+            },
+        },
+    ),
     "deepseek2-fused-gate-up": ("deepseek2", {"n_layer": 3, "fused_gate_up": True}),
     "gpt-oss-swa": ("gpt-oss", {"n_layer": 3, "extra": {"sliding_window": 16, "rope_base_swa": 10000.0}}),
     "qwen35moe-split-gate-up": ("qwen35moe", {"n_layer": 4, "fused_gate_up": False}),
@@ -104,16 +157,28 @@ def run(cmd, **kw):
 
 
 def reference(ref: Path, model: Path, tokens: list[int], out: Path) -> None:
-    run([ref / "venv/bin/python", Path(__file__).with_name("llama_ref.py"), model,
-         "--tokens", ",".join(map(str, tokens)), "--greedy", GREEDY, "--out", out])
+    run(
+        [
+            ref / "venv/bin/python",
+            Path(__file__).with_name("llama_ref.py"),
+            model,
+            "--tokens",
+            ",".join(map(str, tokens)),
+            "--greedy",
+            GREEDY,
+            "--out",
+            out,
+        ]
+    )
 
 
 ENV = dict(os.environ)
 
 
 def tokenize(ref: Path, model: Path, text: str = PROMPT) -> list[int]:
-    return json.loads(run([ref / "venv/bin/python", Path(__file__).with_name("llama_ref.py"), model,
-                           "--tokenize", text]))
+    return json.loads(
+        run([ref / "venv/bin/python", Path(__file__).with_name("llama_ref.py"), model, "--tokenize", text])
+    )
 
 
 def write_variants(ref: Path, out: Path, tmp: Path) -> None:
@@ -122,8 +187,16 @@ def write_variants(ref: Path, out: Path, tmp: Path) -> None:
         path = swapmoe.synth(tmp / f"{name}.gguf", arch=arch, progress=False, **(SYNTH | overrides))
         tokens = tokenize(ref, path)
         reference(ref, path, tokens, out / f"{name}.npz")
-        cases.append({"name": name, "arch": arch, "synth": SYNTH | overrides, "sha256": sha256(path),
-                      "reference": f"{name}.npz", "n_tokens": len(tokens)})
+        cases.append(
+            {
+                "name": name,
+                "arch": arch,
+                "synth": SYNTH | overrides,
+                "sha256": sha256(path),
+                "reference": f"{name}.npz",
+                "n_tokens": len(tokens),
+            }
+        )
         print(f"{name}: {len(tokens)} tokens")
     (out / "variants.json").write_text(json.dumps({"cases": cases}, indent=1) + "\n")
 
@@ -147,9 +220,11 @@ def main():
         return
     manifest_path = args.out / "manifest.json"
     kept = json.loads(manifest_path.read_text())["cases"] if manifest_path.exists() else []
-    manifest = {"settings": "llama.cpp via llama-cpp-python: F32 KV cache, flash attention off, prompt in one "
-                            "batch, 2 threads; greedy = argmax, one token per decode",
-                "cases": [c for c in kept if c["arch"] not in args.arch]}
+    manifest = {
+        "settings": "llama.cpp via llama-cpp-python: F32 KV cache, flash attention off, prompt in one "
+        "batch, 2 threads; greedy = argmax, one token per decode",
+        "cases": [c for c in kept if c["arch"] not in args.arch],
+    }
     zstd = zstandard.ZstdCompressor(level=19)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -160,8 +235,23 @@ def main():
             f32 = swapmoe.synth(tmp / f"{arch}-F32.gguf", arch=arch, progress=False, **settings)
             tokens = tokenize(args.ref, f32, PROMPT * ARCH_PROMPT_REPEATS.get(arch, 1))
             imatrix = tmp / f"{arch}.imatrix.gguf"
-            run([bin_dir / "llama-imatrix", "-m", f32, "-f", text, "-o", imatrix, "-c", "128", "--chunks", "8",
-                 "-t", "2"])
+            run(
+                [
+                    bin_dir / "llama-imatrix",
+                    "-m",
+                    f32,
+                    "-f",
+                    text,
+                    "-o",
+                    imatrix,
+                    "-c",
+                    "128",
+                    "--chunks",
+                    "8",
+                    "-t",
+                    "2",
+                ]
+            )
             cases = [("F32", f32, None)]
             for quant in QUANTS + EXTRA_QUANTS.get(arch, ()):
                 q = tmp / f"{arch}-{quant}.gguf"
@@ -173,15 +263,32 @@ def main():
             for quant, path, stored in cases:
                 npz = args.out / f"{arch}-{quant}.npz"
                 reference(args.ref, path, tokens, npz)
-                manifest["cases"].append({"arch": arch, "type": quant, "gguf": stored, "synth": settings,
-                                          "sha256": sha256(path), "reference": npz.name, "n_tokens": len(tokens)})
+                manifest["cases"].append(
+                    {
+                        "arch": arch,
+                        "type": quant,
+                        "gguf": stored,
+                        "synth": settings,
+                        "sha256": sha256(path),
+                        "reference": npz.name,
+                        "n_tokens": len(tokens),
+                    }
+                )
                 print(f"{arch} {quant}: {len(tokens)} tokens, {path.stat().st_size / 1e6:.2f} MB")
     tiny = Path(swapmoe.default_model_path())
     if "tiny-moe" in args.arch and tiny.exists():
         tokens = tokenize(args.ref, tiny)
         reference(args.ref, tiny, tokens, args.out / "tiny-moe.npz")
-        manifest["cases"].append({"arch": "tiny-moe", "type": "Q8_0", "gguf": None, "sha256": sha256(tiny),
-                                  "reference": "tiny-moe.npz", "n_tokens": len(tokens)})
+        manifest["cases"].append(
+            {
+                "arch": "tiny-moe",
+                "type": "Q8_0",
+                "gguf": None,
+                "sha256": sha256(tiny),
+                "reference": "tiny-moe.npz",
+                "n_tokens": len(tokens),
+            }
+        )
     manifest_path.write_text(json.dumps(manifest, indent=1) + "\n")
 
 

@@ -67,6 +67,7 @@ Needs torch, transformers, safetensors and tokenizers in this Python; the llama.
 (REF/src, for the converter and its gguf-py), a build (REF/llama-build-noamx, else
 REF/llama-build) and REF/venv with the llama.cpp Python bindings.
 """
+
 import argparse
 import json
 import os
@@ -98,83 +99,263 @@ def route(logits, k):
     """Indices of the k largest logits, best first."""
     return sorted(range(len(logits)), key=lambda i: -logits[i])[:k]
 '''
-DS_V3_YARN = {"rope_type": "yarn", "factor": 40.0, "original_max_position_embeddings": 256, "beta_fast": 32.0,
-              "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0, "rope_theta": 10000.0}
+DS_V3_YARN = {
+    "rope_type": "yarn",
+    "factor": 40.0,
+    "original_max_position_embeddings": 256,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "mscale": 1.0,
+    "mscale_all_dim": 1.0,
+    "rope_theta": 10000.0,
+}
 QWEN_HYBRID = dict(  # layers 3 and 7 full attention, the rest gated DeltaNet
-    hidden_size=256, num_hidden_layers=8, full_attention_interval=4, num_attention_heads=4, num_key_value_heads=2,
-    head_dim=64, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=64, linear_value_head_dim=64,
-    linear_conv_kernel_dim=4, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=256,
-    shared_expert_intermediate_size=256)
+    hidden_size=256,
+    num_hidden_layers=8,
+    full_attention_interval=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=64,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=64,
+    linear_value_head_dim=64,
+    linear_conv_kernel_dim=4,
+    num_experts=8,
+    num_experts_per_tok=2,
+    moe_intermediate_size=256,
+    shared_expert_intermediate_size=256,
+)
 QWEN_ROPE = {"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25}
 DS_V4 = dict(  # config.json as DeepSeek's release spells it (not transformers' DeepseekV4Config names)
-    architectures=["DeepseekV4ForCausalLM"], model_type="deepseek_v4", hidden_size=256, num_hidden_layers=4,
-    num_attention_heads=8, num_key_value_heads=1, head_dim=128, qk_rope_head_dim=32, q_lora_rank=256, o_groups=4,
-    o_lora_rank=64, n_routed_experts=16, num_experts_per_tok=4, n_shared_experts=1, moe_intermediate_size=256,
-    scoring_func="sqrtsoftplus", norm_topk_prob=True, routed_scaling_factor=1.5, swiglu_limit=3.0, num_hash_layers=1,
-    compress_ratios=[0, 4, 128, 4], sliding_window=64, index_n_heads=16, index_head_dim=64, index_topk=16,
-    hc_mult=4, hc_sinkhorn_iters=20, hc_eps=1e-6, rope_theta=10000.0, compress_rope_theta=160000.0,
-    rope_scaling={"type": "yarn", "factor": 8.0, "original_max_position_embeddings": 128, "beta_fast": 32,
-                  "beta_slow": 1},
-    max_position_embeddings=1024, rms_norm_eps=1e-6, hidden_act="silu", tie_word_embeddings=False,
-    num_nextn_predict_layers=0, torch_dtype="bfloat16", expert_dtype="fp4",
-    quantization_config={"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3", "scale_fmt": "ue8m0",
-                         "weight_block_size": [128, 128]})
+    architectures=["DeepseekV4ForCausalLM"],
+    model_type="deepseek_v4",
+    hidden_size=256,
+    num_hidden_layers=4,
+    num_attention_heads=8,
+    num_key_value_heads=1,
+    head_dim=128,
+    qk_rope_head_dim=32,
+    q_lora_rank=256,
+    o_groups=4,
+    o_lora_rank=64,
+    n_routed_experts=16,
+    num_experts_per_tok=4,
+    n_shared_experts=1,
+    moe_intermediate_size=256,
+    scoring_func="sqrtsoftplus",
+    norm_topk_prob=True,
+    routed_scaling_factor=1.5,
+    swiglu_limit=3.0,
+    num_hash_layers=1,
+    compress_ratios=[0, 4, 128, 4],
+    sliding_window=64,
+    index_n_heads=16,
+    index_head_dim=64,
+    index_topk=16,
+    hc_mult=4,
+    hc_sinkhorn_iters=20,
+    hc_eps=1e-6,
+    rope_theta=10000.0,
+    compress_rope_theta=160000.0,
+    rope_scaling={
+        "type": "yarn",
+        "factor": 8.0,
+        "original_max_position_embeddings": 128,
+        "beta_fast": 32,
+        "beta_slow": 1,
+    },
+    max_position_embeddings=1024,
+    rms_norm_eps=1e-6,
+    hidden_act="silu",
+    tie_word_embeddings=False,
+    num_nextn_predict_layers=0,
+    torch_dtype="bfloat16",
+    expert_dtype="fp4",
+    quantization_config={
+        "quant_method": "fp8",
+        "activation_scheme": "dynamic",
+        "fmt": "e4m3",
+        "scale_fmt": "ue8m0",
+        "weight_block_size": [128, 128],
+    },
+)
 LAGUNA_PATTERN = ["full_attention"] + ["sliding_attention"] * 3 + ["full_attention"]  # llama.cpp's implied one
 LAGUNA = dict(  # the per-layer head counts follow the layer kinds, fewer on the full layers as in Laguna XS.2
-    hidden_size=256, intermediate_size=512, num_hidden_layers=5, layer_types=LAGUNA_PATTERN, num_attention_heads=4,
-    num_attention_heads_per_layer=[4 if t == "full_attention" else 8 for t in LAGUNA_PATTERN], num_key_value_heads=2,
-    head_dim=64, sliding_window=32, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=256,
-    shared_expert_intermediate_size=256, moe_routed_scaling_factor=2.5, max_position_embeddings=1024,
+    hidden_size=256,
+    intermediate_size=512,
+    num_hidden_layers=5,
+    layer_types=LAGUNA_PATTERN,
+    num_attention_heads=4,
+    num_attention_heads_per_layer=[4 if t == "full_attention" else 8 for t in LAGUNA_PATTERN],
+    num_key_value_heads=2,
+    head_dim=64,
+    sliding_window=32,
+    num_experts=8,
+    num_experts_per_tok=2,
+    moe_intermediate_size=256,
+    shared_expert_intermediate_size=256,
+    moe_routed_scaling_factor=2.5,
+    max_position_embeddings=1024,
     rope_parameters={  # keyed by layer kind; beta 32/1 since llama.cpp's Laguna ignores the file's yarn_beta_*
-        "full_attention": {"rope_type": "yarn", "rope_theta": 50000.0, "factor": 8.0,
-                           "original_max_position_embeddings": 128, "beta_fast": 32.0, "beta_slow": 1.0,
-                           "partial_rotary_factor": 0.5},
-        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 1.0}})
+        "full_attention": {
+            "rope_type": "yarn",
+            "rope_theta": 50000.0,
+            "factor": 8.0,
+            "original_max_position_embeddings": 128,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "partial_rotary_factor": 0.5,
+        },
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 1.0},
+    },
+)
 MODELS = {  # name: (config class, model class, config arguments)
-    "deepseek-v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM", dict(
-        hidden_size=256, intermediate_size=512, moe_intermediate_size=128, num_hidden_layers=3, first_k_dense_replace=1,
-        num_attention_heads=4, num_key_value_heads=4, n_shared_experts=1, n_routed_experts=8, num_experts_per_tok=2,
-        n_group=4, topk_group=2, routed_scaling_factor=2.5, norm_topk_prob=True, q_lora_rank=64, kv_lora_rank=64,
-        qk_rope_head_dim=32, qk_nope_head_dim=32, v_head_dim=32, max_position_embeddings=10240,
-        rope_parameters=DS_V3_YARN, scoring_func="sigmoid", topk_method="noaux_tc")),
-    "deepseek-v2-lite": ("DeepseekV2Config", "DeepseekV2ForCausalLM", dict(
-        hidden_size=128, intermediate_size=256, moe_intermediate_size=64, num_hidden_layers=26, first_k_dense_replace=1,
-        num_attention_heads=4, num_key_value_heads=4, n_shared_experts=2, n_routed_experts=8, num_experts_per_tok=2,
-        routed_scaling_factor=1.0, norm_topk_prob=False, q_lora_rank=None, kv_lora_rank=64, qk_rope_head_dim=32,
-        qk_nope_head_dim=32, v_head_dim=32, max_position_embeddings=10240, topk_method="greedy", scoring_func="softmax",
-        initializer_range=0.07,
-        rope_parameters={**DS_V3_YARN, "mscale": 0.707, "mscale_all_dim": 0.707})),
-    "minimax-m2": ("MiniMaxM2Config", "MiniMaxM2ForCausalLM", dict(
-        hidden_size=256, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
-        head_dim=64, rotary_dim=32, num_local_experts=8, num_experts_per_tok=2, scoring_func="sigmoid",
-        use_routing_bias=True,
-        rope_parameters={"rope_type": "default", "rope_theta": 5e6, "partial_rotary_factor": 0.5})),
-    "gpt-oss": ("GptOssConfig", "GptOssForCausalLM", dict(
-        hidden_size=256, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
-        head_dim=64, num_local_experts=8, num_experts_per_tok=2, sliding_window=16,
-        layer_types=["sliding_attention", "full_attention", "sliding_attention"])),
-    "qwen3.5-moe": ("Qwen3_5MoeTextConfig", "Qwen3_5MoeForCausalLM", QWEN_HYBRID | dict(
-        mtp_num_hidden_layers=1, rope_parameters=QWEN_ROPE | {"mrope_section": [3, 3, 2], "mrope_interleaved": True})),
-    "qwen3-next": ("Qwen3NextConfig", "Qwen3NextForCausalLM", QWEN_HYBRID | dict(  # its config names no MTP layers:
-        intermediate_size=512, norm_topk_prob=True, rope_parameters=QWEN_ROPE)),  # the converter counts mtp.layers.*
+    "deepseek-v3": (
+        "DeepseekV3Config",
+        "DeepseekV3ForCausalLM",
+        dict(
+            hidden_size=256,
+            intermediate_size=512,
+            moe_intermediate_size=128,
+            num_hidden_layers=3,
+            first_k_dense_replace=1,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            n_shared_experts=1,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            n_group=4,
+            topk_group=2,
+            routed_scaling_factor=2.5,
+            norm_topk_prob=True,
+            q_lora_rank=64,
+            kv_lora_rank=64,
+            qk_rope_head_dim=32,
+            qk_nope_head_dim=32,
+            v_head_dim=32,
+            max_position_embeddings=10240,
+            rope_parameters=DS_V3_YARN,
+            scoring_func="sigmoid",
+            topk_method="noaux_tc",
+        ),
+    ),
+    "deepseek-v2-lite": (
+        "DeepseekV2Config",
+        "DeepseekV2ForCausalLM",
+        dict(
+            hidden_size=128,
+            intermediate_size=256,
+            moe_intermediate_size=64,
+            num_hidden_layers=26,
+            first_k_dense_replace=1,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            n_shared_experts=2,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            routed_scaling_factor=1.0,
+            norm_topk_prob=False,
+            q_lora_rank=None,
+            kv_lora_rank=64,
+            qk_rope_head_dim=32,
+            qk_nope_head_dim=32,
+            v_head_dim=32,
+            max_position_embeddings=10240,
+            topk_method="greedy",
+            scoring_func="softmax",
+            initializer_range=0.07,
+            rope_parameters={**DS_V3_YARN, "mscale": 0.707, "mscale_all_dim": 0.707},
+        ),
+    ),
+    "minimax-m2": (
+        "MiniMaxM2Config",
+        "MiniMaxM2ForCausalLM",
+        dict(
+            hidden_size=256,
+            intermediate_size=128,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=64,
+            rotary_dim=32,
+            num_local_experts=8,
+            num_experts_per_tok=2,
+            scoring_func="sigmoid",
+            use_routing_bias=True,
+            rope_parameters={"rope_type": "default", "rope_theta": 5e6, "partial_rotary_factor": 0.5},
+        ),
+    ),
+    "gpt-oss": (
+        "GptOssConfig",
+        "GptOssForCausalLM",
+        dict(
+            hidden_size=256,
+            intermediate_size=128,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=64,
+            num_local_experts=8,
+            num_experts_per_tok=2,
+            sliding_window=16,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        ),
+    ),
+    "qwen3.5-moe": (
+        "Qwen3_5MoeTextConfig",
+        "Qwen3_5MoeForCausalLM",
+        QWEN_HYBRID
+        | dict(
+            mtp_num_hidden_layers=1, rope_parameters=QWEN_ROPE | {"mrope_section": [3, 3, 2], "mrope_interleaved": True}
+        ),
+    ),
+    "qwen3-next": (
+        "Qwen3NextConfig",
+        "Qwen3NextForCausalLM",
+        QWEN_HYBRID
+        | dict(  # its config names no MTP layers:
+            intermediate_size=512, norm_topk_prob=True, rope_parameters=QWEN_ROPE
+        ),
+    ),  # the converter counts mtp.layers.*
     "deepseek-v4": (None, None, DS_V4),  # no transformers class writes its layout: deepseek_v4_checkpoint does
-    "laguna": ("LagunaConfig", "LagunaForCausalLM", LAGUNA | dict(  # attn_gate {n_embd, H}: one gate per head
-        gating=True, mlp_layer_types=["dense"] + ["sparse"] * 4)),
-    "laguna-gate-elem": ("LagunaConfig", "LagunaForCausalLM", LAGUNA | dict(  # attn_gate {n_embd, H·hd}
-        gating="per-element", mlp_layer_types=["dense"] * 2 + ["sparse"] * 3)),
+    "laguna": (
+        "LagunaConfig",
+        "LagunaForCausalLM",
+        LAGUNA
+        | dict(  # attn_gate {n_embd, H}: one gate per head
+            gating=True, mlp_layer_types=["dense"] + ["sparse"] * 4
+        ),
+    ),
+    "laguna-gate-elem": (
+        "LagunaConfig",
+        "LagunaForCausalLM",
+        LAGUNA
+        | dict(  # attn_gate {n_embd, H·hd}
+            gating="per-element", mlp_layer_types=["dense"] * 2 + ["sparse"] * 3
+        ),
+    ),
 }
 QUANTS = ("Q8_0", "Q4_K_M", "Q2_K", "IQ2_XXS")  # the acceptance's types; IQ2_XXS with an importance matrix
-EXTRA_QUANTS = {"gpt-oss": ("MXFP4_MOE",), "qwen3.5-moe": ("IQ1_M", "MXFP4_MOE"), "qwen3-next": ("IQ1_M", "MXFP4_MOE"),
-                "deepseek-v4": ("IQ1_M", "MXFP4_MOE"), "laguna": ("IQ1_M",), "laguna-gate-elem": ("IQ1_M",)}
+EXTRA_QUANTS = {
+    "gpt-oss": ("MXFP4_MOE",),
+    "qwen3.5-moe": ("IQ1_M", "MXFP4_MOE"),
+    "qwen3-next": ("IQ1_M", "MXFP4_MOE"),
+    "deepseek-v4": ("IQ1_M", "MXFP4_MOE"),
+    "laguna": ("IQ1_M",),
+    "laguna-gate-elem": ("IQ1_M",),
+}
 REQUANTIZE = ("deepseek-v4",)  # its "F32" file already holds Q8_0 and MXFP4 tensors (the converter forces them)
 IQ_TENSOR_TYPES = {  # llama-quantize --tensor-type for the IQ files, for tensors the importance matrix cannot serve:
     # llama-imatrix records nothing for the HC head's fn nor for the compressors' position biases (added, not
     # multiplied), and records the grouped output projection per group (o_groups × 256 values) where llama-quantize
     # wants one row's 256; attn_output_a stays the converter's Q8_0 (copied), the others become Q8_0
-    "deepseek-v4": ("output_hc_fn=q8_0", "compressor_ape=q8_0", "attn_output_a=q8_0")}
+    "deepseek-v4": ("output_hc_fn=q8_0", "compressor_ape=q8_0", "attn_output_a=q8_0")
+}
 PROMPTS = {  # a longer prompt where the model needs one: DeepSeek-V4's must cross the 64-token window and give its
     # indexer more compressed rows (one per 4 tokens) than its top-k (16), and its 128-token blocks must complete
-    "deepseek-v4": TEXT + '''Most of a long prompt lies outside the window. A compressed layer pools each block of four
+    "deepseek-v4": TEXT
+    + '''Most of a long prompt lies outside the window. A compressed layer pools each block of four
 positions into one row, weighting every channel by a softmax over the block's scores; the lightning indexer
 scores those rows against the query and keeps only the best sixteen, and a heavily compressed layer pools
 blocks of 128 and keeps them all. Nothing in the pooled rows says which tokens they came from.
@@ -182,20 +363,22 @@ def pool(rows, scores):
     """One row from a block: each channel weighted by the softmax of its scores."""
     w = [[math.exp(s - max(col)) for s in col] for col in zip(*scores)]
     return [sum(r[c] * w[c][i] for i, r in enumerate(rows)) / sum(w[c]) for c in range(len(w))]
-'''}
+'''
+}
 PROMPTS["laguna"] = PROMPTS["laguna-gate-elem"] = TEXT + (  # 204 tokens in llama.cpp: past the 32-token
-    "A sliding-window layer sees only the last 32 positions; a full layer sees them all.\n")  # window and 128
+    "A sliding-window layer sees only the last 32 positions; a full layer sees them all.\n"
+)  # window and 128
 SEEDS = {"laguna": 1}  # seed 0 left a token whose 2nd and 3rd experts tie within 6e-8, which rounding decides
 MTP = ("qwen3.5-moe", "qwen3-next")  # models whose checkpoints carry a multi-token-prediction block
-CONVERT = '''import runpy, sys
+CONVERT = """import runpy, sys
 src = sys.argv.pop(1)
 sys.path[:0] = [src + "/gguf-py", src]
 import conversion.base
 conversion.base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "qwen2"
 sys.argv[0] = src + "/convert_hf_to_gguf.py"
 runpy.run_path(sys.argv[0], run_name="__main__")
-'''
-LLAMA_SELF = '''import sys, numpy as np
+"""
+LLAMA_SELF = """import sys, numpy as np
 sys.path.insert(0, sys.argv[1])
 import llama_ref as R
 L = R.L
@@ -212,7 +395,7 @@ for j, t in enumerate(tokens):
     assert L.llama_decode(ctx, batch) == 0
     logits[j] = np.ctypeslib.as_array(L.llama_get_logits_ith(ctx, 0), shape=(n_vocab,))
 np.save(sys.argv[4], logits)
-'''  # llama.cpp fed one token per decode call: how much it disagrees with its own one-batch prompt
+"""  # llama.cpp fed one token per decode call: how much it disagrees with its own one-batch prompt
 
 
 def run(cmd, env=None):
@@ -226,8 +409,9 @@ def tokenizer(directory: Path) -> transformers.PreTrainedTokenizerFast:
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=[END],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB, special_tokens=[END], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
     bpe.train_from_iterator([TEXT] * 4, trainer)
     tok = transformers.PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token=END, eos_token=END)
     tok.save_pretrained(directory)
@@ -241,8 +425,9 @@ def checkpoint(name: str, directory: Path) -> None:
     if config_cls is None:
         deepseek_v4_checkpoint(directory, args | {"vocab_size": VOCAB, "bos_token_id": end, "eos_token_id": end})
         return
-    config = getattr(transformers, config_cls)(**({"vocab_size": VOCAB, "bos_token_id": end, "eos_token_id": end,
-                                                   "initializer_range": 0.1} | args))
+    config = getattr(transformers, config_cls)(
+        **({"vocab_size": VOCAB, "bos_token_id": end, "eos_token_id": end, "initializer_range": 0.1} | args)
+    )
     torch.manual_seed(SEEDS.get(name, 0))
     model = getattr(transformers, model_cls)(config).float()
     with torch.no_grad():
@@ -267,13 +452,18 @@ def mtp_block(directory: Path, config) -> None:
     layer = f"layers.{config.layer_types.index('full_attention')}."
     tensors = {"mtp.layers.0." + key.split(layer, 1)[1]: t for key, t in saved.items() if layer in key}
     n = config.hidden_size
-    tensors |= {"mtp.fc.weight": torch.empty(n, 2 * n), "mtp.pre_fc_norm_embedding.weight": torch.empty(n),
-                "mtp.pre_fc_norm_hidden.weight": torch.empty(n), "mtp.norm.weight": torch.empty(n)}
+    tensors |= {
+        "mtp.fc.weight": torch.empty(n, 2 * n),
+        "mtp.pre_fc_norm_embedding.weight": torch.empty(n),
+        "mtp.pre_fc_norm_hidden.weight": torch.empty(n),
+        "mtp.norm.weight": torch.empty(n),
+    }
     torch.manual_seed(1)
     for key, t in tensors.items():  # its 1-D tensors are all norms, zero-centred (the converter adds 1)
         tensors[key] = torch.randn(t.shape) * 0.1
-    safetensors.torch.save_file({k: t.contiguous() for k, t in tensors.items()}, directory / "model-mtp.safetensors",
-                                metadata={"format": "pt"})
+    safetensors.torch.save_file(
+        {k: t.contiguous() for k, t in tensors.items()}, directory / "model-mtp.safetensors", metadata={"format": "pt"}
+    )
 
 
 E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6], np.float32)  # the FP4 (e2m1) magnitudes; code | 8 is the negative
@@ -287,10 +477,12 @@ def fp8_blocks(w: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
     grid = np.zeros((-(-rows // 128) * 128, -(-cols // 128) * 128), np.float32)
     grid[:rows, :cols] = np.abs(w)
     amax = grid.reshape(grid.shape[0] // 128, 128, grid.shape[1] // 128, 128).max(axis=(1, 3))
-    exponent = np.ceil(np.log2(np.maximum(amax, 2.0 ** -100) / 448)).astype(np.int64)
+    exponent = np.ceil(np.log2(np.maximum(amax, 2.0**-100) / 448)).astype(np.int64)
     scale = np.exp2(exponent).repeat(128, 0).repeat(128, 1)[:rows, :cols].astype(np.float32)
-    return (torch.from_numpy(w / scale).to(torch.float8_e4m3fn),
-            torch.from_numpy((exponent + 127).astype(np.uint8)).view(torch.float8_e8m0fnu))
+    return (
+        torch.from_numpy(w / scale).to(torch.float8_e4m3fn),
+        torch.from_numpy((exponent + 127).astype(np.uint8)).view(torch.float8_e8m0fnu),
+    )
 
 
 def fp4_blocks(w: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
@@ -299,12 +491,14 @@ def fp4_blocks(w: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
     smallest power of two with |w| / scale ≤ 6; each value rounded to the nearest e2m1 magnitude."""
     rows, cols = w.shape
     blocks = w.reshape(rows, cols // 32, 32)
-    exponent = np.ceil(np.log2(np.maximum(np.abs(blocks).max(-1), 2.0 ** -100) / 6)).astype(np.int64)
+    exponent = np.ceil(np.log2(np.maximum(np.abs(blocks).max(-1), 2.0**-100) / 6)).astype(np.int64)
     x = blocks / np.exp2(exponent)[..., None]
     codes = (np.abs(np.abs(x)[..., None] - E2M1).argmin(-1) | np.where(x < 0, 8, 0)).astype(np.uint8)
     codes = codes.reshape(rows, cols)
-    return (torch.from_numpy(codes[:, 0::2] | (codes[:, 1::2] << 4)).view(torch.int8),
-            torch.from_numpy((exponent + 127).astype(np.uint8)).view(torch.float8_e8m0fnu))
+    return (
+        torch.from_numpy(codes[:, 0::2] | (codes[:, 1::2] << 4)).view(torch.int8),
+        torch.from_numpy((exponent + 127).astype(np.uint8)).view(torch.float8_e8m0fnu),
+    )
 
 
 def deepseek_v4_checkpoint(directory: Path, config: dict) -> None:
@@ -318,10 +512,12 @@ def deepseek_v4_checkpoint(directory: Path, config: dict) -> None:
     24 mixing logits have std ~1, and their bases N(0, 0.5²) plus 1 on the residual matrix's diagonal."""
     rng = np.random.default_rng(0)
     n, hd, q, vocab = config["hidden_size"], config["head_dim"], config["q_lora_rank"], config["vocab_size"]
-    heads, groups, experts, ff = (config[k] for k in ("num_attention_heads", "o_groups", "n_routed_experts",
-                                                       "moe_intermediate_size"))
-    hc, idx_heads, idx_hd, k = (config[k] for k in ("hc_mult", "index_n_heads", "index_head_dim",
-                                                     "num_experts_per_tok"))
+    heads, groups, experts, ff = (
+        config[k] for k in ("num_attention_heads", "o_groups", "n_routed_experts", "moe_intermediate_size")
+    )
+    hc, idx_heads, idx_hd, k = (
+        config[k] for k in ("hc_mult", "index_n_heads", "index_head_dim", "num_experts_per_tok")
+    )
     tensors = {}
 
     def mat(*shape, std=0.1):
@@ -341,12 +537,12 @@ def deepseek_v4_checkpoint(directory: Path, config: dict) -> None:
 
     def hyper(key, mixes, scales):  # mixes: 4 pre weights (+ 4 post weights + 4×4 residual matrix in a layer)
         base = mat(mixes, std=0.5)
-        base[2 * hc:] += np.eye(hc).ravel()[:max(mixes - 2 * hc, 0)]
+        base[2 * hc :] += np.eye(hc).ravel()[: max(mixes - 2 * hc, 0)]
         f32(key + "_fn", mat(mixes, hc * n))
         f32(key + "_base", base)
         f32(key + "_scale", 0.3 * (1 + mat(scales)))
 
-    for i, ratio in enumerate(config["compress_ratios"][:config["num_hidden_layers"]]):
+    for i, ratio in enumerate(config["compress_ratios"][: config["num_hidden_layers"]]):
         layer, attn, ffn = f"layers.{i}.", f"layers.{i}.attn.", f"layers.{i}.ffn."
         norm(layer + "attn_norm.weight", n)
         norm(layer + "ffn_norm.weight", n)
@@ -379,7 +575,8 @@ def deepseek_v4_checkpoint(directory: Path, config: dict) -> None:
         for e in range(experts):
             for w, shape in (("w1", (ff, n)), ("w2", (n, ff)), ("w3", (ff, n))):
                 tensors[f"{ffn}experts.{e}.{w}.weight"], tensors[f"{ffn}experts.{e}.{w}.scale"] = fp4_blocks(
-                    mat(*shape))
+                    mat(*shape)
+                )
         shared = ff * config["n_shared_experts"]
         for w, shape in (("w1", (shared, n)), ("w2", (n, shared)), ("w3", (shared, n))):
             fp8(f"{ffn}shared_experts.{w}", mat(*shape))
@@ -411,18 +608,22 @@ def compare(path: Path, ref: dict, llama_one_by_one: np.ndarray) -> str:
         ids.append(int(np.argmax(last)))
         last = model.forward(np.array([ids[-1]]), cache)[-1]
     agree = next((i for i, (a, b) in enumerate(zip(ids, ref["greedy"].tolist())) if a != b), GREEDY)
-    return (f"{agreement(ref['logits'], logits)}, greedy {agree}/{GREEDY} before the first difference "
-            f"(llama.cpp one token per call vs its own batch: {agreement(ref['logits'], llama_one_by_one)}; "
-            f"logit std {ref['logits'].std():.2f})")
+    return (
+        f"{agreement(ref['logits'], logits)}, greedy {agree}/{GREEDY} before the first difference "
+        f"(llama.cpp one token per call vs its own batch: {agreement(ref['logits'], llama_one_by_one)}; "
+        f"logit std {ref['logits'].std():.2f})"
+    )
 
 
 def llama_only(ref: dict, llama_one_by_one: np.ndarray) -> str:
     """What llama.cpp alone produced, for a file swapmoe is not compared on."""
     logits, greedy = ref["logits"], ref["greedy"].tolist()
-    return (f"logits {'finite' if np.isfinite(logits).all() else 'NOT FINITE'}, std {logits.std():.2f}, "
-            f"{len(set(logits.argmax(-1).tolist()))} distinct argmax over the prompt; greedy {greedy} "
-            f"({len(set(greedy))} distinct); one token per call vs its own batch: "
-            f"{agreement(logits, llama_one_by_one)}")
+    return (
+        f"logits {'finite' if np.isfinite(logits).all() else 'NOT FINITE'}, std {logits.std():.2f}, "
+        f"{len(set(logits.argmax(-1).tolist()))} distinct argmax over the prompt; greedy {greedy} "
+        f"({len(set(greedy))} distinct); one token per call vs its own batch: "
+        f"{agreement(logits, llama_one_by_one)}"
+    )
 
 
 def main():
@@ -430,8 +631,9 @@ def main():
     ap.add_argument("--ref", type=Path, default=Path.home() / ".cache/swapmoe-ref")
     ap.add_argument("--out", type=Path, default=Path("/tmp/swapmoe-hf"))
     ap.add_argument("--model", nargs="*", default=list(MODELS), choices=list(MODELS))
-    ap.add_argument("--llama-only", action="store_true",
-                    help="make the GGUFs and llama.cpp's reference logits, and skip swapmoe")
+    ap.add_argument(
+        "--llama-only", action="store_true", help="make the GGUFs and llama.cpp's reference logits, and skip swapmoe"
+    )
     args = ap.parse_args()
     build = args.ref / "llama-build-noamx"
     bin_dir = (build if (build / "bin/llama-quantize").exists() else args.ref / "llama-build") / "bin"
@@ -460,16 +662,21 @@ def main():
         arch = GGUFFile(f32).arch
         swapmoe = not args.llama_only and arch in ARCHITECTURES
         if not args.llama_only and not swapmoe:
-            print(f"{name}: swapmoe has no architecture {arch!r} (swapmoe.runtime.models.ARCHITECTURES): "
-                  "llama.cpp's side only", flush=True)
+            print(
+                f"{name}: swapmoe has no architecture {arch!r} (swapmoe.runtime.models.ARCHITECTURES): "
+                "llama.cpp's side only",
+                flush=True,
+            )
         ref_py = [args.ref / "venv/bin/python", TOOLS / "llama_ref.py"]
         tokens = json.loads(run([*ref_py, f32, "--tokenize", PROMPTS.get(name, TEXT)], env))
         for quant, path in files:
             npz = work / f"{name}-{quant}.npz"
             run([*ref_py, path, "--tokens", ",".join(map(str, tokens)), "--greedy", GREEDY, "--out", npz], env)
             one_by_one = work / f"{name}-{quant}-one-by-one.npy"
-            run([args.ref / "venv/bin/python", "-c", LLAMA_SELF, TOOLS, path, ",".join(map(str, tokens)),
-                 one_by_one], env)
+            run(
+                [args.ref / "venv/bin/python", "-c", LLAMA_SELF, TOOLS, path, ",".join(map(str, tokens)), one_by_one],
+                env,
+            )
             ref, one_by_one = np.load(npz), np.load(one_by_one)
             result = compare(path, ref, one_by_one) if swapmoe else f"llama.cpp {llama_only(ref, one_by_one)} ({npz})"
             print(f"{name} {quant} ({len(tokens)} tokens): {result}", flush=True)

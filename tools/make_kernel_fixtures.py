@@ -13,6 +13,7 @@ one-layer "llama" header; llama-quantize runs with --pure so every 2-D weight
 gets the target type, and with a flat importance matrix (all ones) because the
 IQ1/IQ2 types refuse to quantize without one.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,10 +30,28 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_QUANTIZE = Path.home() / ".cache/swapmoe-ref/llama-build/bin/llama-quantize"
 # ggml type -> llama-quantize file type whose --pure base type it is
 FTYPES = {
-    "F16": "F16", "BF16": "BF16", "Q4_0": "Q4_0", "Q4_1": "Q4_1", "Q5_0": "Q5_0", "Q5_1": "Q5_1",
-    "Q8_0": "Q8_0", "Q2_K": "Q2_K", "Q3_K": "Q3_K_M", "Q4_K": "Q4_K_M", "Q5_K": "Q5_K_M", "Q6_K": "Q6_K",
-    "IQ1_S": "IQ1_S", "IQ1_M": "IQ1_M", "IQ2_XXS": "IQ2_XXS", "IQ2_XS": "IQ2_XS", "IQ2_S": "IQ2_M",
-    "IQ3_XXS": "IQ3_XXS", "IQ3_S": "IQ3_S", "IQ4_NL": "IQ4_NL", "IQ4_XS": "IQ4_XS", "MXFP4": "MXFP4_MOE",
+    "F16": "F16",
+    "BF16": "BF16",
+    "Q4_0": "Q4_0",
+    "Q4_1": "Q4_1",
+    "Q5_0": "Q5_0",
+    "Q5_1": "Q5_1",
+    "Q8_0": "Q8_0",
+    "Q2_K": "Q2_K",
+    "Q3_K": "Q3_K_M",
+    "Q4_K": "Q4_K_M",
+    "Q5_K": "Q5_K_M",
+    "Q6_K": "Q6_K",
+    "IQ1_S": "IQ1_S",
+    "IQ1_M": "IQ1_M",
+    "IQ2_XXS": "IQ2_XXS",
+    "IQ2_XS": "IQ2_XS",
+    "IQ2_S": "IQ2_M",
+    "IQ3_XXS": "IQ3_XXS",
+    "IQ3_S": "IQ3_S",
+    "IQ4_NL": "IQ4_NL",
+    "IQ4_XS": "IQ4_XS",
+    "MXFP4": "MXFP4_MOE",
 }
 # (name, rows, cols): ne0 = cols is a multiple of 256 for the K/IQ types
 TENSORS = [("blk.0.ffn_up.weight", 8, 512), ("blk.0.ffn_down.weight", 4, 768)]

@@ -36,6 +36,7 @@ A configuration is a vocabulary from llama.cpp's models/ folder, possibly with i
 tokenizer.ggml.pre replaced, which runs another pre-tokenizer's rules over a real vocabulary
 (for the pre-tokenizers that have no vocab-only GGUF there).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -104,10 +105,10 @@ HAND_WRITTEN = [
     # code
     "def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n",
     "for (int i = 0; i < n; ++i) {\n\tsum += a[i] * b[i];\n}\n",
-    "#include <stdio.h>\nint main(void) { printf(\"%d\\n\", 42); return 0; }",
+    '#include <stdio.h>\nint main(void) { printf("%d\\n", 42); return 0; }',
     "const x = async () => { await fetch('/api?q=1&r=2'); };",
-    "<div class=\"main\"><p>Hello &amp; welcome</p></div>",
-    "{\"name\": \"swapmoe\", \"version\": \"0.1.0\", \"tags\": [\"moe\", \"gguf\"], \"ok\": true}",
+    '<div class="main"><p>Hello &amp; welcome</p></div>',
+    '{"name": "swapmoe", "version": "0.1.0", "tags": ["moe", "gguf"], "ok": true}',
     "SELECT id, name FROM users WHERE age >= 18 ORDER BY name DESC;",
     "    if x:\n        y = [i**2 for i in range(10)]  # squares\n",
     "fn main() -> Result<(), Box<dyn Error>> { let v: Vec<u8> = vec![1, 2, 3]; Ok(()) }",
@@ -122,7 +123,15 @@ HAND_WRITTEN = [
     "# Title\n\n- item one\n- item two\n\n```python\nprint('hi')\n```\n",
     "| a | b |\n|---|---|\n| 1 | 2 |",
     # digits
-    "0", "7", "42", "123", "1234", "12345", "123456", "1234567", "12345678901234567890",
+    "0",
+    "7",
+    "42",
+    "123",
+    "1234",
+    "12345",
+    "123456",
+    "1234567",
+    "12345678901234567890",
     "3.14159 2.71828 -1e-10 6.022e23 1,234,567.89 1.000.000,00",
     "The year 2024 had 366 days; 10/10/2010 at 10:10:10.",
     "٠١٢٣٤٥٦٧٨٩ ۰۱۲۳ ０１２３４５ ①②③ Ⅻ ½ ¾ ² ³",
@@ -136,9 +145,18 @@ HAND_WRITTEN = [
     "l'homme qu'il aime, c'est l'été",
     # whitespace
     "a  b   c    d     e      f",
-    "   leading spaces", "trailing spaces   ", "\tTab\tseparated\tvalues\t",
+    "   leading spaces",
+    "trailing spaces   ",
+    "\tTab\tseparated\tvalues\t",
     "line1\nline2\r\nline3\rline4\n\n\nline7",
-    " \n \n  \n\t\n", "\n", "\r\n", "\n\n\n\n", " ", "  ", "\t\t", " \t \t ",
+    " \n \n  \n\t\n",
+    "\n",
+    "\r\n",
+    "\n\n\n\n",
+    " ",
+    "  ",
+    "\t\t",
+    " \t \t ",
     "word\u00a0nbsp\u2003em\u3000ideographic\u2009thin\u202fnarrow\u205fmedium",
     "line\u2028separator\u2029paragraph\u0085nextline\u000bvt\u000cff",
     "\u001cfile\u001dgroup\u001erecord\u001funit",
@@ -186,7 +204,7 @@ HAND_WRITTEN = [
     "\u200b zero\u200dwidth\u200cjoiner\ufeffbom\u2060wj \u00ad soft\u00adhyphen",
     "\u202eRTL override\u202c \u200fmark\u200e",
     # punctuation runs
-    "Hello!!! What??? Wait... Really?!?! (yes) [no] {maybe} <tag> \"quote\"",
+    'Hello!!! What??? Wait... Really?!?! (yes) [no] {maybe} <tag> "quote"',
     "---===+++***###@@@!!!???...,,,;;;:::",
     "!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!",
     "a.b,c;d:e!f?g(h)i[j]k{l}m<n>o/p\\q|r`s~t@u#v$w%x^y&z*",
@@ -200,10 +218,12 @@ HAND_WRITTEN = [
     "Hello world " * 20,
     "The quick brown fox jumps over the lazy dog. " * 5,
     # long mixed paragraph
-    ("Mixture-of-Experts models route each token to k of N experts; a 1T-parameter model may "
-     "activate only 32B per token. On a CPU with an NVMe SSD, experts are paged in on demand:\n"
-     "  * hot experts stay in RAM (LRU cache),\n  * cold ones are read with O_DIRECT at 3.5 GB/s.\n"
-     "Результат: 2–5 токенов/с. 结果：每秒2到5个词元。"),
+    (
+        "Mixture-of-Experts models route each token to k of N experts; a 1T-parameter model may "
+        "activate only 32B per token. On a CPU with an NVMe SSD, experts are paged in on demand:\n"
+        "  * hot experts stay in RAM (LRU cache),\n  * cold ones are read with O_DIRECT at 3.5 GB/s.\n"
+        "Результат: 2–5 токенов/с. 结果：每秒2到5个词元。"
+    ),
 ]
 
 SPECIAL_STRINGS = [
@@ -223,7 +243,7 @@ SPECIAL_STRINGS = [
     "<|fim_prefix|>a<|fim_suffix|>b<|fim_middle|>",
     "<|start|>assistant<|channel|>final<|message|>Hi<|return|>",
     "<think>\nreasoning\n</think>\n\nanswer",
-    "<tool_call>\n{\"name\": \"f\"}\n</tool_call>",
+    '<tool_call>\n{"name": "f"}\n</tool_call>',
     "<|im_start|><|im_start|><|im_end|><|im_end|>",
     "<|im_end",
     "<|im_start|>",
@@ -233,26 +253,41 @@ SPECIAL_STRINGS = [
     "<fim_prefix>x<fim_suffix>y<fim_middle>",
     "ends with special <|endoftext|>",
     # poolside Laguna's chat formats (XS.2 / XS-2.1 and S-2.1): tags between newlines, or run together
-    ("〈|EOS|〉<system>\n\nYou are helpful.\n</system>\n<user>\nWeather in 東京?\r\n</user>\n<assistant>\n<think>\n"
-     "One call.\n</think>\nLet me check.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n"
-     "<arg_value>東京</arg_value>\n<arg_key>days</arg_key>\n<arg_value>2</arg_value>\n</tool_call>\n</assistant>\n"
-     "<tool_response>\n{\"temp\": [18, 20]}\n</tool_response>\n<assistant>\n</think>"),
-    ("〈|EOS|〉<system>You are helpful.</system>\n<user>What's 17*23?</user>\n<assistant><think>17·20=340"
-     "</think>391.<tool_call>calc<arg_key>expr</arg_key><arg_value>\"17*23\"</arg_value></tool_call></assistant>\n"
-     "<assistant><think>"),
+    (
+        "〈|EOS|〉<system>\n\nYou are helpful.\n</system>\n<user>\nWeather in 東京?\r\n</user>\n<assistant>\n<think>\n"
+        "One call.\n</think>\nLet me check.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n"
+        "<arg_value>東京</arg_value>\n<arg_key>days</arg_key>\n<arg_value>2</arg_value>\n</tool_call>\n</assistant>\n"
+        '<tool_response>\n{"temp": [18, 20]}\n</tool_response>\n<assistant>\n</think>'
+    ),
+    (
+        "〈|EOS|〉<system>You are helpful.</system>\n<user>What's 17*23?</user>\n<assistant><think>17·20=340"
+        '</think>391.<tool_call>calc<arg_key>expr</arg_key><arg_value>"17*23"</arg_value></tool_call></assistant>\n'
+        "<assistant><think>"
+    ),
 ]
 
 # code point pools for random strings
 POOLS = [
-    "abcdefghijklmnopqrstuvwxyz", "ABCDEFGHIJKLMNOPQRSTUVWXYZ", "0123456789", " ", "  \t\n\r",
+    "abcdefghijklmnopqrstuvwxyz",
+    "ABCDEFGHIJKLMNOPQRSTUVWXYZ",
+    "0123456789",
+    " ",
+    "  \t\n\r",
     "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~",
-    "äöüßéèêàçñøåæœÄÖÜÉÈÊÀÇÑØÅÆŒ", "αβγδεζηθικλμνξοπρστυφχψωΑΒΓΔΕΖΗΘ", "абвгдежзийклмнопрстуфхцчшщъыьэюяАБВГД",
+    "äöüßéèêàçñøåæœÄÖÜÉÈÊÀÇÑØÅÆŒ",
+    "αβγδεζηθικλμνξοπρστυφχψωΑΒΓΔΕΖΗΘ",
+    "абвгдежзийклмнопрстуфхцчшщъыьэюяАБВГД",
     "的一是不了人我在有他这为之大来以个中上们到说国和地也子时道出而要于就下得可你年生",
     "あいうえおかきくけこアイウエオカキクケコ",
-    "가나다라마바사아자차카타파하한국어", "कखगघङचछजझञटठडढणतथदधनपफबभमयरलवशषसह\u093e\u093f\u0940\u0941\u094d",
-    "ابتثجحخدذرزسشصضطظعغفقكلمنهوي", "\u0300\u0301\u0302\u0303\u0308\u0327\u0336",
-    "😀🦙🚀❤️👍🏽🇺🇸👨‍👩‍👧", "\u00a0\u2003\u3000\u2028\u0085\u200b\ufeff", "٠١٢٣٤٥٦٧٨٩０１２３①½",
-    "∑∫√∞≈≠≤≥→⇒∀∃€£¥©®™•…—–“”‘’", "\u0cf3\U00011f04\U0001e4d0\U00031350\u2ffc\U0001fa75\u0378\ue000\U000e0080",
+    "가나다라마바사아자차카타파하한국어",
+    "कखगघङचछजझञटठडढणतथदधनपफबभमयरलवशषसह\u093e\u093f\u0940\u0941\u094d",
+    "ابتثجحخدذرزسشصضطظعغفقكلمنهوي",
+    "\u0300\u0301\u0302\u0303\u0308\u0327\u0336",
+    "😀🦙🚀❤️👍🏽🇺🇸👨‍👩‍👧",
+    "\u00a0\u2003\u3000\u2028\u0085\u200b\ufeff",
+    "٠١٢٣٤٥٦٧٨٩０１２３①½",
+    "∑∫√∞≈≠≤≥→⇒∀∃€£¥©®™•…—–“”‘’",
+    "\u0cf3\U00011f04\U0001e4d0\U00031350\u2ffc\U0001fa75\u0378\ue000\U000e0080",
     "\u0001\u0007\u001b\u007f\u0080\u009f\u001c\u001f",
 ]
 
@@ -294,7 +329,7 @@ def with_pre(src: Path, pre: str, dst: Path, model: str | None = None) -> None:
     for _ in range(n_kv):
         start = pos
         (key_len,) = struct.unpack_from("<Q", data, pos)
-        key = data[pos + 8:pos + 8 + key_len].decode()
+        key = data[pos + 8 : pos + 8 + key_len].decode()
         pos = _skip_value(data, pos + 8 + key_len + 4, struct.unpack_from("<I", data, pos + 8 + key_len)[0])
         if key != "tokenizer.ggml.pre" and not (model and key == "tokenizer.ggml.model"):
             kept.append(data[start:pos])
@@ -376,13 +411,20 @@ def worker() -> None:
         bos, eos = L.llama_vocab_bos(vocab), L.llama_vocab_eos(vocab)
         result = {
             "n_vocab": n_vocab,
-            "bos": None if bos < 0 else bos, "eos": None if eos < 0 else eos,
-            "add_bos": bool(L.llama_vocab_get_add_bos(vocab)), "add_eos": bool(L.llama_vocab_get_add_eos(vocab)),
+            "bos": None if bos < 0 else bos,
+            "eos": None if eos < 0 else eos,
+            "add_bos": bool(L.llama_vocab_get_add_bos(vocab)),
+            "add_eos": bool(L.llama_vocab_get_add_eos(vocab)),
             "eog": [t for t in range(n_vocab) if L.llama_vocab_is_eog(vocab, t)],
-            "attrs": {str(t): int(L.llama_vocab_get_attr(vocab, t)) for t in range(n_vocab)
-                      if int(L.llama_vocab_get_attr(vocab, t)) != 4},
+            "attrs": {
+                str(t): int(L.llama_vocab_get_attr(vocab, t))
+                for t in range(n_vocab)
+                if int(L.llama_vocab_get_attr(vocab, t)) != 4
+            },
             "pieces_sha256": pieces.hexdigest(),
-            "ids_plain": [], "ids_special": [], "detok_special": [],
+            "ids_plain": [],
+            "ids_special": [],
+            "detok_special": [],
         }
         for text in job["texts"]:
             ids = tokenize(text, True, False)
@@ -397,8 +439,14 @@ def worker() -> None:
 
 class LlamaCpp:
     def __init__(self, python: str):
-        self.proc = subprocess.Popen([python, __file__, "--worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     text=True, encoding="utf-8", errors="surrogateescape")
+        self.proc = subprocess.Popen(
+            [python, __file__, "--worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            encoding="utf-8",
+            errors="surrogateescape",
+        )
 
     def run(self, vocab: Path, texts: list[str]) -> dict:
         self.proc.stdin.write(json.dumps({"vocab": str(vocab), "texts": texts}) + "\n")
@@ -425,9 +473,25 @@ def llama_cpp_chat_prompts(binary: Path, templates: Path, model: Path) -> dict[s
 
     out = {}
     for path in sorted(templates.glob("*.jinja")):
-        command = [str(binary), "-m", str(model), "--jinja", "--chat-template-file", str(path),
-                   "-sys", TEMPLATE_SYSTEM, "-p", TEMPLATE_USER, "-cnv", "-st", "-n", "1", "--verbose-prompt",
-                   "-t", "1"]
+        command = [
+            str(binary),
+            "-m",
+            str(model),
+            "--jinja",
+            "--chat-template-file",
+            str(path),
+            "-sys",
+            TEMPLATE_SYSTEM,
+            "-p",
+            TEMPLATE_USER,
+            "-cnv",
+            "-st",
+            "-n",
+            "1",
+            "--verbose-prompt",
+            "-t",
+            "1",
+        ]
         for _ in range(3):  # llama-completion now and then exits before listing the prompt
             run = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True, errors="replace")
             ids = [int(m) for m in re.findall(r"^\S+ I +(\d+) -> '", run.stderr, re.M)]
@@ -443,26 +507,54 @@ def llama_cpp_chat_prompts(binary: Path, templates: Path, model: Path) -> dict[s
 CASE_TEMPLATES = [
     "Qwen3.5-4B.jinja",  # the Qwen3.5 family's template (the MoE models' too)
     # poolside's Laguna MoE models: XS.2 (and XS-2.1, thinking off by default), S-2.1 (thinking on)
-    "poolside-Laguna-XS.2.jinja", "poolside-Laguna-XS-2.1.jinja", "poolside-Laguna-S-2.1.jinja",
+    "poolside-Laguna-XS.2.jinja",
+    "poolside-Laguna-XS-2.1.jinja",
+    "poolside-Laguna-S-2.1.jinja",
 ]
-CASE_TOOLS = [{"type": "function", "function": {
-    "name": "get_weather", "description": "Get the weather forecast for a city.",
-    "parameters": {"type": "object", "properties": {
-        "city": {"type": "string", "description": "City name, e.g. Paris or 東京"},
-        "days": {"type": "integer", "description": "Number of days"},
-        "fields": {"type": "array", "items": {"type": "string"}}}, "required": ["city"]}}}]
+CASE_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Get the weather forecast for a city.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "city": {"type": "string", "description": "City name, e.g. Paris or 東京"},
+                    "days": {"type": "integer", "description": "Number of days"},
+                    "fields": {"type": "array", "items": {"type": "string"}},
+                },
+                "required": ["city"],
+            },
+        },
+    }
+]
 _SYSTEM_USER = [{"role": "system", "content": TEMPLATE_SYSTEM}, {"role": "user", "content": TEMPLATE_USER}]
 _TOOL_TURNS = [
     {"role": "system", "content": TEMPLATE_SYSTEM},
     {"role": "user", "content": "Hi!"},
     {"role": "assistant", "content": "Hello! How can I help?"},
     {"role": "user", "content": "What's the weather in Paris and in 東京 for the next 2 days?"},
-    {"role": "assistant", "content": "Let me check both cities.", "reasoning_content": "Two cities: two calls.",
-     "tool_calls": [
-         {"id": "call_1", "type": "function",
-          "function": {"name": "get_weather", "arguments": {"city": "Paris", "days": 2, "fields": ["temp", "wind"]}}},
-         {"id": "call_2", "type": "function",
-          "function": {"name": "get_weather", "arguments": {"city": "東京", "days": 2}}}]},
+    {
+        "role": "assistant",
+        "content": "Let me check both cities.",
+        "reasoning_content": "Two cities: two calls.",
+        "tool_calls": [
+            {
+                "id": "call_1",
+                "type": "function",
+                "function": {
+                    "name": "get_weather",
+                    "arguments": {"city": "Paris", "days": 2, "fields": ["temp", "wind"]},
+                },
+            },
+            {
+                "id": "call_2",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": {"city": "東京", "days": 2}},
+            },
+        ],
+    },
     {"role": "tool", "tool_call_id": "call_1", "content": '{"temp": [18, 20], "wind": "light"}'},
     {"role": "tool", "tool_call_id": "call_2", "content": "晴れ, 25°C"},
 ]
@@ -498,13 +590,23 @@ CHAT_CASES: dict[str, tuple[list[dict], list[dict] | None, bool, dict]] = {
     "preserve-thinking": (_REASONING_TURNS, None, True, {"enable_thinking": False, "preserve_thinking": True}),
     "think-in-content": (_THINK_IN_CONTENT, None, True, {"enable_thinking": True}),
     "no-generation-prompt": ([*_REASONING_TURNS, _ANSWER], None, False, {"enable_thinking": True}),
-    "later-system": ([*_REASONING_TURNS[:3], {"role": "system", "content": "Answer briefly."}, _REASONING_TURNS[3]],
-                     None, True, {"enable_thinking": True}),
+    "later-system": (
+        [*_REASONING_TURNS[:3], {"role": "system", "content": "Answer briefly."}, _REASONING_TURNS[3]],
+        None,
+        True,
+        {"enable_thinking": True},
+    ),
 }
 
 
-def hf_render(source: str, messages: list[dict], tools: list[dict] | None = None, documents=None,
-              add_generation_prompt: bool = False, **kwargs) -> str:
+def hf_render(
+    source: str,
+    messages: list[dict],
+    tools: list[dict] | None = None,
+    documents=None,
+    add_generation_prompt: bool = False,
+    **kwargs,
+) -> str:
     """`source` rendered as transformers' apply_chat_template(tokenize=False) renders it
     (utils/chat_template_utils.py): an ImmutableSandboxedEnvironment with trim_blocks and
     lstrip_blocks, the loop-controls extension and `{% generation %}` blocks; a tojson filter
@@ -536,13 +638,15 @@ def hf_render(source: str, messages: list[dict], tools: list[dict] | None = None
     def strftime_now(format):
         return datetime.now().strftime(format)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[AssistantTracker, loopcontrols])
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[AssistantTracker, loopcontrols]
+    )
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = strftime_now
-    return env.from_string(source).render(messages=messages, tools=tools, documents=documents,
-                                          add_generation_prompt=add_generation_prompt, **kwargs)
+    return env.from_string(source).render(
+        messages=messages, tools=tools, documents=documents, add_generation_prompt=add_generation_prompt, **kwargs
+    )
 
 
 # Reads one JSON job a line: {"template", "messages" (OpenAI format), "tools", "add_generation_prompt",
@@ -585,9 +689,16 @@ def openai_messages(messages: list[dict]) -> list[dict]:
     out = []
     for m in messages:
         if m.get("tool_calls"):
-            calls = [{**c, "function": {**c["function"], "arguments": json.dumps(c["function"]["arguments"],
-                                                                                ensure_ascii=False)}}
-                     for c in m["tool_calls"]]
+            calls = [
+                {
+                    **c,
+                    "function": {
+                        **c["function"],
+                        "arguments": json.dumps(c["function"]["arguments"], ensure_ascii=False),
+                    },
+                }
+                for c in m["tool_calls"]
+            ]
             m = {**m, "tool_calls": calls}
         out.append(m)
     return out
@@ -598,10 +709,28 @@ def llama_cpp_chat_renders(src: Path, bin_dir: Path, jobs: list[dict], tmp: Path
     the llama.cpp source `src` and the shared libraries of its build in `bin_dir`."""
     (tmp / "chat_driver.cpp").write_text(CHAT_DRIVER)
     exe = tmp / "chat_driver"
-    build = subprocess.run(["g++", "-std=c++17", "-O1", f"-I{src / 'common'}", f"-I{src / 'include'}",
-                            f"-I{src / 'ggml' / 'include'}", f"-I{src / 'vendor'}", str(tmp / "chat_driver.cpp"),
-                            "-o", str(exe), f"-L{bin_dir}", "-lllama-common", "-lllama", "-lggml", "-lggml-base",
-                            f"-Wl,-rpath,{bin_dir}"], capture_output=True, text=True)
+    build = subprocess.run(
+        [
+            "g++",
+            "-std=c++17",
+            "-O1",
+            f"-I{src / 'common'}",
+            f"-I{src / 'include'}",
+            f"-I{src / 'ggml' / 'include'}",
+            f"-I{src / 'vendor'}",
+            str(tmp / "chat_driver.cpp"),
+            "-o",
+            str(exe),
+            f"-L{bin_dir}",
+            "-lllama-common",
+            "-lllama",
+            "-lggml",
+            "-lggml-base",
+            f"-Wl,-rpath,{bin_dir}",
+        ],
+        capture_output=True,
+        text=True,
+    )
     if build.returncode:
         print(f"  cannot build the llama.cpp chat driver; llama.cpp's renders left out:\n{build.stderr[-2000:]}")
         return [None] * len(jobs)
@@ -627,8 +756,12 @@ def hf_worker() -> None:
         job = json.loads(line)
         try:
             rendered, _ = render_jinja_template(
-                conversations=[_normalize_chat_messages(job["messages"])], tools=job["tools"],
-                chat_template=job["source"], add_generation_prompt=job["add_generation_prompt"], **job["variables"])
+                conversations=[_normalize_chat_messages(job["messages"])],
+                tools=job["tools"],
+                chat_template=job["source"],
+                add_generation_prompt=job["add_generation_prompt"],
+                **job["variables"],
+            )
             answer = {"text": rendered[0]}
         except Exception as e:  # noqa: BLE001 - reported to the caller, who compares
             answer = {"error": f"{type(e).__name__}: {e}"}
@@ -642,8 +775,9 @@ def transformers_renders(python: str, jobs: list[dict]) -> tuple[str | None, lis
         print(f"  {python} not found: the rendering is not checked against transformers itself")
         return None, []
     lines = "".join(json.dumps(job, ensure_ascii=False) + "\n" for job in jobs)
-    run = subprocess.run([python, __file__, "--hf-worker"], input=lines, capture_output=True, text=True,
-                         encoding="utf-8")
+    run = subprocess.run(
+        [python, __file__, "--hf-worker"], input=lines, capture_output=True, text=True, encoding="utf-8"
+    )
     answers = [json.loads(line) for line in run.stdout.splitlines()]
     if run.returncode or len(answers) != len(jobs):
         print(f"  transformers' renderer failed in {python}; not checked against it:\n{run.stderr[-2000:]}")
@@ -665,39 +799,65 @@ def chat_cases(models: Path, bin_dir: Path, hf_python: str) -> tuple[dict[str, s
         for case, (messages, tools, add_generation_prompt, variables) in CHAT_CASES.items():
             name = f"{Path(template).stem}:{case}"
             try:
-                text, error = hf_render(source, messages, tools=tools, add_generation_prompt=add_generation_prompt,
-                                        **variables), None
+                text, error = (
+                    hf_render(source, messages, tools=tools, add_generation_prompt=add_generation_prompt, **variables),
+                    None,
+                )
             except jinja2.TemplateError as e:
                 text, error = None, str(e)
-            cases[name] = {"template": template, "messages": messages, "tools": tools,
-                           "add_generation_prompt": add_generation_prompt, "variables": variables, "text": text}
+            cases[name] = {
+                "template": template,
+                "messages": messages,
+                "tools": tools,
+                "add_generation_prompt": add_generation_prompt,
+                "variables": variables,
+                "text": text,
+            }
             if error is not None:
                 cases[name]["error"] = error
                 print(f"  the template raises for {name}: {error}")
-            job = {"name": name, "template": source, "messages": openai_messages(messages),
-                   "add_generation_prompt": add_generation_prompt,
-                   "enable_thinking": variables.get("enable_thinking", True), "kwargs": variables}
+            job = {
+                "name": name,
+                "template": source,
+                "messages": openai_messages(messages),
+                "add_generation_prompt": add_generation_prompt,
+                "enable_thinking": variables.get("enable_thinking", True),
+                "kwargs": variables,
+            }
             if tools:
                 job["tools"] = tools
             jobs.append(job)
-            hf_jobs.append({"source": source, "messages": messages, "tools": tools,
-                            "add_generation_prompt": add_generation_prompt, "variables": variables})
+            hf_jobs.append(
+                {
+                    "source": source,
+                    "messages": messages,
+                    "tools": tools,
+                    "add_generation_prompt": add_generation_prompt,
+                    "variables": variables,
+                }
+            )
     with tempfile.TemporaryDirectory() as tmp:
         renders = llama_cpp_chat_renders(models.parent, bin_dir, jobs, Path(tmp))
     for case, render in zip(cases.values(), renders):
         case["llama_cpp"] = render
-    differ = [name for name, case in cases.items() if case["llama_cpp"] != case["text"]
-              and (case["llama_cpp"] is not None or case["text"] is None)]
+    differ = [
+        name
+        for name, case in cases.items()
+        if case["llama_cpp"] != case["text"] and (case["llama_cpp"] is not None or case["text"] is None)
+    ]
     missing = [name for name, case in cases.items() if case["llama_cpp"] is None and case["text"] is not None]
-    print(f"chat cases: {len(cases)} rendered as transformers does ({sum(c['text'] is None for c in cases.values())} "
-          f"raise); llama.cpp's text differs for {differ or 'none'}"
-          f"{f', is missing for {missing}' if missing else ''}")
+    print(
+        f"chat cases: {len(cases)} rendered as transformers does ({sum(c['text'] is None for c in cases.values())} "
+        f"raise); llama.cpp's text differs for {differ or 'none'}"
+        f"{f', is missing for {missing}' if missing else ''}"
+    )
 
     version, answers = transformers_renders(hf_python, hf_jobs)
     check = {"transformers": version, "differ": []}
     for (name, case), answer in zip(cases.items(), answers):
-        same = answer.get("text") == case["text"] and (case["text"] is not None
-                                                        or case["error"] in answer.get("error", ""))
+        same = answer.get("text") == case["text"] and (
+            case["text"] is not None or case["error"] in answer.get("error", "")
+        )
         if not same:
             check["differ"].append(name)
     if version:
@@ -754,9 +914,15 @@ def compare(tok, texts: list[str], expected: dict) -> dict[str, int]:
         want = expected["detok_special"][i]
         if tok.decode(expected["ids_special"][i], special=True) != (text if want is None else want):
             counts["decode"] += 1
-    vocab_facts = {"bos": tok.bos_id, "eos": tok.eos_id, "add_bos": tok.add_bos, "add_eos": tok.add_eos,
-                   "eog": tok.eot_ids, "pieces_sha256": pieces_sha256(tok),
-                   "attrs": {str(t): a for t, a in enumerate(tok.attrs) if a != 4}}
+    vocab_facts = {
+        "bos": tok.bos_id,
+        "eos": tok.eos_id,
+        "add_bos": tok.add_bos,
+        "add_eos": tok.add_eos,
+        "eog": tok.eot_ids,
+        "pieces_sha256": pieces_sha256(tok),
+        "attrs": {str(t): a for t, a in enumerate(tok.attrs) if a != 4},
+    }
     counts["vocab"] = sum(vocab_facts[k] != expected[k] for k in vocab_facts)
     return counts
 
@@ -769,10 +935,16 @@ def main() -> None:
     ap.add_argument("--check", action="store_true", help="compare with llama.cpp live; write nothing")
     ap.add_argument("--random", type=int, default=0, help="with --check: this many more random strings")
     ap.add_argument("--only", nargs="*", help="configurations to run (default all)")
-    ap.add_argument("--chat-cases", action="store_true",
-                    help="only the chat template cases: (re)write the \"cases\" of templates.json.zst, keep the rest")
-    ap.add_argument("--hf-python", default="/tmp/hfvenv/bin/python",
-                    help="a Python with transformers, to check the chat cases' rendering against it (optional)")
+    ap.add_argument(
+        "--chat-cases",
+        action="store_true",
+        help='only the chat template cases: (re)write the "cases" of templates.json.zst, keep the rest',
+    )
+    ap.add_argument(
+        "--hf-python",
+        default="/tmp/hfvenv/bin/python",
+        help="a Python with transformers, to check the chat cases' rendering against it (optional)",
+    )
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--hf-worker", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -850,9 +1022,19 @@ def main() -> None:
     (OUT / "corpus.json").write_text(json.dumps(texts, ensure_ascii=False, indent=0) + "\n", encoding="utf-8")
     blob = json.dumps(expected_all, separators=(",", ":")).encode()
     (OUT / "expected.json.zst").write_bytes(zstandard.ZstdCompressor(level=19).compress(blob))
-    blob = json.dumps({"date": today, "system": TEMPLATE_SYSTEM, "user": TEMPLATE_USER, "templates": prompts,
-                       "differ": differ, "case_sources": case_sources, "cases": cases, "case_check": case_check},
-                      ensure_ascii=False).encode()
+    blob = json.dumps(
+        {
+            "date": today,
+            "system": TEMPLATE_SYSTEM,
+            "user": TEMPLATE_USER,
+            "templates": prompts,
+            "differ": differ,
+            "case_sources": case_sources,
+            "cases": cases,
+            "case_check": case_check,
+        },
+        ensure_ascii=False,
+    ).encode()
     (OUT / "templates.json.zst").write_bytes(zstandard.ZstdCompressor(level=19).compress(blob))
     for stem in sorted({stem for name, (stem, _) in CONFIGS.items() if name in expected_all}):
         target = OUT / "vocab" / f"ggml-vocab-{stem}.gguf.zst"

@@ -7,6 +7,7 @@ The command runs in a fresh child of this process's memory cgroup (v1 or v2) wit
 limit set; afterwards one line on stderr gives the limit, peak usage and OOM kills, and
 the exit status is the command's. Needs root (or a delegated cgroup v2 subtree).
 """
+
 import sys
 
 from swapmoe.errors import SwapmoeError
@@ -21,8 +22,11 @@ def main():
         result = run_capped(sys.argv[2:], mib << 20)
     except SwapmoeError as e:
         sys.exit(f"memcap: {e}")
-    print(f"memcap: limit {mib} MiB, peak {result.peak / 2**20:.0f} MiB, oom_kill {result.oom_kills}, "
-          f"exit {result.returncode}, {result.seconds:.1f} s", file=sys.stderr)
+    print(
+        f"memcap: limit {mib} MiB, peak {result.peak / 2**20:.0f} MiB, oom_kill {result.oom_kills}, "
+        f"exit {result.returncode}, {result.seconds:.1f} s",
+        file=sys.stderr,
+    )
     sys.exit(result.returncode if result.returncode >= 0 else 128 - result.returncode)
 
 

@@ -7,6 +7,7 @@ Per case: mean and max KL(llama.cpp || swapmoe) over the prompt positions, top-1
 and how many of llama.cpp's greedy tokens swapmoe reproduces before the first difference.
 The fixtures and the acceptance thresholds are those of tests/test_parity.py.
 """
+
 import argparse
 import hashlib
 import json
@@ -23,8 +24,6 @@ from swapmoe.runtime.compare import kl_divergence
 GOLDEN = Path(__file__).resolve().parents[1] / "tests" / "data" / "golden"
 
 
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arch", nargs="*")
@@ -38,8 +37,9 @@ def main():
             if case["arch"] == "tiny-moe":
                 path = Path(swapmoe.default_model_path())
             elif case["gguf"] is None:
-                path = swapmoe.synth(Path(tmp) / f"{case['arch']}.gguf", arch=case["arch"], progress=False,
-                                     force=True, **case["synth"])
+                path = swapmoe.synth(
+                    Path(tmp) / f"{case['arch']}.gguf", arch=case["arch"], progress=False, force=True, **case["synth"]
+                )
             else:
                 path = Path(tmp) / case["gguf"].removesuffix(".zst")
                 path.write_bytes(zstandard.ZstdDecompressor().decompress((GOLDEN / case["gguf"]).read_bytes()))
@@ -51,8 +51,10 @@ def main():
             top1 = np.mean(model.logits(ref["tokens"]).argmax(-1) == ref["logits"].argmax(-1))
             greedy = list(model.generate_ids(ref["tokens"].tolist(), max_tokens=len(ref["greedy"]), ignore_eos=True))
             same = next((i for i, (a, b) in enumerate(zip(greedy, ref["greedy"].tolist())) if a != b), len(greedy))
-            print(f"{case['arch'] + '-' + case['type']:24} {kl.mean():9.2e} {kl.max():9.2e} {top1:7.3f} "
-                  f"{same:3d}/{len(greedy):<3d}")
+            print(
+                f"{case['arch'] + '-' + case['type']:24} {kl.mean():9.2e} {kl.max():9.2e} {top1:7.3f} "
+                f"{same:3d}/{len(greedy):<3d}"
+            )
 
 
 if __name__ == "__main__":

@@ -44,6 +44,7 @@ Not replayed: the store's prefetches (--expert-prefetch previous/lookahead, the 
 trace recorded with any of them gives counters that differ from the replay (the tool warns).  The
 replay's demand sequence is still the one the model made.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -213,6 +214,7 @@ def model_index(trace: Trace, path: Path | None = None):
 @dataclass
 class Setup:
     """How a trace is replayed: the index the store gets, the bytes each expert costs, the engine."""
+
     index: object
     io: str
     source: str  # "header" or "model"
@@ -228,16 +230,23 @@ class Setup:
         return NullPreadEngine(slot_plan(list(self.sizes.values()), budget, self.n_expert_used), largest)
 
 
-def setup(trace: Trace, io: str = "mmap", sizes: str = "auto", keep_recent: int | str | None = "trace",
-          model: Path | None = None) -> Setup:
+def setup(
+    trace: Trace,
+    io: str = "mmap",
+    sizes: str = "auto",
+    keep_recent: int | str | None = "trace",
+    model: Path | None = None,
+) -> Setup:
     """keep_recent: "trace" for the header's, None for off, or a number; model: the model file
     (default: the header's)."""
     idx, source = None, "header"
     if sizes in ("auto", "model"):
         idx = model_index(trace, model)
         if idx is None and sizes == "model":
-            raise SwapmoeError(f"{trace.path}: the model {trace.header.get('model')} is missing or does not match "
-                               "the trace's expert sizes")
+            raise SwapmoeError(
+                f"{trace.path}: the model {trace.header.get('model')} is missing or does not match "
+                "the trace's expert sizes"
+            )
         source = "model" if idx is not None else "header"
     if idx is None:
         idx = HeaderIndex(trace.header["expert_bytes"])
@@ -286,8 +295,14 @@ def replay_store(trace: Trace, s: Setup, budget: int) -> Result:
     finally:
         store.close()
     loaded = store.stats.bytes_loaded
-    return Result("store", budget, store.stats.misses, loaded, store.stats.requests,
-                  decode_bytes=loaded - (loaded if before_decode is None else before_decode))
+    return Result(
+        "store",
+        budget,
+        store.stats.misses,
+        loaded,
+        store.stats.requests,
+        decode_bytes=loaded - (loaded if before_decode is None else before_decode),
+    )
 
 
 class _Lazy:
@@ -397,8 +412,7 @@ def replay_policy(trace: Trace, s: Setup, budget: int, name: str) -> Result:
     sizes = s.sizes
     need = max(sizes.values(), default=0)
     if budget < need:
-        return Result(name, budget, requests=trace.requests,
-                      note=f"too small: an expert takes {need / MiB:.2f} MiB")
+        return Result(name, budget, requests=trace.requests, note=f"too small: an expert takes {need / MiB:.2f} MiB")
     policy = SIMULATED[name](trace, s)
     resident: dict = {}
     used = misses = read = decode_read = t = 0
@@ -450,8 +464,10 @@ def caveats(trace: Trace, s: Setup) -> list[str]:
     if h.get("prefetch") not in (None, "off"):
         out.append(f"recorded with --expert-prefetch {h['prefetch']}: its prefetches are not replayed")
     if h.get("fixation"):
-        out.append(f"recorded with --expert-fixation {h['fixation']}: its prefetches of pinned experts are not "
-                   "replayed (the pinned choices are)")
+        out.append(
+            f"recorded with --expert-fixation {h['fixation']}: its prefetches of pinned experts are not "
+            "replayed (the pinned choices are)"
+        )
     if h.get("hash_layers"):
         out.append("hash-routed layers: the store's hash prefetch (on by default) is not replayed")
     return out
@@ -462,8 +478,9 @@ def _fmt_budget(budget: int, total: int, recorded: int | None) -> str:
     return f"{budget / MiB:.2f} MiB ({100 * budget / total:.1f} %){mark}"
 
 
-def report(trace: Trace, s: Setup, budgets: list[int], policies: list[str], wide: bool = False,
-           out=None) -> dict[int, dict[str, Result]]:
+def report(
+    trace: Trace, s: Setup, budgets: list[int], policies: list[str], wide: bool = False, out=None
+) -> dict[int, dict[str, Result]]:
     out = out or sys.stdout
     h = trace.header
     total = sum(s.sizes.values())
@@ -474,14 +491,20 @@ def report(trace: Trace, s: Setup, budgets: list[int], policies: list[str], wide
     # MIN's bytes even if not asked for: the ratio needs them
     mins = {b: results[b]["min"] if "min" in policies else replay(trace, s, b, "min") for b in budgets}
     print(f"## {Path(h.get('model', '?')).name} ({h.get('arch')}): {trace.path}", file=out)
-    print(f"{len(passes)} passes ({n_prompt} prompt, {len(passes) - n_prompt} decode), {len(trace.visits)} layer "
-          f"visits, {trace.requests} requests; {len(trace.layers)} MoE layers x {h['n_expert']} experts (top-"
-          f"{h['n_expert_used']}), {total / MiB:.2f} MiB of experts; largest layer visit "
-          f"{largest_visit(trace, s.sizes) / MiB:.2f} MiB", file=out)
+    print(
+        f"{len(passes)} passes ({n_prompt} prompt, {len(passes) - n_prompt} decode), {len(trace.visits)} layer "
+        f"visits, {trace.requests} requests; {len(trace.layers)} MoE layers x {h['n_expert']} experts (top-"
+        f"{h['n_expert_used']}), {total / MiB:.2f} MiB of experts; largest layer visit "
+        f"{largest_visit(trace, s.sizes) / MiB:.2f} MiB",
+        file=out,
+    )
     rec = "none" if recorded is None else f"{recorded / MiB:.2f} MiB (marked *)"
-    print(f"recorded: budget {rec}, keep_recent {h.get('keep_recent') or 'off'}, prefetch {h.get('prefetch')}, "
-          f"fixation {h.get('fixation') or 'off'}; replayed: io {s.io}, sizes from the {s.source}, store keep_recent "
-          f"{s.keep_recent or 'off'}", file=out)
+    print(
+        f"recorded: budget {rec}, keep_recent {h.get('keep_recent') or 'off'}, prefetch {h.get('prefetch')}, "
+        f"fixation {h.get('fixation') or 'off'}; replayed: io {s.io}, sizes from the {s.source}, store keep_recent "
+        f"{s.keep_recent or 'off'}",
+        file=out,
+    )
     for w in caveats(trace, s):
         print(f"warning: {w}", file=out)
     print(file=out)
@@ -501,8 +524,13 @@ def report(trace: Trace, s: Setup, budgets: list[int], policies: list[str], wide
                 r = results[b][p]
                 if p == "min":
                     continue
-                cells.append(f"{ratio(r, b) or 'n/a'} ({r.misses})" if r.misses is not None else "too small"
-                             if r.note.startswith("too small") else "raised")
+                cells.append(
+                    f"{ratio(r, b) or 'n/a'} ({r.misses})"
+                    if r.misses is not None
+                    else "too small"
+                    if r.note.startswith("too small")
+                    else "raised"
+                )
             m = mins[b]
             cells.append(f"{m.misses}, {m.bytes_read / MiB:.1f}" if m.misses is not None else "too small")
             print(f"| {_fmt_budget(b, total, recorded)} | " + " | ".join(cells) + " |", file=out)
@@ -517,8 +545,11 @@ def report(trace: Trace, s: Setup, budgets: list[int], policies: list[str], wide
                     print(f"| {_fmt_budget(b, total, recorded)} | {p} | {r.note} | | | |", file=out)
                     continue
                 rate = f"{100 * r.misses / r.requests:.1f} %" if r.requests else ""
-                print(f"| {_fmt_budget(b, total, recorded)} | {p} | {r.misses} | {rate} | "
-                      f"{r.bytes_read / MiB:.1f} | {ratio(r, b)} |", file=out)
+                print(
+                    f"| {_fmt_budget(b, total, recorded)} | {p} | {r.misses} | {rate} | "
+                    f"{r.bytes_read / MiB:.1f} | {ratio(r, b)} |",
+                    file=out,
+                )
     print(file=out)
     return results
 
@@ -539,22 +570,36 @@ def _keep(text: str):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__
+    )
     ap.add_argument("traces", nargs="+", metavar="TRACE")
     group = ap.add_mutually_exclusive_group()
     group.add_argument("--budgets", type=_floats, metavar="MiB,...", help="budgets in MiB (plus the recorded one)")
-    group.add_argument("--budget-fractions", type=_floats, metavar="F,...",
-                       help=f"budgets as shares of all expert bytes (plus the recorded one); default "
-                            f"{','.join(map(str, FRACTIONS))}")
+    group.add_argument(
+        "--budget-fractions",
+        type=_floats,
+        metavar="F,...",
+        help=f"budgets as shares of all expert bytes (plus the recorded one); default {','.join(map(str, FRACTIONS))}",
+    )
     ap.add_argument("--policies", default=",".join(POLICIES), help=f"some of {','.join(POLICIES)}")
-    ap.add_argument("--keep-recent", type=_keep, default="trace", metavar="N|off",
-                    help="the store's keep-recent (default: the trace's)")
+    ap.add_argument(
+        "--keep-recent",
+        type=_keep,
+        default="trace",
+        metavar="N|off",
+        help="the store's keep-recent (default: the trace's)",
+    )
     ap.add_argument("--io", choices=("mmap", "pread"), default="mmap", help="the engine the store is replayed with")
-    ap.add_argument("--sizes", choices=("auto", "header", "model"), default="auto",
-                    help="expert sizes from the model's index (auto: when the file exists and matches) or the header")
-    ap.add_argument("--model", type=Path, metavar="GGUF",
-                    help="the model file, if not where the header says (or beside the trace)")
+    ap.add_argument(
+        "--sizes",
+        choices=("auto", "header", "model"),
+        default="auto",
+        help="expert sizes from the model's index (auto: when the file exists and matches) or the header",
+    )
+    ap.add_argument(
+        "--model", type=Path, metavar="GGUF", help="the model file, if not where the header says (or beside the trace)"
+    )
     ap.add_argument("--wide", action="store_true", help="one row per budget, ratios to MIN per policy")
     args = ap.parse_args(argv)
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]

@@ -26,6 +26,7 @@ directory) and compares its overall statistics with the preset's routing profile
 (swapmoe/synthetic/presets.py ROUTING_PROFILES): previous-token and within-8 reuse within 5
 percentage points, distinct experts within 20 %.
 """
+
 import argparse
 import json
 import math
@@ -72,9 +73,13 @@ def layer_stats(passes: list[tuple[bool, np.ndarray]], n_expert: int) -> dict[st
         for e in chosen:
             counts[e] += 1
         history.append(chosen)
-    top = np.sort(counts)[::-1][:math.ceil(n_expert / 10)]
-    return {"prev": float(np.mean(prev)), "within8": float(np.mean(within)),
-            "distinct": int(np.count_nonzero(counts)), "top10": float(top.sum() / max(counts.sum(), 1))}
+    top = np.sort(counts)[::-1][: math.ceil(n_expert / 10)]
+    return {
+        "prev": float(np.mean(prev)),
+        "within8": float(np.mean(within)),
+        "distinct": int(np.count_nonzero(counts)),
+        "top10": float(top.sum() / max(counts.sum(), 1)),
+    }
 
 
 def route_stats(model_path, decode: int = 32, greedy: bool = False, prompt: str = PROMPT, **load) -> dict:
@@ -84,18 +89,27 @@ def route_stats(model_path, decode: int = 32, greedy: bool = False, prompt: str 
     model = swapmoe.load(model_path, **load)
     recorder = Recorder()
     model._routing.trace = recorder  # every sequence's routing forks this one
-    sampling = {"temperature": 0.0} if greedy else {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0,
-                                                   "seed": 0}
+    sampling = (
+        {"temperature": 0.0} if greedy else {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "seed": 0}
+    )
     ids = model.tokenize(prompt)
     list(model.generate_ids(ids, decode, ignore_eos=True, **sampling))
     n_expert = model.hparams.n_expert
     layers = {layer: layer_stats(passes, n_expert) for layer, passes in sorted(recorder.rows.items())}
     routed = [s for layer, s in layers.items() if layer not in recorder.hashed]
     overall = {key: float(np.mean([s[key] for s in routed])) for key in ("prev", "within8", "distinct", "top10")}
-    return {"model": str(model_path), "arch": model.gguf.arch, "n_expert": n_expert,
-            "n_expert_used": model.hparams.n_expert_used, "prompt_tokens": len(ids), "decode_tokens": decode,
-            "sampling": "greedy" if greedy else "temperature 1", "layers": layers, "overall": overall,
-            "hash_layers": sorted(recorder.hashed)}
+    return {
+        "model": str(model_path),
+        "arch": model.gguf.arch,
+        "n_expert": n_expert,
+        "n_expert_used": model.hparams.n_expert_used,
+        "prompt_tokens": len(ids),
+        "decode_tokens": decode,
+        "sampling": "greedy" if greedy else "temperature 1",
+        "layers": layers,
+        "overall": overall,
+        "hash_layers": sorted(recorder.hashed),
+    }
 
 
 def check(presets: list[str], layers: int, type_name: str) -> bool:
@@ -105,24 +119,33 @@ def check(presets: list[str], layers: int, type_name: str) -> bool:
     import swapmoe
     from swapmoe.synthetic.presets import PRESETS, ROUTING_PROFILES
 
-    print(f"{'preset':20} {'prev':>13} {'within 8':>13} {'distinct':>13} {'top 10%':>7}  (measured / profile; "
-          f"{layers} layers, {type_name})")
+    print(
+        f"{'preset':20} {'prev':>13} {'within 8':>13} {'distinct':>13} {'top 10%':>7}  (measured / profile; "
+        f"{layers} layers, {type_name})"
+    )
     passed = True
     for name in presets:
         profile, config = ROUTING_PROFILES[name], PRESETS[name]
         with tempfile.TemporaryDirectory() as folder:
-            path = swapmoe.synth(Path(folder) / f"{name}.gguf", preset=name, type=type_name, n_layer=layers,
-                                 progress=False)
+            path = swapmoe.synth(
+                Path(folder) / f"{name}.gguf", preset=name, type=type_name, n_layer=layers, progress=False
+            )
             o = route_stats(path, expert_streaming=False)["overall"]
-        ok = (abs(o["prev"] - profile.prev) <= 0.05, abs(o["within8"] - profile.within8) <= 0.05,
-              abs(o["distinct"] - profile.distinct) <= 0.2 * profile.distinct)
+        ok = (
+            abs(o["prev"] - profile.prev) <= 0.05,
+            abs(o["within8"] - profile.within8) <= 0.05,
+            abs(o["distinct"] - profile.distinct) <= 0.2 * profile.distinct,
+        )
         passed &= all(ok)
         marks = ["" if good else " !" for good in ok]
-        print(f"{name:20} {o['prev']:>5.1%} / {profile.prev:>4.0%}{marks[0]:2} {o['within8']:>5.1%} / "
-              f"{profile.within8:>4.0%}{marks[1]:2} {o['distinct']:>5.1f} / {profile.distinct:>5.1f}{marks[2]:2} "
-              f"{o['top10']:>7.1%}  (context gain {config.context_gain:g}, focus {config.attention_focus:g}, "
-              f"recurrent gain {config.recurrent_gain:g}, router spread {config.router_spread:g}, "
-              f"hot experts {config.hot_experts})", flush=True)
+        print(
+            f"{name:20} {o['prev']:>5.1%} / {profile.prev:>4.0%}{marks[0]:2} {o['within8']:>5.1%} / "
+            f"{profile.within8:>4.0%}{marks[1]:2} {o['distinct']:>5.1f} / {profile.distinct:>5.1f}{marks[2]:2} "
+            f"{o['top10']:>7.1%}  (context gain {config.context_gain:g}, focus {config.attention_focus:g}, "
+            f"recurrent gain {config.recurrent_gain:g}, router spread {config.router_spread:g}, "
+            f"hot experts {config.hot_experts})",
+            flush=True,
+        )
     return passed
 
 
@@ -149,8 +172,10 @@ def main():
         json.dump(result, sys.stdout, indent=1)
         print()
         return
-    print(f"{result['model']}: {result['arch']}, {result['n_expert_used']} of {result['n_expert']} experts; "
-          f"prompt {result['prompt_tokens']} tokens, {result['decode_tokens']} decoded ({result['sampling']})")
+    print(
+        f"{result['model']}: {result['arch']}, {result['n_expert_used']} of {result['n_expert']} experts; "
+        f"prompt {result['prompt_tokens']} tokens, {result['decode_tokens']} decoded ({result['sampling']})"
+    )
     print(f"{'layer':>6} {'prev':>6} {'within 8':>8} {'distinct':>8} {'top 10%':>7}")
     for layer, s in result["layers"].items():
         note = "  hash-routed" if layer in result["hash_layers"] else ""

@@ -20,6 +20,7 @@ Stages (all deterministic: fixed seeds, sorted file lists, fixed hold-out rule):
 
 Needs torch (CPU) in addition to swapmoe's own dependencies: pip install torch==2.13.0
 """
+
 from __future__ import annotations
 
 import argparse
@@ -57,8 +58,15 @@ CHATML_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 # Files that are data tables or generated text rather than Python code worth imitating.
-EXCLUDED_PREFIXES = ("site-packages/", "encodings/", "pydoc_data/", "lib2to3/tests/data/",
-                     "test/tokenizedata/", "test/encoded_modules/", "idlelib/idle_test/")
+EXCLUDED_PREFIXES = (
+    "site-packages/",
+    "encodings/",
+    "pydoc_data/",
+    "lib2to3/tests/data/",
+    "test/tokenizedata/",
+    "test/encoded_modules/",
+    "idlelib/idle_test/",
+)
 HOLDOUT_MODULUS = 50  # files whose crc32(relative path) % 50 == 0 are held out (about 2 %)
 
 
@@ -81,6 +89,7 @@ class ModelConfig:
 # --------------------------------------------------------------------------------------------
 # 1. corpus
 # --------------------------------------------------------------------------------------------
+
 
 def list_corpus_files(stdlib_dir: Path) -> tuple[list[Path], list[Path]]:
     """Sorted (train, held-out) lists of readable UTF-8 stdlib sources."""
@@ -106,19 +115,26 @@ def read_text(path: Path) -> str:
 # 2. tokenizer
 # --------------------------------------------------------------------------------------------
 
+
 def train_tokenizer(files: list[Path], vocab_size: int):
     """Byte-level BPE whose pre-tokenization is llama.cpp's qwen2 one."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, min_frequency=2, show_progress=False,
-        special_tokens=SPECIAL_TOKENS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+        vocab_size=vocab_size,
+        min_frequency=2,
+        show_progress=False,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tokenizer.train_from_iterator((read_text(p) for p in files), trainer=trainer)
     return tokenizer
 
@@ -143,6 +159,7 @@ def held_out_text(files: list[Path]) -> str:
 # --------------------------------------------------------------------------------------------
 # 3. model (computes what llama.cpp's qwen3moe graph computes)
 # --------------------------------------------------------------------------------------------
+
 
 def build_model(cfg: ModelConfig):
     import torch
@@ -205,7 +222,7 @@ def build_model(cfg: ModelConfig):
             for e, count in enumerate(counts):
                 if count == 0:
                     continue
-                chunk = xs[start:start + count]
+                chunk = xs[start : start + count]
                 h = F.silu(chunk @ self.gate[e].t()) * (chunk @ self.up[e].t())
                 outputs.append(h @ self.down[e].t())
                 start += count
@@ -284,6 +301,7 @@ def build_model(cfg: ModelConfig):
 # 3b. training
 # --------------------------------------------------------------------------------------------
 
+
 def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
     """Linear warm-up, then cosine decay to 10 % of the peak."""
     if step < warmup:
@@ -302,14 +320,17 @@ def train(model, train_ids: np.ndarray, eval_ids: np.ndarray, args, log) -> None
     no_decay = [p for n, p in model.named_parameters() if not (p.dim() >= 2 and "router" not in n)]
     optimizer = torch.optim.AdamW(
         [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=args.lr, betas=(0.9, 0.95), eps=1e-8)
+        lr=args.lr,
+        betas=(0.9, 0.95),
+        eps=1e-8,
+    )
     T = cfg.context_length
     t0 = time.time()
     for step in range(args.steps):
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, args.steps, args.lr, args.warmup)
         starts = rng.integers(0, len(train_ids) - T - 1, size=args.batch_size)
-        batch = torch.from_numpy(np.stack([train_ids[s:s + T + 1] for s in starts]).astype(np.int64))
+        batch = torch.from_numpy(np.stack([train_ids[s : s + T + 1] for s in starts]).astype(np.int64))
         logits, balance_loss, _ = model(batch[:, :-1])
         lm_loss = F.cross_entropy(logits.reshape(-1, cfg.vocab_size), batch[:, 1:].reshape(-1))
         loss = lm_loss + args.balance_coef * balance_loss
@@ -318,37 +339,41 @@ def train(model, train_ids: np.ndarray, eval_ids: np.ndarray, args, log) -> None
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         if step % 25 == 0 or step == args.steps - 1:
-            log(f"step {step:5d}  lm {lm_loss.item():.4f}  balance {balance_loss.item():.4f}  "
-                f"lr {optimizer.param_groups[0]['lr']:.2e}  {time.time() - t0:7.1f}s")
+            log(
+                f"step {step:5d}  lm {lm_loss.item():.4f}  balance {balance_loss.item():.4f}  "
+                f"lr {optimizer.param_groups[0]['lr']:.2e}  {time.time() - t0:7.1f}s"
+            )
         if (step + 1) % args.eval_every == 0:
             ppl = perplexity_all_tokens(model, eval_ids[: 32 * T], T)
             log(f"step {step + 1:5d}  held-out ppl (first {32 * T} tokens) {ppl:.3f}")
-    log(f"training took {time.time() - t0:.1f}s for {args.steps} steps "
-        f"({args.steps * args.batch_size * T} tokens)")
+    log(f"training took {time.time() - t0:.1f}s for {args.steps} steps ({args.steps * args.batch_size * T} tokens)")
 
 
 # --------------------------------------------------------------------------------------------
 # 4. export to GGUF
 # --------------------------------------------------------------------------------------------
 
+
 def model_tensors(model) -> dict[str, np.ndarray]:
     """GGUF tensor name -> float32 numpy array in GGUF numpy order (reverse of ggml ne)."""
     tensors = {"token_embd.weight": model.embed, "output_norm.weight": model.output_norm}
     for i, b in enumerate(model.blocks):
-        tensors.update({
-            f"blk.{i}.attn_norm.weight": b.attn_norm,
-            f"blk.{i}.attn_q.weight": b.wq,
-            f"blk.{i}.attn_k.weight": b.wk,
-            f"blk.{i}.attn_v.weight": b.wv,
-            f"blk.{i}.attn_output.weight": b.wo,
-            f"blk.{i}.attn_q_norm.weight": b.q_norm,
-            f"blk.{i}.attn_k_norm.weight": b.k_norm,
-            f"blk.{i}.ffn_norm.weight": b.ffn_norm,
-            f"blk.{i}.ffn_gate_inp.weight": b.moe.router,
-            f"blk.{i}.ffn_gate_exps.weight": b.moe.gate,
-            f"blk.{i}.ffn_up_exps.weight": b.moe.up,
-            f"blk.{i}.ffn_down_exps.weight": b.moe.down,
-        })
+        tensors.update(
+            {
+                f"blk.{i}.attn_norm.weight": b.attn_norm,
+                f"blk.{i}.attn_q.weight": b.wq,
+                f"blk.{i}.attn_k.weight": b.wk,
+                f"blk.{i}.attn_v.weight": b.wv,
+                f"blk.{i}.attn_output.weight": b.wo,
+                f"blk.{i}.attn_q_norm.weight": b.q_norm,
+                f"blk.{i}.attn_k_norm.weight": b.k_norm,
+                f"blk.{i}.ffn_norm.weight": b.ffn_norm,
+                f"blk.{i}.ffn_gate_inp.weight": b.moe.router,
+                f"blk.{i}.ffn_gate_exps.weight": b.moe.gate,
+                f"blk.{i}.ffn_up_exps.weight": b.moe.up,
+                f"blk.{i}.ffn_down_exps.weight": b.moe.down,
+            }
+        )
     return {name: p.detach().float().numpy().copy() for name, p in tensors.items()}
 
 
@@ -365,8 +390,10 @@ def export_gguf(model, tokenizer, out_path: Path, quantize: bool) -> None:
     out_path.parent.mkdir(parents=True, exist_ok=True)
     w = gguf.GGUFWriter(str(out_path), arch)
     w.add_name("swapmoe tiny-moe (CPython stdlib)")
-    w.add_description("Tiny qwen3moe trained on CPython 3.11 standard-library sources by "
-                      "swapmoe/tools/train_tiny_moe.py; a test model, not a useful assistant.")
+    w.add_description(
+        "Tiny qwen3moe trained on CPython 3.11 standard-library sources by "
+        "swapmoe/tools/train_tiny_moe.py; a test model, not a useful assistant."
+    )
     w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0 if quantize else gguf.LlamaFileType.ALL_F32)
     w.add_context_length(cfg.context_length)
     w.add_embedding_length(cfg.d_model)
@@ -404,8 +431,11 @@ def export_gguf(model, tokenizer, out_path: Path, quantize: bool) -> None:
 
     for name, arr in model_tensors(model).items():
         if quantize and not keeps_f32(name, arr):
-            w.add_tensor(name, gguf.quants.quantize(arr, gguf.GGMLQuantizationType.Q8_0),
-                         raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+            w.add_tensor(
+                name,
+                gguf.quants.quantize(arr, gguf.GGMLQuantizationType.Q8_0),
+                raw_dtype=gguf.GGMLQuantizationType.Q8_0,
+            )
         else:
             w.add_tensor(name, arr.astype(np.float32))
     w.write_header_to_file()
@@ -433,13 +463,26 @@ def _parameters_in_export_order(model):
     yield model.embed
     yield model.output_norm
     for b in model.blocks:
-        yield from (b.attn_norm, b.wq, b.wk, b.wv, b.wo, b.q_norm, b.k_norm, b.ffn_norm,
-                    b.moe.router, b.moe.gate, b.moe.up, b.moe.down)
+        yield from (
+            b.attn_norm,
+            b.wq,
+            b.wk,
+            b.wv,
+            b.wo,
+            b.q_norm,
+            b.k_norm,
+            b.ffn_norm,
+            b.moe.router,
+            b.moe.gate,
+            b.moe.up,
+            b.moe.down,
+        )
 
 
 # --------------------------------------------------------------------------------------------
 # 5. evaluation
 # --------------------------------------------------------------------------------------------
+
 
 def perplexity_all_tokens(model, ids: np.ndarray, T: int) -> float:
     """exp(mean NLL) over non-overlapping windows of T tokens, scoring every token but the first
@@ -451,11 +494,10 @@ def perplexity_all_tokens(model, ids: np.ndarray, T: int) -> float:
     nll, count = 0.0, 0
     with torch.no_grad():
         for i in range(0, n_windows, 16):
-            chunk = ids[i * T: min(n_windows, i + 16) * T].reshape(-1, T)
+            chunk = ids[i * T : min(n_windows, i + 16) * T].reshape(-1, T)
             x = torch.from_numpy(chunk.astype(np.int64))
             logits, _, _ = model(x)
-            loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1),
-                                   reduction="sum")
+            loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1), reduction="sum")
             nll += loss.item()
             count += x[:, 1:].numel()
     return math.exp(nll / count)
@@ -472,11 +514,11 @@ def perplexity_llama_style(model, ids: np.ndarray, n_ctx: int) -> tuple[float, i
     nll, count = 0.0, 0
     with torch.no_grad():
         for i in range(0, n_chunks, 16):
-            chunk = ids[i * n_ctx: min(n_chunks, i + 16) * n_ctx].reshape(-1, n_ctx)
+            chunk = ids[i * n_ctx : min(n_chunks, i + 16) * n_ctx].reshape(-1, n_ctx)
             x = torch.from_numpy(chunk.astype(np.int64))
             logits, _, _ = model(x)
-            pred = logits[:, first:n_ctx - 1].reshape(-1, logits.shape[-1])
-            target = x[:, first + 1:].reshape(-1)
+            pred = logits[:, first : n_ctx - 1].reshape(-1, logits.shape[-1])
+            target = x[:, first + 1 :].reshape(-1)
             nll += F.cross_entropy(pred, target, reduction="sum").item()
             count += target.numel()
     return math.exp(nll / count), n_chunks
@@ -496,7 +538,7 @@ def routing_locality(model, ids: np.ndarray, T: int) -> dict:
     n_pairs, n_tokens = 0, 0
     with torch.no_grad():
         for i in range(0, n_windows, 16):
-            chunk = ids[i * T: min(n_windows, i + 16) * T].reshape(-1, T)
+            chunk = ids[i * T : min(n_windows, i + 16) * T].reshape(-1, T)
             _, _, chosen = model(torch.from_numpy(chunk.astype(np.int64)))
             for layer, sel in enumerate(chosen):
                 onehot = torch.zeros(*sel.shape[:2], E).scatter_(-1, sel, 1.0)  # (B, T, E)
@@ -506,7 +548,7 @@ def routing_locality(model, ids: np.ndarray, T: int) -> dict:
             n_tokens += chunk.size
     usage /= n_tokens  # expected number of times each expert is picked per token; sums to k
     per_layer = overlap_sum / n_pairs
-    independent = (usage ** 2).sum(1) / k
+    independent = (usage**2).sum(1) / k
     return {
         "per_layer": per_layer.round(4).tolist(),
         "overall": float(per_layer.mean().round(4)),
@@ -524,7 +566,7 @@ def greedy_continuation(model, tokenizer, prompt: str, n_new: int) -> str:
     eos = tokenizer.token_to_id(EOS_TOKEN)
     with torch.no_grad():
         for _ in range(n_new):
-            logits, _, _ = model(torch.tensor([ids[-model.cfg.context_length:]]))
+            logits, _, _ = model(torch.tensor([ids[-model.cfg.context_length :]]))
             nxt = int(logits[0, -1].argmax())
             if nxt == eos:
                 break
@@ -534,12 +576,17 @@ def greedy_continuation(model, tokenizer, prompt: str, n_new: int) -> str:
 
 # --------------------------------------------------------------------------------------------
 
+
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=REPO / "swapmoe/data/tiny-moe.gguf", help="Q8_0 GGUF to write")
     ap.add_argument("--f32-out", type=Path, default=None, help="also write an all-F32 GGUF here (for checks)")
-    ap.add_argument("--work-dir", type=Path, default=Path("/tmp/tiny-moe-work"),
-                    help="tokenizer, checkpoint, eval data and report go here")
+    ap.add_argument(
+        "--work-dir",
+        type=Path,
+        default=Path("/tmp/tiny-moe-work"),
+        help="tokenizer, checkpoint, eval data and report go here",
+    )
     ap.add_argument("--stdlib-dir", type=Path, default=Path(DEFAULT_STDLIB))
     ap.add_argument("--steps", type=int, default=1000)
     ap.add_argument("--batch-size", type=int, default=8, help="sequences of context_length tokens per step")
@@ -576,7 +623,8 @@ def main(argv=None) -> None:
     train_files, eval_files = list_corpus_files(args.stdlib_dir)
     log(f"corpus: {len(train_files)} training files, {len(eval_files)} held-out files")
     (args.work_dir / "held_out_files.txt").write_text(
-        "\n".join(p.relative_to(args.stdlib_dir).as_posix() for p in eval_files) + "\n")
+        "\n".join(p.relative_to(args.stdlib_dir).as_posix() for p in eval_files) + "\n"
+    )
 
     tokenizer_path = args.work_dir / "tokenizer.json"
     if args.skip_train:
@@ -594,8 +642,7 @@ def main(argv=None) -> None:
     eval_ids = np.asarray(tokenizer.encode(eval_text, add_special_tokens=False).ids, dtype=np.int32)
     np.save(args.work_dir / "held_out_ids.npy", eval_ids)
     train_chars = sum(len(read_text(p)) for p in train_files)
-    log(f"tokens: train {len(train_ids)} ({train_chars / len(train_ids):.2f} chars/token), "
-        f"held-out {len(eval_ids)}")
+    log(f"tokens: train {len(train_ids)} ({train_chars / len(train_ids):.2f} chars/token), held-out {len(eval_ids)}")
 
     torch.manual_seed(args.seed)
     model = build_model(cfg)
@@ -622,14 +669,21 @@ def main(argv=None) -> None:
     np.save(args.work_dir / "sample_ids.npy", sample)
     with torch.no_grad():
         np.save(args.work_dir / "sample_logits_f32.npy", model(torch.from_numpy(sample[None]))[0][0].numpy())
-    report = {"config": asdict(cfg), "params": n_params, "args": {k: str(v) for k, v in vars(args).items()},
-              "held_out_files": len(eval_files), "held_out_tokens": int(len(eval_ids))}
+    report = {
+        "config": asdict(cfg),
+        "params": n_params,
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "held_out_files": len(eval_files),
+        "held_out_tokens": int(len(eval_ids)),
+    }
     report["ppl_all_tokens_f32"] = perplexity_all_tokens(model, eval_ids, T)
     report["ppl_llama_style_f32"], report["llama_style_chunks"] = perplexity_llama_style(model, eval_ids, T)
     report["locality_f32"] = routing_locality(model, eval_ids, T)
     report["greedy_f32"] = greedy_continuation(model, tokenizer, "def main():\n    ", 64)
-    log(f"float model: ppl {report['ppl_all_tokens_f32']:.3f} (all tokens), "
-        f"{report['ppl_llama_style_f32']:.3f} (llama-perplexity style)")
+    log(
+        f"float model: ppl {report['ppl_all_tokens_f32']:.3f} (all tokens), "
+        f"{report['ppl_llama_style_f32']:.3f} (llama-perplexity style)"
+    )
 
     # The same evaluation on the weights as shipped (Q8_0, dequantized).
     load_gguf_weights_into(model, args.out)
@@ -639,10 +693,14 @@ def main(argv=None) -> None:
     report["ppl_llama_style_q8"], _ = perplexity_llama_style(model, eval_ids, T)
     report["locality_q8"] = routing_locality(model, eval_ids, T)
     report["greedy_q8"] = greedy_continuation(model, tokenizer, "def main():\n    ", 64)
-    log(f"Q8_0 weights: ppl {report['ppl_all_tokens_q8']:.3f} (all tokens), "
-        f"{report['ppl_llama_style_q8']:.3f} (llama-perplexity style)")
-    log(f"locality (Q8_0 weights) per layer {report['locality_q8']['per_layer']} "
-        f"overall {report['locality_q8']['overall']} vs random {report['locality_q8']['uniform_random_baseline']}")
+    log(
+        f"Q8_0 weights: ppl {report['ppl_all_tokens_q8']:.3f} (all tokens), "
+        f"{report['ppl_llama_style_q8']:.3f} (llama-perplexity style)"
+    )
+    log(
+        f"locality (Q8_0 weights) per layer {report['locality_q8']['per_layer']} "
+        f"overall {report['locality_q8']['overall']} vs random {report['locality_q8']['uniform_random_baseline']}"
+    )
     (args.work_dir / "report.json").write_text(json.dumps(report, indent=2))
     log(f"report: {args.work_dir / 'report.json'}")
 

@@ -11,6 +11,7 @@ of that name would be shadowed. Making the module object itself callable keeps
 Modules: tensors (the original tensors in any file), plan (where bytes go), stream
 (copy/hash engine), write (repack, index), index (the sidecar), verify, unpack.
 """
+
 from __future__ import annotations
 
 import sys

@@ -11,6 +11,7 @@ directly: `part_offset[layer, expert, part]`, `part_length`, `part_file`, `slice
 expert]`, `slice_length`, `slice_flags`, with `part` an index into `idx.parts`.
 The byte format is in docs/index-format.md.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -85,8 +86,10 @@ class Projection(tuple):
         return (*self, self.file)
 
     def __repr__(self) -> str:
-        return (f"Projection(offset={self[0]}, length={self[1]}, ggml_type={self[2].name}, shape={self[3]}, "
-                f"file={self.file})")
+        return (
+            f"Projection(offset={self[0]}, length={self[1]}, ggml_type={self[2].name}, shape={self[3]}, "
+            f"file={self.file})"
+        )
 
 
 def sidecar_path(gguf_path: str | os.PathLike) -> Path:
@@ -126,13 +129,25 @@ def _nbytes(ggml_type: int, ne: np.ndarray) -> int | None:
 _TABLE = "hash_table."
 _TABLE_DTYPES = ("|u1", "<u2", "<i4")
 _SECTIONS = {
-    "file_sizes": ("<i8", "F"), "header_lengths": ("<i8", "F"), "header_digests": ("|u1", "F", 32),
-    "part_type": ("<i4", "L", "P"), "part_ne": ("<i8", "L", "P", 4), "part_file": ("<u2", "L", "E", "P"),
-    "part_offset": ("<i8", "L", "E", "P"), "part_length": ("<i8", "L", "E", "P"),
-    "part_digest": ("|u1", "L", "E", "P", 32), "slice_offset": ("<i8", "L", "E"), "slice_length": ("<i8", "L", "E"),
-    "slice_flags": ("|u1", "L", "E"), "nonexpert": ("<i8", None, 3), "tensor_type": ("<i4", "T"),
-    "tensor_ne": ("<i8", "T", 4), "tensor_file": ("<i4", "T"), "tensor_offset": ("<i8", "T"),
-    "tensor_nbytes": ("<i8", "T"), "tensor_digest": ("|u1", "T", 32),
+    "file_sizes": ("<i8", "F"),
+    "header_lengths": ("<i8", "F"),
+    "header_digests": ("|u1", "F", 32),
+    "part_type": ("<i4", "L", "P"),
+    "part_ne": ("<i8", "L", "P", 4),
+    "part_file": ("<u2", "L", "E", "P"),
+    "part_offset": ("<i8", "L", "E", "P"),
+    "part_length": ("<i8", "L", "E", "P"),
+    "part_digest": ("|u1", "L", "E", "P", 32),
+    "slice_offset": ("<i8", "L", "E"),
+    "slice_length": ("<i8", "L", "E"),
+    "slice_flags": ("|u1", "L", "E"),
+    "nonexpert": ("<i8", None, 3),
+    "tensor_type": ("<i4", "T"),
+    "tensor_ne": ("<i8", "T", 4),
+    "tensor_file": ("<i4", "T"),
+    "tensor_offset": ("<i8", "T"),
+    "tensor_nbytes": ("<i8", "T"),
+    "tensor_digest": ("|u1", "T", 32),
 }
 
 
@@ -143,10 +158,10 @@ def _read_sections(blob: bytes, n_sections: int) -> dict:
     end = len(blob) - 32
     for _ in range(n_sections):
         (n,) = struct.unpack_from("<H", blob, pos)
-        name = blob[pos + 2:pos + 2 + n].decode("ascii")
+        name = blob[pos + 2 : pos + 2 + n].decode("ascii")
         pos += 2 + n
         kind, n = struct.unpack_from("<BB", blob, pos)
-        dtype = blob[pos + 2:pos + 2 + n].decode("ascii")
+        dtype = blob[pos + 2 : pos + 2 + n].decode("ascii")
         pos += 2 + n
         (ndim,) = struct.unpack_from("<B", blob, pos)
         shape = struct.unpack_from(f"<{ndim}Q", blob, pos + 1)
@@ -154,8 +169,13 @@ def _read_sections(blob: bytes, n_sections: int) -> dict:
         pos += 1 + 8 * ndim + 16
         if name in values:
             raise ValueError(f"section {name} appears twice")
-        expected = (0, "") if name == "meta" else (1, _SECTIONS[name][0]) if name in _SECTIONS else \
-            (1, dtype if name.startswith(_TABLE) and dtype in _TABLE_DTYPES else None)
+        expected = (
+            (0, "")
+            if name == "meta"
+            else (1, _SECTIONS[name][0])
+            if name in _SECTIONS
+            else (1, dtype if name.startswith(_TABLE) and dtype in _TABLE_DTYPES else None)
+        )
         if (kind, dtype) != expected:
             raise ValueError(f"section {name!r} of kind {kind} and type {dtype!r} is not part of the format")
         total += raw_len
@@ -164,7 +184,7 @@ def _read_sections(blob: bytes, n_sections: int) -> dict:
         if pos + stored_len > end:
             raise ValueError(f"section {name} runs past the end")
         # raw_len 0 is zstandard's "no limit": an empty section is not decompressed at all
-        raw = decompressor.decompress(view[pos:pos + stored_len], max_output_size=raw_len) if raw_len else b""
+        raw = decompressor.decompress(view[pos : pos + stored_len], max_output_size=raw_len) if raw_len else b""
         if len(raw) != raw_len:
             raise ValueError(f"section {name} holds {len(raw):,} bytes, not {raw_len:,}")
         pos += stored_len
@@ -186,11 +206,15 @@ def _check_meta(meta: dict, values: dict) -> None:
     strings = ("files", "parts", "tensor_names")
     if not all(isinstance(meta[key], list) and all(isinstance(v, str) for v in meta[key]) for key in strings):
         raise ValueError("meta: files, parts and tensor_names must be lists of names")
-    if not meta["files"] or any(not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name
-                                for name in meta["files"]):
+    if not meta["files"] or any(
+        not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name for name in meta["files"]
+    ):
         raise ValueError(f"meta: files {meta['files']} are not plain file names")
-    if meta["layout"] not in ("bundled", "compat", "original") or not isinstance(meta["arch"], str) \
-            or not isinstance(meta["has_digests"], bool):
+    if (
+        meta["layout"] not in ("bundled", "compat", "original")
+        or not isinstance(meta["arch"], str)
+        or not isinstance(meta["has_digests"], bool)
+    ):
         raise ValueError(f"meta: layout {meta['layout']!r}, arch or has_digests is not valid")
     if meta["page_size"] < 4096 or meta["page_size"] & (meta["page_size"] - 1) or meta["page_size"] > 1 << 30:
         raise ValueError(f"meta: page size {meta['page_size']} is not a power of two from 4096 to 1 GiB")
@@ -200,14 +224,22 @@ def _check_meta(meta: dict, values: dict) -> None:
     if len(set(parts)) != len(parts) or not set(parts) <= set(PARTS) or parts != sorted(parts, key=PARTS.index):
         raise ValueError(f"meta: parts {parts} are not the format's, in its order")
     layers = meta["hash_layers"]
-    if not isinstance(layers, list) or not all(isinstance(v, int) and 0 <= v < meta["n_layer"] for v in layers) \
-            or len(set(layers)) != len(layers):
+    if (
+        not isinstance(layers, list)
+        or not all(isinstance(v, int) and 0 <= v < meta["n_layer"] for v in layers)
+        or len(set(layers)) != len(layers)
+    ):
         raise ValueError(f"meta: hash_layers {layers!r} are not layers of the model")
     tables = {name for name in values if name.startswith(_TABLE)}
     if tables != {f"{_TABLE}{layer}" for layer in layers} or not set(_SECTIONS) <= set(values):
         raise ValueError("the sections are not those the meta section lists")
-    extent = {"L": meta["n_layer"], "E": meta["n_expert"], "P": len(parts), "F": len(meta["files"]),
-              "T": len(meta["tensor_names"])}
+    extent = {
+        "L": meta["n_layer"],
+        "E": meta["n_expert"],
+        "P": len(parts),
+        "F": len(meta["files"]),
+        "T": len(meta["tensor_names"]),
+    }
     for name, (_, *dims) in _SECTIONS.items():
         want = [extent.get(d, d) for d in dims]
         have = list(values[name].shape)
@@ -267,11 +299,22 @@ class ExpertIndex:
         """Byte ranges of expert `expert` of layer `layer`: one if the slice is contiguous, else one per part."""
         self._check(layer, expert)
         if self.slice_flags[layer, expert] & FLAG_CONTIGUOUS:
-            return [Range(int(self.slice_offset[layer, expert]), int(self.slice_length[layer, expert]),
-                          int(self.part_file[layer, expert][self.part_length[layer, expert] > 0][0]))]
+            return [
+                Range(
+                    int(self.slice_offset[layer, expert]),
+                    int(self.slice_length[layer, expert]),
+                    int(self.part_file[layer, expert][self.part_length[layer, expert] > 0][0]),
+                )
+            ]
         present = np.flatnonzero(self.part_length[layer, expert])
-        ranges = [Range(int(self.part_offset[layer, expert, p]), int(self.part_length[layer, expert, p]),
-                        int(self.part_file[layer, expert, p])) for p in present]
+        ranges = [
+            Range(
+                int(self.part_offset[layer, expert, p]),
+                int(self.part_length[layer, expert, p]),
+                int(self.part_file[layer, expert, p]),
+            )
+            for p in present
+        ]
         return sorted(ranges, key=lambda r: (r.file, r.offset))
 
     def projection(self, layer: int, expert: int, name: str) -> Projection:
@@ -280,9 +323,13 @@ class ExpertIndex:
         p = self._part(name)
         if not self.part_length[layer, expert, p]:
             raise SwapmoeError(f"layer {layer} has no {name!r} part")
-        return Projection(int(self.part_offset[layer, expert, p]), int(self.part_length[layer, expert, p]),
-                          GGMLQuantizationType(int(self.part_type[layer, p])), _shape(self.part_ne[layer, p]),
-                          int(self.part_file[layer, expert, p]))
+        return Projection(
+            int(self.part_offset[layer, expert, p]),
+            int(self.part_length[layer, expert, p]),
+            GGMLQuantizationType(int(self.part_type[layer, p])),
+            _shape(self.part_ne[layer, p]),
+            int(self.part_file[layer, expert, p]),
+        )
 
     def moe_layers(self) -> list[int]:
         return [int(layer) for layer in np.flatnonzero(self.part_length.any(axis=(1, 2)))]
@@ -305,8 +352,10 @@ class ExpertIndex:
         """The one range holding every non-expert tensor (repacked files)."""
         ranges = self.nonexpert_ranges()
         if len(ranges) != 1:
-            raise SwapmoeError(f"the non-expert tensors of this {self.layout} file are in {len(ranges)} runs, not "
-                               "one; use nonexpert_ranges() or repack the file")
+            raise SwapmoeError(
+                f"the non-expert tensors of this {self.layout} file are in {len(ranges)} runs, not "
+                "one; use nonexpert_ranges() or repack the file"
+            )
         return ranges[0]
 
     def resident_tensors(self, n_layer: int) -> list[Projection]:
@@ -327,16 +376,48 @@ class ExpertIndex:
             raise SwapmoeError(f"no tensor {name}") from None
         if self.tensor_offset[i] < 0:
             raise SwapmoeError(f"{name} is split into expert slices in this {self.layout} file; use slice()")
-        return Projection(int(self.tensor_offset[i]), int(self.tensor_nbytes[i]),
-                          GGMLQuantizationType(int(self.tensor_type[i])), _shape(self.tensor_ne[i]),
-                          int(self.tensor_file[i]))
+        return Projection(
+            int(self.tensor_offset[i]),
+            int(self.tensor_nbytes[i]),
+            GGMLQuantizationType(int(self.tensor_type[i])),
+            _shape(self.tensor_ne[i]),
+            int(self.tensor_file[i]),
+        )
 
     # --- bytes ----------------------------------------------------------------------------
-    _ARRAYS = ("file_sizes", "header_lengths", "header_digests", "part_type", "part_ne", "part_file", "part_offset",
-               "part_length", "part_digest", "slice_offset", "slice_length", "slice_flags", "nonexpert",
-               "tensor_type", "tensor_ne", "tensor_file", "tensor_offset", "tensor_nbytes", "tensor_digest")
-    _META = ("files", "arch", "layout", "page_size", "n_layer", "n_expert", "n_expert_used", "parts",
-             "tensor_names", "has_digests")
+    _ARRAYS = (
+        "file_sizes",
+        "header_lengths",
+        "header_digests",
+        "part_type",
+        "part_ne",
+        "part_file",
+        "part_offset",
+        "part_length",
+        "part_digest",
+        "slice_offset",
+        "slice_length",
+        "slice_flags",
+        "nonexpert",
+        "tensor_type",
+        "tensor_ne",
+        "tensor_file",
+        "tensor_offset",
+        "tensor_nbytes",
+        "tensor_digest",
+    )
+    _META = (
+        "files",
+        "arch",
+        "layout",
+        "page_size",
+        "n_layer",
+        "n_expert",
+        "n_expert_used",
+        "parts",
+        "tensor_names",
+        "has_digests",
+    )
 
     def to_bytes(self) -> bytes:
         meta = {k: getattr(self, k) for k in self._META} | {"hash_layers": self.hash_layers()}
@@ -366,8 +447,10 @@ class ExpertIndex:
             raise SwapmoeError(f"{where}: not a swapmoe index")
         magic, version, n_sections, _ = _HEADER.unpack_from(blob)
         if version != FORMAT_VERSION:
-            raise SwapmoeError(f"{where}: index format version {version}; this swapmoe reads version "
-                               f"{FORMAT_VERSION} (rebuild it with `swapmoe index`)")
+            raise SwapmoeError(
+                f"{where}: index format version {version}; this swapmoe reads version "
+                f"{FORMAT_VERSION} (rebuild it with `swapmoe index`)"
+            )
         if hashlib.sha256(memoryview(blob)[:-32]).digest() != blob[-32:]:
             raise SwapmoeError(f"{where}: index checksum mismatch (damaged file); rebuild it with `swapmoe index`")
         try:
@@ -397,12 +480,16 @@ class ExpertIndex:
         for layer, p in zip(*np.nonzero(in_layer)):
             nbytes = _nbytes(int(self.part_type[layer, p]), self.part_ne[layer, p])
             if nbytes is None:
-                return f"layer {layer} part {self.parts[p]}: ggml type {self.part_type[layer, p]} or shape " \
-                       f"{self.part_ne[layer, p].tolist()} is not valid"
+                return (
+                    f"layer {layer} part {self.parts[p]}: ggml type {self.part_type[layer, p]} or shape "
+                    f"{self.part_ne[layer, p].tolist()} is not valid"
+                )
             wrong = np.flatnonzero(present[layer, :, p] & (lengths[layer, :, p] != nbytes))
             if len(wrong):
-                return f"layer {layer} expert {wrong[0]} part {self.parts[p]} has {lengths[layer, wrong[0], p]} " \
-                       f"bytes, its type and shape {nbytes}"
+                return (
+                    f"layer {layer} expert {wrong[0]} part {self.parts[p]} has {lengths[layer, wrong[0], p]} "
+                    f"bytes, its type and shape {nbytes}"
+                )
         has_expert = present.any(axis=2)
         lacking = np.argwhere(has_expert[:, :, None] & (present != in_layer[:, None, :]))
         if len(lacking):
@@ -421,8 +508,12 @@ class ExpertIndex:
         if problem:
             return problem
         ne = self.nonexpert
-        if len(ne) and ((ne[:, 0] < 0).any() or (ne[:, 0] >= n_files).any() or (ne[:, 1:] < 0).any()
-                        or (ne[:, 1] + ne[:, 2] > sizes[np.clip(ne[:, 0], 0, n_files - 1)]).any()):
+        if len(ne) and (
+            (ne[:, 0] < 0).any()
+            or (ne[:, 0] >= n_files).any()
+            or (ne[:, 1:] < 0).any()
+            or (ne[:, 1] + ne[:, 2] > sizes[np.clip(ne[:, 0], 0, n_files - 1)]).any()
+        ):
             return "a non-expert range lies outside its file"
         return self._tensor_problem(n_files, sizes) or self._table_problem()
 
@@ -435,8 +526,11 @@ class ExpertIndex:
         slice_file = np.take_along_axis(files, first[:, :, None], axis=2)[:, :, 0]
         start, end = self.slice_offset, self.slice_offset + self.slice_length
         outside = (start < 0) | (self.slice_length <= 0) | (end > self.file_sizes[slice_file])
-        part_outside = present & ((files != slice_file[:, :, None]) | (self.part_offset < start[:, :, None])
-                                  | (self.part_offset + self.part_length > end[:, :, None]))
+        part_outside = present & (
+            (files != slice_file[:, :, None])
+            | (self.part_offset < start[:, :, None])
+            | (self.part_offset + self.part_length > end[:, :, None])
+        )
         bad = np.argwhere(contiguous & (outside | part_outside.any(axis=2)))
         if len(bad):
             return f"the slice of expert {bad[0][1]} of layer {bad[0][0]} lies outside its file or its parts"
@@ -481,12 +575,15 @@ class ExpertIndex:
         if len(paths) != len(self.files):
             raise SwapmoeError(f"{paths[0]}: the index is for {len(self.files)} file(s), found {len(paths)}")
         for i, path in enumerate(paths):
-            stale = (f"{sidecar_path(paths[0])}: stale index: {path} changed since the index was written; "
-                     f"rebuild it with `swapmoe index {paths[0]}`")
+            stale = (
+                f"{sidecar_path(paths[0])}: stale index: {path} changed since the index was written; "
+                f"rebuild it with `swapmoe index {paths[0]}`"
+            )
             try:
                 if path.stat().st_size != self.file_sizes[i]:
-                    raise SwapmoeError(stale + f" (size {path.stat().st_size:,}, "
-                                               f"index says {int(self.file_sizes[i]):,})")
+                    raise SwapmoeError(
+                        stale + f" (size {path.stat().st_size:,}, index says {int(self.file_sizes[i]):,})"
+                    )
                 with open(path, "rb") as f:
                     header = f.read(int(self.header_lengths[i]))
             except FileNotFoundError:
@@ -502,8 +599,9 @@ def load(gguf_path: str | os.PathLike) -> ExpertIndex:
     try:
         blob = side.read_bytes()
     except FileNotFoundError:
-        raise SwapmoeError(f"{gguf_path}: no index beside it ({side.name}); create it with "
-                           f"`swapmoe index {gguf_path}`") from None
+        raise SwapmoeError(
+            f"{gguf_path}: no index beside it ({side.name}); create it with `swapmoe index {gguf_path}`"
+        ) from None
     index = ExpertIndex.from_bytes(blob, str(side))
     index.paths = [gguf_path.resolve()] + [gguf_path.resolve().with_name(name) for name in index.files[1:]]
     index.check_identity(index.paths)
@@ -519,8 +617,15 @@ def owned_ranges(index: ExpertIndex, tensors: list[LogicalTensor]) -> np.ndarray
     lengths = index.part_length.reshape(-1, len(index.parts))
     owners = np.repeat(np.arange(lengths.shape[0]), len(index.parts))
     keep = lengths.reshape(-1) > 0
-    parts = np.stack([index.part_file.reshape(-1), index.part_offset.reshape(-1),
-                      index.part_offset.reshape(-1) + index.part_length.reshape(-1), owners], axis=1)[keep]
+    parts = np.stack(
+        [
+            index.part_file.reshape(-1),
+            index.part_offset.reshape(-1),
+            index.part_offset.reshape(-1) + index.part_length.reshape(-1),
+            owners,
+        ],
+        axis=1,
+    )[keep]
     table = np.concatenate([np.array(rows, dtype=np.int64).reshape(-1, 4), parts.astype(np.int64)])
     return table[np.lexsort((table[:, 1], table[:, 0]))]
 
@@ -569,8 +674,12 @@ def _id_dtype(n_expert: int) -> type:
     return np.uint8 if n_expert <= 1 << 8 else np.uint16 if n_expert <= 1 << 16 else np.int32
 
 
-def build(g: GGUFFile, piece_digests: np.ndarray | None = None, page_size: int = 16384,
-          tensors: list[LogicalTensor] | None = None) -> ExpertIndex:
+def build(
+    g: GGUFFile,
+    piece_digests: np.ndarray | None = None,
+    page_size: int = 16384,
+    tensors: list[LogicalTensor] | None = None,
+) -> ExpertIndex:
     """Index of an opened GGUF (original or repacked). piece_digests: sha256 per piece slot (see
     tensors.first_slots), or None for an index without digests. page_size is used for files
     swapmoe did not repack; a repacked file's own page size wins."""
@@ -581,8 +690,9 @@ def build(g: GGUFFile, piece_digests: np.ndarray | None = None, page_size: int =
     n_layer = max((t.cls.layer + 1 for t in tensors if t.cls.layer is not None), default=0)
     claimed = int(g.arch_get(Keys.LLM.BLOCK_COUNT) or 0)
     if claimed > n_layer:  # arrays below are sized by the layers: a damaged count must not size them
-        raise SwapmoeError(f"{g.path}: {g.arch_key(Keys.LLM.BLOCK_COUNT)} is {claimed}, but the file has tensors "
-                           f"for {n_layer} layers")
+        raise SwapmoeError(
+            f"{g.path}: {g.arch_key(Keys.LLM.BLOCK_COUNT)} is {claimed}, but the file has tensors for {n_layer} layers"
+        )
     n_expert = max((t.ne[-1] for t in routed), default=0)
     parts = [p for p in PARTS if any(part_name(t.cls) == p for t in routed)]
     headers = []
@@ -592,22 +702,37 @@ def build(g: GGUFFile, piece_digests: np.ndarray | None = None, page_size: int =
     split = [layout == "bundled" and t.routed for t in tensors]  # stored as one GGUF tensor per expert
     L, E, P = n_layer, n_expert, len(parts)
     index = ExpertIndex(
-        files=[s.path.name for s in g.shards], file_sizes=np.array([s.size for s in g.shards], np.int64),
+        files=[s.path.name for s in g.shards],
+        file_sizes=np.array([s.size for s in g.shards], np.int64),
         header_lengths=np.array([s.data_offset for s in g.shards], np.int64),
         header_digests=np.frombuffer(b"".join(headers), np.uint8).reshape(-1, 32).copy(),
-        arch=g.arch, layout=layout, page_size=page_size, n_layer=L, n_expert=E,
-        n_expert_used=int(g.arch_get(Keys.LLM.EXPERT_USED_COUNT) or 0), parts=parts,
-        part_type=np.full((L, P), -1, np.int32), part_ne=np.zeros((L, P, 4), np.int64),
-        part_file=np.zeros((L, E, P), np.uint16), part_offset=np.zeros((L, E, P), np.int64),
-        part_length=np.zeros((L, E, P), np.int64), part_digest=np.zeros((L, E, P, 32), np.uint8),
-        slice_offset=None, slice_length=None, slice_flags=None, nonexpert=None,
-        tensor_names=[t.name for t in tensors], tensor_type=np.array([t.ggml_type for t in tensors], np.int32),
+        arch=g.arch,
+        layout=layout,
+        page_size=page_size,
+        n_layer=L,
+        n_expert=E,
+        n_expert_used=int(g.arch_get(Keys.LLM.EXPERT_USED_COUNT) or 0),
+        parts=parts,
+        part_type=np.full((L, P), -1, np.int32),
+        part_ne=np.zeros((L, P, 4), np.int64),
+        part_file=np.zeros((L, E, P), np.uint16),
+        part_offset=np.zeros((L, E, P), np.int64),
+        part_length=np.zeros((L, E, P), np.int64),
+        part_digest=np.zeros((L, E, P, 32), np.uint8),
+        slice_offset=None,
+        slice_length=None,
+        slice_flags=None,
+        nonexpert=None,
+        tensor_names=[t.name for t in tensors],
+        tensor_type=np.array([t.ggml_type for t in tensors], np.int32),
         tensor_ne=np.array([_padded(t.ne) for t in tensors], np.int64).reshape(-1, 4),
         tensor_file=np.array([-1 if in_parts else t.ranges[0][0] for t, in_parts in zip(tensors, split)], np.int32),
         tensor_offset=np.array([-1 if in_parts else t.ranges[0][1] for t, in_parts in zip(tensors, split)], np.int64),
         tensor_nbytes=np.array([t.nbytes for t in tensors], np.int64),
-        tensor_digest=np.zeros((len(tensors), 32), np.uint8), has_digests=piece_digests is not None,
-        tables={layer: table.astype(_id_dtype(n_expert)) for layer, table in hash_tables(g, tensors, n_expert).items()})
+        tensor_digest=np.zeros((len(tensors), 32), np.uint8),
+        has_digests=piece_digests is not None,
+        tables={layer: table.astype(_id_dtype(n_expert)) for layer, table in hash_tables(g, tensors, n_expert).items()},
+    )
     slot = 0
     for t in tensors:
         if t.routed:
@@ -615,11 +740,11 @@ def build(g: GGUFFile, piece_digests: np.ndarray | None = None, page_size: int =
             index.part_type[layer, p] = t.ggml_type
             index.part_ne[layer, p] = _padded(t.ne[:-1])
             ranges = np.array(t.ranges, np.int64)
-            index.part_file[layer, :len(ranges), p] = ranges[:, 0]
-            index.part_offset[layer, :len(ranges), p] = ranges[:, 1]
-            index.part_length[layer, :len(ranges), p] = ranges[:, 2]
+            index.part_file[layer, : len(ranges), p] = ranges[:, 0]
+            index.part_offset[layer, : len(ranges), p] = ranges[:, 1]
+            index.part_length[layer, : len(ranges), p] = ranges[:, 2]
             if piece_digests is not None:
-                index.part_digest[layer, :len(ranges), p] = piece_digests[slot:slot + len(ranges)]
+                index.part_digest[layer, : len(ranges), p] = piece_digests[slot : slot + len(ranges)]
         slot += len(t.ranges)
     if piece_digests is not None:
         index.tensor_digest = tensor_digests(tensors, piece_digests)

@@ -17,6 +17,7 @@ The header is the input's first-shard KV bytes copied verbatim (less split.* key
 the input is split into shards, and general.alignment in compat, which is re-added with
 the new value), then the swapmoe.* keys, then the tensor infos in data order.
 """
+
 from __future__ import annotations
 
 import os
@@ -80,8 +81,7 @@ def kv_bytes(key: str, data: bytes) -> bytes:
 
 
 def tensor_info(name: str, ne: tuple[int, ...], ggml_type: GGMLQuantizationType, relative_offset: int) -> bytes:
-    return (_gguf_str(name) + struct.pack(f"<I{len(ne)}Q", len(ne), *ne)
-            + struct.pack("<IQ", ggml_type, relative_offset))
+    return _gguf_str(name) + struct.pack(f"<I{len(ne)}Q", len(ne), *ne) + struct.pack("<IQ", ggml_type, relative_offset)
 
 
 # --- the plan ---------------------------------------------------------------------------
@@ -113,9 +113,13 @@ class Plan:
 
     def header(self, source_digests: list[str]) -> bytes:
         """Header bytes [0, data_offset): the same length whatever the digests."""
-        kv = [kv_u32(KEY_LAYOUT_VERSION, LAYOUT_VERSION), kv_string(KEY_LAYOUT, self.layout),
-              kv_u32(KEY_PAGE_SIZE, self.page_size), kv_strings(KEY_SOURCE_DIGEST, source_digests),
-              kv_bytes(KEY_UNPACK, self.unpack_blob)]
+        kv = [
+            kv_u32(KEY_LAYOUT_VERSION, LAYOUT_VERSION),
+            kv_string(KEY_LAYOUT, self.layout),
+            kv_u32(KEY_PAGE_SIZE, self.page_size),
+            kv_strings(KEY_SOURCE_DIGEST, source_digests),
+            kv_bytes(KEY_UNPACK, self.unpack_blob),
+        ]
         if self.layout == "compat":
             kv.append(kv_u32(Keys.General.ALIGNMENT, self.alignment))
         infos = [tensor_info(t.name, t.ne, t.ggml_type, t.offset - self.data_offset) for t in self.outputs]
@@ -130,8 +134,9 @@ def _check_page_size(page_size: int, alignment: int) -> None:
     if page_size < 4096 or page_size & (page_size - 1):
         raise SwapmoeError(f"page size {page_size} must be a power of two of at least 4096")
     if alignment <= 0 or alignment & (alignment - 1) or alignment > page_size:
-        raise SwapmoeError(f"general.alignment {alignment} must be a power of two no larger than the page size "
-                           f"{page_size}")
+        raise SwapmoeError(
+            f"general.alignment {alignment} must be a power of two no larger than the page size {page_size}"
+        )
 
 
 def _source_layout(g: GGUFFile, tensors: list[LogicalTensor]) -> Manifest:
@@ -161,8 +166,9 @@ def plan_repack(g: GGUFFile, layout: str = "bundled", page_size: int = DEFAULT_P
     if layout not in LAYOUTS:
         raise SwapmoeError(f"unknown layout {layout!r}; choose one of {', '.join(LAYOUTS)}")
     if layout_of(g) != "original":
-        raise SwapmoeError(f"{g.path}: already repacked ({layout_of(g)} layout); use it as it is, or "
-                           "`swapmoe unpack` it first")
+        raise SwapmoeError(
+            f"{g.path}: already repacked ({layout_of(g)} layout); use it as it is, or `swapmoe unpack` it first"
+        )
     alignment = int(g.get(Keys.General.ALIGNMENT, GGUF_DEFAULT_ALIGNMENT))
     _check_page_size(page_size, alignment)
     version = g.shards[0].version
@@ -171,8 +177,10 @@ def plan_repack(g: GGUFFile, layout: str = "bundled", page_size: int = DEFAULT_P
     tensors = logical_tensors(g)
     routed = [t for t in tensors if t.routed]
     if not routed:
-        raise SwapmoeError(f"{g.path}: no routed expert tensors (blk.N.ffn_*_exps); this is not a Mixture-of-Experts "
-                           "model, so there is nothing to repack")
+        raise SwapmoeError(
+            f"{g.path}: no routed expert tensors (blk.N.ffn_*_exps); this is not a Mixture-of-Experts "
+            "model, so there is nothing to repack"
+        )
     hash_tables(g, tensors, max(t.ne[-1] for t in routed))  # refuse bad tables before copying anything
 
     dropped = set(SPLIT_KEYS) if len(g.shards) > 1 else set()
@@ -193,12 +201,14 @@ def plan_repack(g: GGUFFile, layout: str = "bundled", page_size: int = DEFAULT_P
     n_expert = {layer: {tensors[i].ne[-1] for i in members} for layer, members in layers.items()}
     for layer, counts in n_expert.items():
         if len(counts) > 1:
-            raise SwapmoeError(f"{g.path}: the routed tensors of layer {layer} disagree on the expert count "
-                               f"({sorted(counts)})")
+            raise SwapmoeError(
+                f"{g.path}: the routed tensors of layer {layer} disagree on the expert count ({sorted(counts)})"
+            )
 
     # (tensor index, expert or None, output name, ne) in data order
-    order: list[tuple[int, int | None, str, tuple[int, ...]]] = [(i, None, tensors[i].name, tensors[i].ne)
-                                                                 for i in nonexpert]
+    order: list[tuple[int, int | None, str, tuple[int, ...]]] = [
+        (i, None, tensors[i].name, tensors[i].ne) for i in nonexpert
+    ]
     for layer in sorted(layers):
         if layout == "compat":
             order += [(i, None, tensors[i].name, tensors[i].ne) for i in layers[layer]]
@@ -207,8 +217,22 @@ def plan_repack(g: GGUFFile, layout: str = "bundled", page_size: int = DEFAULT_P
                 order += [(i, e, expert_tensor_name(tensors[i].name, e), tensors[i].ne[:-1]) for i in layers[layer]]
 
     manifest = _source_layout(g, tensors)
-    plan = Plan(layout, page_size, [s.path for s in g.shards], version, kv, len(spans), out_alignment, tensors,
-                [], [], 0, 0, manifest, manifest.encode())
+    plan = Plan(
+        layout,
+        page_size,
+        [s.path for s in g.shards],
+        version,
+        kv,
+        len(spans),
+        out_alignment,
+        tensors,
+        [],
+        [],
+        0,
+        0,
+        manifest,
+        manifest.encode(),
+    )
     plan.outputs = [OutputTensor(name, tensors[i].ggml_type, ne, 0, 0) for i, _, name, ne in order]
     plan.data_offset = align(len(plan.header([DIGEST_PLACEHOLDER] * len(g.shards))), out_alignment)
 

@@ -15,6 +15,7 @@ every piece, unpack checks the source digest), so it passes through userspace on
 kernel copy followed by hashing from the page cache through a map of the source was
 measured (docs/repack.md): no faster, and the mapped pages raised peak RSS to ~760 MiB.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -44,8 +45,9 @@ class Piece:
 
 
 def _truncated(path: Path, offset: int) -> SwapmoeError:
-    return SwapmoeError(f"{path}: ends at byte {offset:,}, before the data it should hold "
-                        "(file truncated while in use?)")
+    return SwapmoeError(
+        f"{path}: ends at byte {offset:,}, before the data it should hold (file truncated while in use?)"
+    )
 
 
 def _read_exact(fd: int, view: memoryview, offset: int, path: Path) -> None:
@@ -69,16 +71,27 @@ def _batches(pieces: list[Piece]) -> list[list[Piece]]:
     out: list[list[Piece]] = []
     for piece in sorted(pieces, key=lambda p: (p.src, p.src_offset)):
         last = out[-1] if out else None
-        if (last and last[0].src == piece.src and piece.src_offset >= last[-1].src_offset + last[-1].length
-                and piece.src_offset + piece.length - last[0].src_offset <= CHUNK):
+        if (
+            last
+            and last[0].src == piece.src
+            and piece.src_offset >= last[-1].src_offset + last[-1].length
+            and piece.src_offset + piece.length - last[0].src_offset <= CHUNK
+        ):
             last.append(piece)
         else:
             out.append([piece])
     return out
 
 
-def run(pieces: list[Piece], sources: list[Path], dests: list[Path] = (), mode: str = "hash", desc: str = "",
-        progress: bool = False, n_slots: int | None = None) -> tuple[np.ndarray, list[int]]:
+def run(
+    pieces: list[Piece],
+    sources: list[Path],
+    dests: list[Path] = (),
+    mode: str = "hash",
+    desc: str = "",
+    progress: bool = False,
+    n_slots: int | None = None,
+) -> tuple[np.ndarray, list[int]]:
     """Process every piece; return (sha256 per slot as uint8 [n_slots, 32], slots that differed in compare)."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}")
@@ -88,8 +101,15 @@ def run(pieces: list[Piece], sources: list[Path], dests: list[Path] = (), mode: 
     queue = iter(_batches(pieces))
     lock, stop, errors = threading.Lock(), threading.Event(), []
     src_fds, dst_fds = [], []
-    bar = tqdm(total=sum(p.length for p in pieces), unit="B", unit_scale=True, desc=desc, disable=not progress,
-               mininterval=0.5, smoothing=0.1)
+    bar = tqdm(
+        total=sum(p.length for p in pieces),
+        unit="B",
+        unit_scale=True,
+        desc=desc,
+        disable=not progress,
+        mininterval=0.5,
+        smoothing=0.1,
+    )
 
     def finish(piece: Piece, view: memoryview, h, offset: int, other: memoryview | None) -> bool:
         """Hash bytes of the piece already in `view` (at `offset` within the piece), then write or compare them."""
@@ -97,7 +117,7 @@ def run(pieces: list[Piece], sources: list[Path], dests: list[Path] = (), mode: 
         if mode == "copy":
             _write_all(dst_fds[piece.dst], view, piece.dst_offset + offset)
         elif mode == "compare":
-            theirs = other[:len(view)]
+            theirs = other[: len(view)]
             _read_exact(dst_fds[piece.dst], theirs, piece.dst_offset + offset, dests[piece.dst])
             return np.array_equal(np.frombuffer(view, np.uint8), np.frombuffer(theirs, np.uint8))
         return True
@@ -111,7 +131,7 @@ def run(pieces: list[Piece], sources: list[Path], dests: list[Path] = (), mode: 
             for offset in range(0, piece.length, CHUNK):
                 if stop.is_set():
                     return True
-                chunk = buffer[:min(CHUNK, piece.length - offset)]
+                chunk = buffer[: min(CHUNK, piece.length - offset)]
                 _read_exact(src_fds[piece.src], chunk, piece.src_offset + offset, sources[piece.src])
                 same = finish(piece, chunk, h, offset, other) and same
         digests[piece.slot] = np.frombuffer(h.digest(), np.uint8)
@@ -133,7 +153,7 @@ def run(pieces: list[Piece], sources: list[Path], dests: list[Path] = (), mode: 
                     _read_exact(src_fds[batch[0].src], buffer[:span], base, sources[batch[0].src])
                 for piece in batch:
                     start = piece.src_offset - base
-                    same = one_piece(piece, buffer[start:start + piece.length] if read_batch else None, buffer, other)
+                    same = one_piece(piece, buffer[start : start + piece.length] if read_batch else None, buffer, other)
                     with lock:
                         bar.update(piece.length)
                         if not same:

@@ -10,6 +10,7 @@ unpack) works from this list, so it treats the three kinds of file alike.
 A repacked file carries the original's tensor table and header bytes in its
 `swapmoe.unpack` key (see `Manifest`), which is how this module finds its way back.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -77,31 +78,35 @@ class Manifest:
     shard, the shard's header bytes [0, data_offset) followed by its gap bytes in order
     (every byte of the shard that no tensor covers: alignment padding and any tail).
     """
+
     shards: list[dict]  # name, size, header_length, gaps
     tensors: list[tuple[str, int, int, int]]  # name, shard, offset, nbytes
     pool: bytes = field(repr=False)
 
     def encode(self) -> bytes:
-        text = json.dumps({"version": MANIFEST_VERSION, "shards": self.shards, "tensors": self.tensors},
-                          separators=(",", ":")).encode()
+        text = json.dumps(
+            {"version": MANIFEST_VERSION, "shards": self.shards, "tensors": self.tensors}, separators=(",", ":")
+        ).encode()
         return zstandard.ZstdCompressor(level=9).compress(struct.pack("<I", len(text)) + text + self.pool)
 
     @classmethod
     def decode(cls, blob: bytes) -> "Manifest":
         raw = zstandard.ZstdDecompressor().decompress(blob)
         (n,) = struct.unpack_from("<I", raw)
-        meta = json.loads(raw[4:4 + n])
+        meta = json.loads(raw[4 : 4 + n])
         if meta.get("version") != MANIFEST_VERSION:
-            raise SwapmoeError(f"unpack manifest version {meta.get('version')} is not supported "
-                               f"(this swapmoe reads version {MANIFEST_VERSION})")
-        return cls(meta["shards"], [tuple(t) for t in meta["tensors"]], raw[4 + n:])
+            raise SwapmoeError(
+                f"unpack manifest version {meta.get('version')} is not supported "
+                f"(this swapmoe reads version {MANIFEST_VERSION})"
+            )
+        return cls(meta["shards"], [tuple(t) for t in meta["tensors"]], raw[4 + n :])
 
     def _pool_start(self, shard: int) -> int:
         return sum(s["header_length"] + sum(length for _, length in s["gaps"]) for s in self.shards[:shard])
 
     def header(self, shard: int) -> bytes:
         start = self._pool_start(shard)
-        return self.pool[start:start + self.shards[shard]["header_length"]]
+        return self.pool[start : start + self.shards[shard]["header_length"]]
 
     def gaps(self, shard: int) -> list[tuple[int, bytes]]:
         """(offset, bytes) of every gap of a shard."""
@@ -109,7 +114,7 @@ class Manifest:
         pos = self._pool_start(shard) + s["header_length"]
         out = []
         for offset, length in s["gaps"]:
-            out.append((offset, self.pool[pos:pos + length]))
+            out.append((offset, self.pool[pos : pos + length]))
             pos += length
         return out
 
@@ -117,8 +122,9 @@ class Manifest:
 def read_manifest(g: GGUFFile) -> Manifest:
     blob = g.get(KEY_UNPACK)
     if blob is None:
-        raise SwapmoeError(f"{g.path}: repacked file without its {KEY_UNPACK} key; it was not written by swapmoe "
-                           "or is damaged")
+        raise SwapmoeError(
+            f"{g.path}: repacked file without its {KEY_UNPACK} key; it was not written by swapmoe or is damaged"
+        )
     try:
         return Manifest.decode(bytes(np.asarray(blob, dtype=np.uint8)))
     except SwapmoeError:
@@ -133,8 +139,10 @@ def layout_of(g: GGUFFile) -> str:
     if layout is None:
         return "original"
     if layout not in LAYOUTS or g.get(KEY_LAYOUT_VERSION) != LAYOUT_VERSION:
-        raise SwapmoeError(f"{g.path}: swapmoe layout {layout!r} version {g.get(KEY_LAYOUT_VERSION)} is not "
-                           f"supported by this swapmoe (layout version {LAYOUT_VERSION})")
+        raise SwapmoeError(
+            f"{g.path}: swapmoe layout {layout!r} version {g.get(KEY_LAYOUT_VERSION)} is not "
+            f"supported by this swapmoe (layout version {LAYOUT_VERSION})"
+        )
     return layout
 
 
@@ -165,8 +173,14 @@ def logical_tensors(g: GGUFFile) -> list[LogicalTensor]:
             for p in parts:
                 if p.ggml_type != first.ggml_type or p.ne != first.ne:
                     raise SwapmoeError(f"{g.path}: expert tensor {p.name} differs in type or shape from {first.name}")
-            lt = LogicalTensor(name, first.ggml_type, first.ne + (len(parts),), cls,
-                               tuple((p.shard, p.offset, p.nbytes) for p in parts), (shard, offset))
+            lt = LogicalTensor(
+                name,
+                first.ggml_type,
+                first.ne + (len(parts),),
+                cls,
+                tuple((p.shard, p.offset, p.nbytes) for p in parts),
+                (shard, offset),
+            )
         else:
             lt = _in_place(g.tensor(name), (shard, offset))
         if lt.nbytes != nbytes:
@@ -182,21 +196,26 @@ def hash_tables(g: GGUFFile, tensors: list[LogicalTensor], n_expert: int) -> dic
         if t.cls.kind is not TensorKind.HASH_TABLE:
             continue
         if t.ggml_type != GGMLQuantizationType.I32 or len(t.ne) != 2:
-            raise SwapmoeError(f"{g.path}: hash table {t.name} should be a 2-D I32 tensor, "
-                               f"not {t.ggml_type.name} {list(t.ne)}")
+            raise SwapmoeError(
+                f"{g.path}: hash table {t.name} should be a 2-D I32 tensor, not {t.ggml_type.name} {list(t.ne)}"
+            )
         table = g.array(t.name)  # numpy shape [n_vocab, k]
         n_vocab = len(g.get(Keys.Tokenizer.LIST, ()) or ()) or table.shape[0]
         k = g.arch_get(Keys.LLM.EXPERT_USED_COUNT, table.shape[1])
         if table.shape != (n_vocab, k):
-            raise SwapmoeError(f"{g.path}: hash table {t.name} is {table.shape[0]} tokens x {table.shape[1]} experts, "
-                               f"but the model has {n_vocab} tokens and uses {k} experts per token")
+            raise SwapmoeError(
+                f"{g.path}: hash table {t.name} is {table.shape[0]} tokens x {table.shape[1]} experts, "
+                f"but the model has {n_vocab} tokens and uses {k} experts per token"
+            )
         bad = np.argwhere((table < 0) | (table >= n_expert))
         if len(bad):
             token, slot = (int(x) for x in bad[0])
             expert = int(table[token, slot])
-            raise SwapmoeError(f"{g.path}: hash table {t.name}: token {token} maps to expert {expert}, "
-                               f"but the layer has {n_expert} experts (ids must be 0..{n_expert - 1}); "
-                               f"{len(bad)} bad entries")
+            raise SwapmoeError(
+                f"{g.path}: hash table {t.name}: token {token} maps to expert {expert}, "
+                f"but the layer has {n_expert} experts (ids must be 0..{n_expert - 1}); "
+                f"{len(bad)} bad entries"
+            )
         tables[t.cls.layer] = table.copy()
     return tables
 
@@ -215,7 +234,7 @@ def tensor_digests(tensors: list[LogicalTensor], piece_digests: np.ndarray) -> n
     out = np.zeros((len(tensors), 32), np.uint8)
     for i, (t, slot) in enumerate(zip(tensors, first_slots(tensors))):
         if t.routed:
-            pieces = piece_digests[slot:slot + len(t.ranges)].tobytes()
+            pieces = piece_digests[slot : slot + len(t.ranges)].tobytes()
             out[i] = np.frombuffer(hashlib.sha256(pieces).digest(), np.uint8)
         else:
             out[i] = piece_digests[slot]
@@ -230,8 +249,9 @@ def content_digest(manifest: Manifest, shard: int, digests: np.ndarray) -> str:
     """
     items = [(0, 0, manifest.header(shard))]
     items += [(offset, 1, data) for offset, data in manifest.gaps(shard)]
-    items += [(offset, 2 + i, digests[i].tobytes())
-              for i, (_, s, offset, _) in enumerate(manifest.tensors) if s == shard]
+    items += [
+        (offset, 2 + i, digests[i].tobytes()) for i, (_, s, offset, _) in enumerate(manifest.tensors) if s == shard
+    ]
     h = hashlib.sha256()
     for _, _, data in sorted(items, key=lambda item: item[:2]):
         h.update(data)

@@ -4,6 +4,7 @@ The repacked file's `swapmoe.unpack` key holds the original header bytes, gap by
 tensor table of every original shard; its `swapmoe.source_digest` pins the result. A split
 original comes back as the same shards with the same names pattern.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -41,13 +42,16 @@ def target_paths(orig: Path, manifest: Manifest) -> list[Path]:
         return [orig]
     m = _FIRST_SHARD.match(orig.name)
     if not m or int(m["count"]) != len(names):
-        raise SwapmoeError(f"{orig}: the original was split into {len(names)} shards; give the first shard's name "
-                           f"(NAME-00001-of-{len(names):05d}.gguf) or a directory")
+        raise SwapmoeError(
+            f"{orig}: the original was split into {len(names)} shards; give the first shard's name "
+            f"(NAME-00001-of-{len(names):05d}.gguf) or a directory"
+        )
     return [orig.with_name(f"{m['stem']}-{i:05d}-of-{len(names):05d}.gguf") for i in range(1, len(names) + 1)]
 
 
-def unpack(packed: str | os.PathLike, orig: str | os.PathLike, force: bool = False,
-           progress: bool = False) -> list[Path]:
+def unpack(
+    packed: str | os.PathLike, orig: str | os.PathLike, force: bool = False, progress: bool = False
+) -> list[Path]:
     """Write the original GGUF (or its shards) that `packed` was repacked from; return the paths written."""
     g = open_gguf(packed)
     if layout_of(g) == "original":
@@ -69,11 +73,20 @@ def unpack(packed: str | os.PathLike, orig: str | os.PathLike, force: bool = Fal
         tmps = [stack.enter_context(atomic_output(target)) for target in targets]
         for shard, tmp in enumerate(tmps):
             create(tmp, manifest.shards[shard]["size"], [(0, manifest.header(shard))] + manifest.gaps(shard))
-        digests, _ = stream.run(pieces, [g.shards[0].path], tmps, mode="copy", progress=progress,
-                                desc=f"unpack {targets[0].name}", n_slots=sum(len(t.ranges) for t in tensors))
+        digests, _ = stream.run(
+            pieces,
+            [g.shards[0].path],
+            tmps,
+            mode="copy",
+            progress=progress,
+            desc=f"unpack {targets[0].name}",
+            n_slots=sum(len(t.ranges) for t in tensors),
+        )
         per_tensor = tensor_digests(tensors, digests)
         for shard, target in enumerate(targets):
             if content_digest(manifest, shard, per_tensor) != expected[shard]:
-                raise SwapmoeError(f"{g.path}: the rebuilt {target.name} does not match the original's digest; the "
-                                   "repacked file is damaged (run `swapmoe verify`); nothing was written")
+                raise SwapmoeError(
+                    f"{g.path}: the rebuilt {target.name} does not match the original's digest; the "
+                    "repacked file is damaged (run `swapmoe verify`); nothing was written"
+                )
     return targets

@@ -8,6 +8,7 @@ piece's sha256 equals the index's; a repacked file's source digests equal those
 recomputed from its bytes; with --against, every tensor equals the original's byte for byte
 and the original's header and padding bytes equal those stored for unpack.
 """
+
 from __future__ import annotations
 
 import os
@@ -40,9 +41,30 @@ from swapmoe.repack.tensors import (
     tensor_digests,
 )
 
-_STRUCTURE = ("arch", "layout", "page_size", "n_layer", "n_expert", "n_expert_used", "parts", "part_type", "part_ne",
-              "part_file", "part_offset", "part_length", "slice_offset", "slice_length", "slice_flags", "nonexpert",
-              "tensor_names", "tensor_type", "tensor_ne", "tensor_file", "tensor_offset", "tensor_nbytes")
+_STRUCTURE = (
+    "arch",
+    "layout",
+    "page_size",
+    "n_layer",
+    "n_expert",
+    "n_expert_used",
+    "parts",
+    "part_type",
+    "part_ne",
+    "part_file",
+    "part_offset",
+    "part_length",
+    "slice_offset",
+    "slice_length",
+    "slice_flags",
+    "nonexpert",
+    "tensor_names",
+    "tensor_type",
+    "tensor_ne",
+    "tensor_file",
+    "tensor_offset",
+    "tensor_nbytes",
+)
 _SHOWN = 20  # problems listed in full; the rest are counted
 
 
@@ -106,7 +128,8 @@ def verify(path: str | os.PathLike, against: str | os.PathLike | None = None, pr
         if not _same(getattr(index, name), getattr(fresh, name)):
             problems.append(f"index field {name} disagrees with the file's tensor table")
     if index.hash_layers() != fresh.hash_layers() or any(
-            not np.array_equal(index.hash_table(layer), fresh.hash_table(layer)) for layer in fresh.hash_layers()):
+        not np.array_equal(index.hash_table(layer), fresh.hash_table(layer)) for layer in fresh.hash_layers()
+    ):
         problems.append("index hash tables disagree with the file's ffn_gate_tid2eid tensors")
     problems += _layout_problems(index, tensors)
 
@@ -114,8 +137,14 @@ def verify(path: str | os.PathLike, against: str | os.PathLike | None = None, pr
     n_slots = sum(len(t.ranges) for t in tensors)
     if against is None:
         pieces = [Piece(f, o, n, slot + k) for t, slot in zip(tensors, slots) for k, (f, o, n) in enumerate(t.ranges)]
-        digests, mismatched = stream.run(pieces, [s.path for s in g.shards], mode="hash", progress=progress,
-                                         desc=f"verify {g.path.name}", n_slots=n_slots)
+        digests, mismatched = stream.run(
+            pieces,
+            [s.path for s in g.shards],
+            mode="hash",
+            progress=progress,
+            desc=f"verify {g.path.name}",
+            n_slots=n_slots,
+        )
     else:
         original = open_gguf(against)
         report.against = original.path
@@ -127,11 +156,19 @@ def verify(path: str | os.PathLike, against: str | os.PathLike | None = None, pr
             if src is None or len(src.ranges) != len(t.ranges) or src.nbytes != t.nbytes:
                 problems.append(f"tensor {t.name}: missing from {original.path.name} or of another size")
                 continue
-            pieces += [Piece(sf, so, sn, slot + k, f, o)
-                       for k, ((sf, so, sn), (f, o, n)) in enumerate(zip(src.ranges, t.ranges))]
-        digests, mismatched = stream.run(pieces, [s.path for s in original.shards], [s.path for s in g.shards],
-                                         mode="compare", progress=progress, desc=f"verify {g.path.name}",
-                                         n_slots=n_slots)
+            pieces += [
+                Piece(sf, so, sn, slot + k, f, o)
+                for k, ((sf, so, sn), (f, o, n)) in enumerate(zip(src.ranges, t.ranges))
+            ]
+        digests, mismatched = stream.run(
+            pieces,
+            [s.path for s in original.shards],
+            [s.path for s in g.shards],
+            mode="compare",
+            progress=progress,
+            desc=f"verify {g.path.name}",
+            n_slots=n_slots,
+        )
         if mismatched:
             owner = np.searchsorted(slots, mismatched, side="right") - 1
             names = sorted({tensors[i].name for i in owner})
@@ -142,8 +179,10 @@ def verify(path: str | os.PathLike, against: str | os.PathLike | None = None, pr
     if index.has_digests:
         bad = np.flatnonzero((per_tensor != index.tensor_digest).any(axis=1))
         if len(bad):
-            problems.append(f"{len(bad)} tensors do not match their digest in the index: "
-                            + ", ".join(tensors[i].name for i in bad[:_SHOWN]))
+            problems.append(
+                f"{len(bad)} tensors do not match their digest in the index: "
+                + ", ".join(tensors[i].name for i in bad[:_SHOWN])
+            )
         fresh_parts = build(g, digests, index.page_size, tensors).part_digest
         if not np.array_equal(fresh_parts, index.part_digest):
             problems.append("index field part_digest disagrees with the bytes of the expert parts")
@@ -164,8 +203,10 @@ def _original_problems(g, original) -> list[str]:
         return []
     manifest = read_manifest(g)
     if len(original.shards) != len(manifest.shards):
-        return [f"{original.path.name} has {len(original.shards)} shards, the repacked file's original had "
-                f"{len(manifest.shards)}"]
+        return [
+            f"{original.path.name} has {len(original.shards)} shards, the repacked file's original had "
+            f"{len(manifest.shards)}"
+        ]
     problems = []
     for i, shard in enumerate(original.shards):
         with open(shard.path, "rb") as f:

@@ -1,4 +1,5 @@
 """`swapmoe repack` and `swapmoe index`: write a repacked GGUF with its sidecar, or only a sidecar."""
+
 from __future__ import annotations
 
 import errno
@@ -33,8 +34,14 @@ def create(path: Path, size: int, chunks: list[tuple[int, bytes]]) -> None:
         os.close(fd)
 
 
-def repack(in_path: str | os.PathLike, out_path: str | os.PathLike, layout: str = "bundled",
-           page_size: int = DEFAULT_PAGE_SIZE, force: bool = False, progress: bool = False) -> Path:
+def repack(
+    in_path: str | os.PathLike,
+    out_path: str | os.PathLike,
+    layout: str = "bundled",
+    page_size: int = DEFAULT_PAGE_SIZE,
+    force: bool = False,
+    progress: bool = False,
+) -> Path:
     """Write `out_path`, a page-aligned copy of the GGUF `in_path`, and its sidecar index `out_path.swapidx`.
 
     Nothing is left at `out_path` if anything fails or is interrupted; the input is only read.
@@ -47,8 +54,15 @@ def repack(in_path: str | os.PathLike, out_path: str | os.PathLike, layout: str 
     side = sidecar_path(out_path)
     with atomic_pair(out_path, side) as (tmp, tmp_side):
         create(tmp, plan.size, [(0, plan.header([DIGEST_PLACEHOLDER] * len(plan.sources)))])
-        digests, _ = stream.run(plan.pieces, plan.sources, [tmp], mode="copy", progress=progress,
-                                desc=f"repack {out_path.name}", n_slots=sum(len(t.ranges) for t in plan.tensors))
+        digests, _ = stream.run(
+            plan.pieces,
+            plan.sources,
+            [tmp],
+            mode="copy",
+            progress=progress,
+            desc=f"repack {out_path.name}",
+            n_slots=sum(len(t.ranges) for t in plan.tensors),
+        )
         per_tensor = tensor_digests(plan.tensors, digests)
         sources = [content_digest(plan.manifest, shard, per_tensor) for shard in range(len(plan.sources))]
         with open(tmp, "r+b") as f:
@@ -60,8 +74,9 @@ def repack(in_path: str | os.PathLike, out_path: str | os.PathLike, layout: str 
     return out_path
 
 
-def index_gguf(path: str | os.PathLike, page_size: int = DEFAULT_PAGE_SIZE, digests: bool = True,
-               progress: bool = False) -> tuple[Path, ExpertIndex]:
+def index_gguf(
+    path: str | os.PathLike, page_size: int = DEFAULT_PAGE_SIZE, digests: bool = True, progress: bool = False
+) -> tuple[Path, ExpertIndex]:
     """Write the sidecar index of a GGUF as it is (no copy); return its path and the index.
 
     digests=False skips reading the tensor bytes (seconds instead of a full read of the file).
@@ -74,8 +89,14 @@ def index_gguf(path: str | os.PathLike, page_size: int = DEFAULT_PAGE_SIZE, dige
     if digests:
         slots = first_slots(tensors)
         pieces = [Piece(f, o, n, slot + k) for t, slot in zip(tensors, slots) for k, (f, o, n) in enumerate(t.ranges)]
-        piece_digests, _ = stream.run(pieces, [s.path for s in g.shards], mode="hash", progress=progress,
-                                      desc=f"index {g.path.name}", n_slots=len(pieces))
+        piece_digests, _ = stream.run(
+            pieces,
+            [s.path for s in g.shards],
+            mode="hash",
+            progress=progress,
+            desc=f"index {g.path.name}",
+            n_slots=len(pieces),
+        )
     index = build(g, piece_digests, page_size, tensors)
     side = sidecar_path(g.path)
     index.save(side)

@@ -21,6 +21,7 @@ strings (OpenAI's format; Hugging Face expects dicts) are parsed for templates t
 as an object (e.g. Qwen3.5's), found by llama.cpp's probe; and the checks llama.cpp patches out
 of the gpt-oss and Mistral templates are patched out here too.
 """
+
 from __future__ import annotations
 
 import json
@@ -81,16 +82,19 @@ def _limit(seq: Any) -> int:
 
 def _bounded_bits(bits: int, left: int, operator: str, right: int) -> None:
     if bits > MAX_NUMBER_BITS:
-        raise ChatTemplateError(f"the chat template computes {left if left.bit_length() < 64 else 'a huge number'} "
-                                f"{operator} {right if right.bit_length() < 64 else 'a huge number'}")
+        raise ChatTemplateError(
+            f"the chat template computes {left if left.bit_length() < 64 else 'a huge number'} "
+            f"{operator} {right if right.bit_length() < 64 else 'a huge number'}"
+        )
 
 
 def _formatted_size(fmt: str, args: Any) -> int:
     """At most how long `fmt % args` or `fmt.format(*args)` is: fmt, the widths and precisions
     written in it, the values' text, and the integers among the values where fmt takes a width
     or precision from them (`*`, or a field inside a format spec)."""
-    values = list(args.values()) if isinstance(args, dict) else list(args) if isinstance(args, (tuple, list)) \
-        else [args]
+    values = (
+        list(args.values()) if isinstance(args, dict) else list(args) if isinstance(args, (tuple, list)) else [args]
+    )
     size = len(fmt) + sum(len(v) for v in values if isinstance(v, str))
     for digits in re.findall(r"\d+", fmt):
         size += int(digits) if len(digits) <= _NUMBER_DIGITS else MAX_TEXT + 1
@@ -132,8 +136,9 @@ def _strftime_now(format: str) -> str:
     return datetime.now().strftime(format)
 
 
-def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, separators=None,
-            sort_keys: bool = False) -> str:
+def _tojson(
+    value: Any, ensure_ascii: bool = False, indent: int | None = None, separators=None, sort_keys: bool = False
+) -> str:
     if isinstance(indent, int) and not 0 <= indent <= 64:
         raise ChatTemplateError(f"the chat template asks tojson for an indent of {indent} (0..64)")
     text = json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
@@ -148,8 +153,9 @@ def _center(value: Any, width: int = 80) -> str:
 
 def _bounded_filters(filters: dict) -> dict:
     """Jinja's filters that can make far more than they are given, each checked first."""
-    replace, join, indent, wordwrap, slice_, format_ = (filters[name] for name in
-                                                       ("replace", "join", "indent", "wordwrap", "slice", "format"))
+    replace, join, indent, wordwrap, slice_, format_ = (
+        filters[name] for name in ("replace", "join", "indent", "wordwrap", "slice", "format")
+    )
 
     def bounded_replace(eval_ctx, s, old, new, count=None):
         _bounded_size(_replaced_size(str(s), str(old), str(new), count), "a replaced string")
@@ -167,8 +173,9 @@ def _bounded_filters(filters: dict) -> dict:
 
     def bounded_wordwrap(environment, s, width=79, break_long_words=True, wrapstring=None, break_on_hyphens=True):
         if len(str(s)) // max(1, int(width)) > MAX_RANGE:
-            raise ChatTemplateError(f"the chat template wraps {len(str(s))} characters at {width} "
-                                    f"(at most {MAX_RANGE} lines)")
+            raise ChatTemplateError(
+                f"the chat template wraps {len(str(s))} characters at {width} (at most {MAX_RANGE} lines)"
+            )
         return wordwrap(environment, s, width, break_long_words, wrapstring, break_on_hyphens)
 
     def bounded_slice(value, slices, fill_with=None):
@@ -182,8 +189,16 @@ def _bounded_filters(filters: dict) -> dict:
 
     for wrapper, original in ((bounded_replace, replace), (bounded_join, join), (bounded_wordwrap, wordwrap)):
         wrapper.jinja_pass_arg = original.jinja_pass_arg  # the context argument jinja hands them
-    return {"replace": bounded_replace, "join": bounded_join, "indent": bounded_indent, "wordwrap": bounded_wordwrap,
-            "slice": bounded_slice, "format": bounded_format, "center": _center, "tojson": _tojson}
+    return {
+        "replace": bounded_replace,
+        "join": bounded_join,
+        "indent": bounded_indent,
+        "wordwrap": bounded_wordwrap,
+        "slice": bounded_slice,
+        "format": bounded_format,
+        "center": _center,
+        "tojson": _tojson,
+    }
 
 
 def _loop_steps(iterable):
@@ -229,6 +244,7 @@ def _compile(source: str):
     class GenerationBlock(Extension):
         """{% generation %}...{% endgeneration %}: Hugging Face uses it to mark the assistant's
         text for training masks; it renders as its body."""
+
         tags = {"generation"}
 
         def parse(self, parser) -> list[nodes.Node]:
@@ -238,6 +254,7 @@ def _compile(source: str):
     class BoundedEnvironment(ImmutableSandboxedEnvironment):
         """The sandbox, timed at every call and attribute, and with no string, list or number grown
         past the bounds by an operator or a method."""
+
         intercepted_binops = frozenset(["*", "**", "+", "%"])
         loop_steps, joined = staticmethod(_loop_steps), staticmethod(_joined)
 
@@ -272,9 +289,11 @@ def _compile(source: str):
             _check_time()
             value = super().getattr(obj, attribute)
             if isinstance(obj, str) and attribute in ("format", "format_map") and callable(value):
+
                 def bounded_format(*args, **kwargs):  # the sandbox's own str.format, checked first
                     _bounded_size(_formatted_size(obj, list(args) + list(kwargs.values())), "a formatted string")
                     return value(*args, **kwargs)
+
                 return bounded_format
             return value
 
@@ -293,8 +312,14 @@ def _compile(source: str):
         raise ChatTemplateError("the chat template ran out of memory while it was compiled") from None
 
 
-def render_template(source: str, messages: Iterable[dict[str, Any]], add_generation_prompt: bool = True,
-                    bos_token: str = "", eos_token: str = "", **variables: Any) -> str:
+def render_template(
+    source: str,
+    messages: Iterable[dict[str, Any]],
+    add_generation_prompt: bool = True,
+    bos_token: str = "",
+    eos_token: str = "",
+    **variables: Any,
+) -> str:
     """Render a Jinja chat template with `messages` ([{"role": ..., "content": ...}, ...])."""
     from jinja2 import TemplateError
 
@@ -302,8 +327,13 @@ def render_template(source: str, messages: Iterable[dict[str, Any]], add_generat
     _render.deadline = time.monotonic() + MAX_SECONDS
     try:
         pieces, size = [], 0
-        for piece in template.generate(messages=list(messages), add_generation_prompt=add_generation_prompt,
-                                       bos_token=bos_token, eos_token=eos_token, **variables):
+        for piece in template.generate(
+            messages=list(messages),
+            add_generation_prompt=add_generation_prompt,
+            bos_token=bos_token,
+            eos_token=eos_token,
+            **variables,
+        ):
             pieces.append(piece)
             size += len(piece)
             _bounded_size(size, "a prompt")
@@ -336,8 +366,7 @@ class ChatTemplate:
 
         return cls(Tokenizer.from_gguf(path), template)
 
-    def render(self, messages: Iterable[dict[str, Any]], add_generation_prompt: bool = True,
-               **variables: Any) -> str:
+    def render(self, messages: Iterable[dict[str, Any]], add_generation_prompt: bool = True, **variables: Any) -> str:
         """The whole prompt text, BOS (EOS) text included once where the tokenizer adds it: the
         same token ids as llama.cpp with `tokenizer.encode(text, add_special=False)`."""
         tok = self.tokenizer
@@ -349,8 +378,13 @@ class ChatTemplate:
         return prompt
 
 
-def apply_chat_template(tokenizer, messages: Iterable[dict[str, Any]], add_generation_prompt: bool = True,
-                        template: str | None = None, **variables: Any) -> str:
+def apply_chat_template(
+    tokenizer,
+    messages: Iterable[dict[str, Any]],
+    add_generation_prompt: bool = True,
+    template: str | None = None,
+    **variables: Any,
+) -> str:
     """The prompt text for `messages` in the model's chat format as llama.cpp makes it, for
     `tokenizer.encode(prompt)` (add_special=True: the tokenizer adds BOS/EOS where it does).
 
@@ -360,37 +394,48 @@ def apply_chat_template(tokenizer, messages: Iterable[dict[str, Any]], add_gener
     if source is not None and not isinstance(source, str):
         raise SwapmoeError(f"{tokenizer.source}: tokenizer.chat_template is a {type(source).__name__}, not a template")
     if not source:
-        raise SwapmoeError(f"{tokenizer.source}: the model has no chat template (tokenizer.chat_template); "
-                           "pass one with template=..., or give the prompt as plain text")
+        raise SwapmoeError(
+            f"{tokenizer.source}: the model has no chat template (tokenizer.chat_template); "
+            "pass one with template=..., or give the prompt as plain text"
+        )
     for marker, check in _LLAMA_CPP_TEMPLATE_PATCHES:
         if marker in source:
             source = source.replace(check, "{%- if false %}")
     bos = _special_text(tokenizer, tokenizer.bos_id)
     eos = _special_text(tokenizer, tokenizer.eos_id)
     now = datetime.now()
-    variables = {"enable_thinking": True, "date_string": now.strftime("%d %b %Y"),
-                 "datetime": now.strftime("%b %d %Y"), **variables}
+    variables = {
+        "enable_thinking": True,
+        "date_string": now.strftime("%d %b %Y"),
+        "datetime": now.strftime("%b %d %Y"),
+        **variables,
+    }
     messages = _adapt_messages(source, list(messages))
     try:
-        prompt = render_template(source, messages, add_generation_prompt, bos_token=bos, eos_token=eos,
-                                 **variables)
+        prompt = render_template(source, messages, add_generation_prompt, bos_token=bos, eos_token=eos, **variables)
     except ChatTemplateError as e:
         raise ChatTemplateError(e.reason, getattr(tokenizer, "source", None)) from None
     if tokenizer.add_bos and bos and prompt.startswith(bos):
-        prompt = prompt[len(bos):]
+        prompt = prompt[len(bos) :]
     if tokenizer.add_eos and eos and prompt.endswith(eos):
-        prompt = prompt[:-len(eos)]
+        prompt = prompt[: -len(eos)]
     return prompt
 
 
 # Checks that raise on messages llama.cpp passes (reasoning in gpt-oss content, empty Mistral
 # tool-call content): llama.cpp replaces them by `if false` (common_chat_templates_init).
 _LLAMA_CPP_TEMPLATE_PATCHES = [
-    ("<|channel|>", '{%- if "<|channel|>analysis<|message|>" in message.content or '
-                    '"<|channel|>final<|message|>" in message.content %}'),
-    ("[TOOL_CALLS]", "{%- if (message['content'] is none or message['content'] == '' or "
-                     "message['content']|length == 0) and (message['tool_calls'] is not defined or "
-                     "message['tool_calls'] is none or message['tool_calls']|length == 0) %}"),
+    (
+        "<|channel|>",
+        '{%- if "<|channel|>analysis<|message|>" in message.content or '
+        '"<|channel|>final<|message|>" in message.content %}',
+    ),
+    (
+        "[TOOL_CALLS]",
+        "{%- if (message['content'] is none or message['content'] == '' or "
+        "message['content']|length == 0) and (message['tool_calls'] is not defined or "
+        "message['tool_calls'] is none or message['tool_calls']|length == 0) %}",
+    ),
 ]
 
 
@@ -403,10 +448,13 @@ def _special_text(tokenizer, token_id: int | None) -> str:
 def _adapt_messages(source: str, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """llama.cpp's message workarounds: developer -> system, system merged where unsupported,
     JSON-string tool-call arguments parsed for templates that read them as objects."""
-    if any(isinstance(_call_function(call).get("arguments"), str) for m in messages
-           for call in (m.get("tool_calls") or ())) and _uses_object_arguments(source):
-        messages = [{**m, "tool_calls": [_parse_arguments(call) for call in m["tool_calls"]]} if m.get("tool_calls")
-                    else m for m in messages]
+    if any(
+        isinstance(_call_function(call).get("arguments"), str) for m in messages for call in (m.get("tool_calls") or ())
+    ) and _uses_object_arguments(source):
+        messages = [
+            {**m, "tool_calls": [_parse_arguments(call) for call in m["tool_calls"]]} if m.get("tool_calls") else m
+            for m in messages
+        ]
     if "<|channel|>" not in source:
         messages = [{**m, "role": "system"} if m.get("role") == "developer" else m for m in messages]
     if messages and messages[0].get("role") == "system" and not _supports_system_role(source):
@@ -479,16 +527,32 @@ def _uses_object_arguments(source: str) -> bool:
     arguments = _ArgumentsProbe(arg="value")
     probe = [
         {"role": "user", "content": "User message"},
-        {"role": "assistant", "content": "", "tool_calls": [
-            {"id": "call00001", "type": "function", "function": {"name": "tool1", "arguments": arguments}}]},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"id": "call00001", "type": "function", "function": {"name": "tool1", "arguments": arguments}}
+            ],
+        },
         {"role": "tool", "content": "Tool response", "tool_call_id": "call00001"},
         {"role": "assistant", "content": "The tool response was 'tool response'"},
         {"role": "user", "content": "User message"},
     ]
-    tools = [{"name": "tool", "type": "function", "function": {
-        "name": "tool1", "description": "Tool description",
-        "parameters": {"type": "object", "properties": {"arg": {"type": "string", "description": "Arg description"}},
-                       "required": ["arg"]}}}]
+    tools = [
+        {
+            "name": "tool",
+            "type": "function",
+            "function": {
+                "name": "tool1",
+                "description": "Tool description",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"arg": {"type": "string", "description": "Arg description"}},
+                    "required": ["arg"],
+                },
+            },
+        }
+    ]
     try:
         render_template(source, probe, tools=tools)
     except SwapmoeError:

@@ -1,4 +1,5 @@
 """Comparing two models' next-token distributions (parity with llama.cpp, fixation quality)."""
+
 from __future__ import annotations
 
 import numpy as np

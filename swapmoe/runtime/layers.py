@@ -2,6 +2,7 @@
 
 Shapes: activations are float32 [T, D] for T tokens; attention heads are [T, H, d].
 """
+
 from __future__ import annotations
 
 import math
@@ -61,12 +62,14 @@ def swiglu_oai(gate: np.ndarray, up: np.ndarray, alpha: float = 1.702, limit: fl
 
 # --- rotary position embedding ------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Rope:
     """RoPE with llama.cpp's angle recurrence and YaRN ramp.
 
     neox: rotate pairs (i, i + n_rot/2) (NEOX) instead of adjacent pairs (2i, 2i+1) (NORM).
     """
+
     n_rot: int
     base: float
     neox: bool
@@ -82,6 +85,7 @@ class Rope:
     def _corr_dims(self) -> tuple[float, float]:
         def corr_dim(n_rot_pairs: float) -> float:
             return self.n_rot * math.log(self.n_ctx_orig / (n_rot_pairs * 2 * math.pi)) / (2 * math.log(self.base))
+
         low = math.floor(corr_dim(self.beta_fast))
         high = math.ceil(corr_dim(self.beta_slow))
         return max(0.0, low), min(self.n_rot - 1.0, high)
@@ -130,6 +134,7 @@ class Rope:
 
 # --- attention ----------------------------------------------------------------------------
 
+
 class KVCache:
     """Keys and values of every past position of one layer, in f32. The values are kept
     transposed ([Hkv, dv, positions], as llama.cpp's CPU cache keeps them without flash
@@ -144,10 +149,10 @@ class KVCache:
         """Add positions' keys [n, Hkv, dk] and values [n, Hkv, dv]; the keys [S, Hkv, dk] and
         transposed values [Hkv, dv, width] (attention's k and vt) of all positions so far."""
         n = len(k)
-        self.k[self.length:self.length + n] = k
-        self.vt[:, :, self.length:self.length + n] = v.transpose(1, 2, 0)
+        self.k[self.length : self.length + n] = k
+        self.vt[:, :, self.length : self.length + n] = v.transpose(1, 2, 0)
         self.length += n
-        return self.k[:self.length], self.vt
+        return self.k[: self.length], self.vt
 
 
 class RecurrentState:
@@ -161,8 +166,15 @@ class RecurrentState:
         self.length = 0
 
 
-def attention(q: np.ndarray, k: np.ndarray, vt: np.ndarray, q_pos: np.ndarray, scale: float,
-              window: int | None = None, sinks: np.ndarray | None = None) -> np.ndarray:
+def attention(
+    q: np.ndarray,
+    k: np.ndarray,
+    vt: np.ndarray,
+    q_pos: np.ndarray,
+    scale: float,
+    window: int | None = None,
+    sinks: np.ndarray | None = None,
+) -> np.ndarray:
     """Causal multi-head attention with grouped KV heads.
 
     q [T, H, d]; k [S, Hkv, d] for positions 0..S-1; vt their values transposed [Hkv, dv, ≥ S]
@@ -189,9 +201,19 @@ def attention(q: np.ndarray, k: np.ndarray, vt: np.ndarray, q_pos: np.ndarray, s
     return ggml_math.attention_values(p, vt).reshape(T, H * dv)
 
 
-def attend_one_token(q: np.ndarray, k: np.ndarray, v: np.ndarray, cache: KVCache, rope: Rope, scale: float,
-                     q_norm: np.ndarray | None, k_norm: np.ndarray | None, eps: float, norm_per_head: bool,
-                     sinks: np.ndarray | None) -> np.ndarray:
+def attend_one_token(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    cache: KVCache,
+    rope: Rope,
+    scale: float,
+    q_norm: np.ndarray | None,
+    k_norm: np.ndarray | None,
+    eps: float,
+    norm_per_head: bool,
+    sinks: np.ndarray | None,
+) -> np.ndarray:
     """A decoding token's attention [1, H*dv] from its projections q [1, H, d], k [1, Hkv, d] and
     v [1, Hkv, dv] (at the position after the cache's last, seeing every key): the RMS norms of
     q and k if given (per head, or over the whole projection), RoPE, the cache's new position and
@@ -204,18 +226,34 @@ def attend_one_token(q: np.ndarray, k: np.ndarray, v: np.ndarray, cache: KVCache
     cos, sin = rope.tables(np.array([cache.length]))  # the token's position is the cache's next
     out = np.empty((1, H, dv), F32)
     absent = np.zeros(0, F32)  # no norm weight, no sinks
-    _attend_one_token(np.ascontiguousarray(q, F32), np.ascontiguousarray(k, F32), np.ascontiguousarray(v, F32),
-                      absent if q_norm is None else q_norm, absent if k_norm is None else k_norm, F32(eps),
-                      norm_per_head, cos, sin, rope.n_rot, rope.neox, cache.k, cache.vt, cache.length, F32(scale),
-                      absent if sinks is None else np.ascontiguousarray(sinks, F32),
-                      ggml_math.padded_rows(S), out)
+    _attend_one_token(
+        np.ascontiguousarray(q, F32),
+        np.ascontiguousarray(k, F32),
+        np.ascontiguousarray(v, F32),
+        absent if q_norm is None else q_norm,
+        absent if k_norm is None else k_norm,
+        F32(eps),
+        norm_per_head,
+        cos,
+        sin,
+        rope.n_rot,
+        rope.neox,
+        cache.k,
+        cache.vt,
+        cache.length,
+        F32(scale),
+        absent if sinks is None else np.ascontiguousarray(sinks, F32),
+        ggml_math.padded_rows(S),
+        out,
+    )
     cache.length = S
     return out.reshape(1, H * dv)
 
 
 @numba.njit(cache=True, nogil=True)
-def _attend_one_token(q, k, v, q_norm, k_norm, eps, norm_per_head, cos, sin, n_rot, neox, keys, vt, length, scale,
-                      sinks, n, out):
+def _attend_one_token(
+    q, k, v, q_norm, k_norm, eps, norm_per_head, cos, sin, n_rot, neox, keys, vt, length, scale, sinks, n, out
+):
     if q_norm.size:
         normed_q, normed_k = np.empty_like(q), np.empty_like(k)
         if norm_per_head:  # each head's d values are a row
@@ -227,14 +265,15 @@ def _attend_one_token(q, k, v, q_norm, k_norm, eps, norm_per_head, cos, sin, n_r
         q, k = normed_q, normed_k
     rotated_q = np.empty_like(q)
     ggml_math.rope_rotate(q, cos, sin, n_rot, neox, rotated_q)
-    ggml_math.rope_rotate(k, cos, sin, n_rot, neox, keys[length:length + 1])  # the key goes in the cache rotated
+    ggml_math.rope_rotate(k, cos, sin, n_rot, neox, keys[length : length + 1])  # the key goes in the cache rotated
     for g in range(v.shape[1]):
         for c in range(v.shape[2]):
             vt[g, c, length] = v[0, g, c]
-    ggml_math._attention_one_query(rotated_q, keys[:length + 1], vt, scale, sinks, n, out)
+    ggml_math._attention_one_query(rotated_q, keys[: length + 1], vt, scale, sinks, n, out)
 
 
 # --- mixture of experts routing -----------------------------------------------------------
+
 
 def weighted_sum(ys: np.ndarray, rows: np.ndarray, weights: np.ndarray) -> np.ndarray:
     """[1, H]: Σ_s weights[s] · ys[rows[s]], each product rounded to float and added in the order
@@ -251,6 +290,7 @@ def _weighted_sum(ys, rows, weights, out):
     for s in range(1, rows.size):
         for j in range(out.size):
             out[j] = out[j] + ys[rows[s], j] * weights[s]  # no fused multiply-add: numba does not contract
+
 
 def top_k(selection: np.ndarray, k: int) -> np.ndarray:
     """Indices [T, k] of the k largest selection scores per token, best first; ties in index
@@ -277,8 +317,11 @@ def _top_k(scores, out):
         for j in range(k):
             best = -1
             for i in range(n):  # the first of the largest; NaN only where nothing else is left
-                if not taken[i] and (best < 0 or scores[r, i] > scores[r, best]
-                                     or (np.isnan(scores[r, best]) and not np.isnan(scores[r, i]))):
+                if not taken[i] and (
+                    best < 0
+                    or scores[r, i] > scores[r, best]
+                    or (np.isnan(scores[r, best]) and not np.isnan(scores[r, i]))
+                ):
                     best = i
             taken[best] = True
             out[r, j] = best

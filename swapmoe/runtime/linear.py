@@ -1,4 +1,5 @@
 """A weight matrix kept as its GGUF bytes, and the matmul that reads them directly."""
+
 from __future__ import annotations
 
 import contextlib
@@ -17,6 +18,7 @@ class Weight:
     `stacked`: one expert of a stacked expert tensor (llama.cpp rounds those products differently).
     `at`: where raw begins in raw.base (bytes), for products of several weights of one buffer in
     one call (linear_apart); -1 where not needed."""
+
     raw: np.ndarray
     ggml_type: T
     rows: int
@@ -65,8 +67,9 @@ def linear_per_group(w: Weight, x: np.ndarray) -> np.ndarray:
     return y.reshape(T_, groups, w.rows // groups)
 
 
-def linear_each(x: np.ndarray, *weights: Weight,
-                quantized: dict[int, kernels.QuantizedActivation] | None = None) -> list[np.ndarray]:
+def linear_each(
+    x: np.ndarray, *weights: Weight, quantized: dict[int, kernels.QuantizedActivation] | None = None
+) -> list[np.ndarray]:
     """[linear(w, x) for w in weights], quantizing x once per activation type, as llama.cpp
     reuses one quantized activation for the matmuls of the same input. `quantized`: x's
     conversions by vec_dot_type, kept by a caller that multiplies the same x again."""
@@ -93,17 +96,25 @@ def linear_apart(weights: list[Weight], x: np.ndarray) -> np.ndarray | None:
     if buffer is None:
         return None
     for w in weights:  # one loop, no tuples: this runs for every layer of every decoded token
-        if w.at < 0 or w.raw.base is not buffer or w.ggml_type != ggml_type or w.rows != rows or \
-                w.cols != cols or w.stacked != stacked:
+        if (
+            w.at < 0
+            or w.raw.base is not buffer
+            or w.ggml_type != ggml_type
+            or w.rows != rows
+            or w.cols != cols
+            or w.stacked != stacked
+        ):
             return None
     qx = kernels.quantize_activation(first.ggml_type, x)
     if len(x) == 1 < len(weights):
-        qx = kernels.QuantizedActivation(qx.vec_dot_type, *(np.repeat(a, len(weights), axis=0)
-                                                            for a in (qx.qs, qx.d, qx.extra)))
+        qx = kernels.QuantizedActivation(
+            qx.vec_dot_type, *(np.repeat(a, len(weights), axis=0) for a in (qx.qs, qx.d, qx.extra))
+        )
     starts = np.array([w.at for w in weights], np.int64)
     starts.flags.writeable = False  # as the kernels take it (else matmul_q makes a read-only view)
-    y = kernels.matmul_q(ggml_type, buffer, len(weights) * rows, cols, qx, group_rows=rows, stacked=stacked,
-                         starts=starts)
+    y = kernels.matmul_q(
+        ggml_type, buffer, len(weights) * rows, cols, qx, group_rows=rows, stacked=stacked, starts=starts
+    )
     return y.reshape(len(weights), rows)
 
 

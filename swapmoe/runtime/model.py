@@ -1,4 +1,5 @@
 """`swapmoe.load(path)`: a GGUF MoE model ready to score and generate text."""
+
 from __future__ import annotations
 
 import copy
@@ -34,6 +35,7 @@ BATCH = 256  # prompt tokens per forward pass: each expert is read once per batc
 class Stats:
     """What the last logits() or generate() call did: tokens and seconds of each phase, and the
     expert store's counters over the call (`as_dict()` for the dict form)."""
+
     prompt_tokens: int = 0  # prompt tokens processed (not those a Conversation already held)
     cached_tokens: int = 0  # prompt tokens a Conversation's cache already held
     prompt_seconds: float = 0.0
@@ -66,6 +68,7 @@ class Conversation:
     cannot be, so they are copied at the end of each prompt (`checkpoint`: the token count and
     the copies) and a prompt that leaves the held tokens after that point restarts from there.
     A cache that can do neither (DeepSeek-V4's compressed rows) is rebuilt from the start."""
+
     tokens: list[int] = dataclasses.field(default_factory=list)
     cache: list | None = None
     checkpoint: tuple[int, list] | None = None
@@ -77,6 +80,7 @@ class Sequence:
     its newest token, sampled from `logits` and not yet fed back; None when the sample was an
     end-of-generation token. `finished`: "stop" (such a token) or "length" (max_tokens reached,
     `token` being the last); None while more may come."""
+
     conversation: Conversation
     routing: Any  # its own routing state (base.Routing)
     sampler: Sampler
@@ -96,9 +100,17 @@ class Model:
     """A loaded model. `stats` (a Stats) describes the last call of logits() or generate();
     `step_logits` holds the logits the token generate_ids yielded last was sampled from."""
 
-    def __init__(self, path: str | os.PathLike, ctx: int | None = None, threads: int | None = None,
-                 override_kv: dict[str, Any] | list[str] | None = None, trace: str | os.PathLike | None = None,
-                 parallel: int = 1, kv_tokens: int | None = None, **streaming):
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        ctx: int | None = None,
+        threads: int | None = None,
+        override_kv: dict[str, Any] | list[str] | None = None,
+        trace: str | os.PathLike | None = None,
+        parallel: int = 1,
+        kv_tokens: int | None = None,
+        **streaming,
+    ):
         self.options = streaming_options.StreamingOptions.from_env(**streaming)
         self.path = Path(path)
         self.gguf = open_gguf(self.path)
@@ -106,8 +118,9 @@ class Model:
             self.gguf.override(override_kv if isinstance(override_kv, dict) else parse_overrides(override_kv))
         arch = self.gguf.arch
         if arch not in ARCHITECTURES:
-            raise SwapmoeError(f"{self.path}: architecture {arch} is not supported yet "
-                               f"(supported: {', '.join(sorted(ARCHITECTURES))})")
+            raise SwapmoeError(
+                f"{self.path}: architecture {arch} is not supported yet (supported: {', '.join(sorted(ARCHITECTURES))})"
+            )
         if threads:
             numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
         self.index = _index_for(self.gguf)
@@ -144,8 +157,15 @@ class Model:
         nonexpert_bytes = sum(t.length for t in self._resident)
         kv = ARCHITECTURES[self.gguf.arch].cache_bytes(self.gguf, self.hparams, self.kv_tokens) * self.parallel
         min_cache = int(per_expert.max(initial=0)) * max(idx.n_expert_used, self.hparams.n_expert_used, 1) * 2
-        return streaming_options.plan(self.options, int(per_expert.sum()), nonexpert_bytes, kv, min_cache,
-                                      repacked=idx.layout != "original", available=available_memory())
+        return streaming_options.plan(
+            self.options,
+            int(per_expert.sum()),
+            nonexpert_bytes,
+            kv,
+            min_cache,
+            repacked=idx.layout != "original",
+            available=available_memory(),
+        )
 
     def _load_nonexpert(self) -> None:
         """Read the non-expert tensors the forward pass uses by exact ranges, once, and turn
@@ -160,8 +180,12 @@ class Model:
         idx, plan = self.index, self.plan
         paths = idx.paths or [shard.path for shard in self.gguf.shards]
         if plan.engine == "pread":
-            needs = [slot_need([(r.file, r.offset, r.length) for r in idx.slice(layer, e)])
-                     for layer in idx.moe_layers() if layer < self.hparams.n_layer for e in range(idx.n_expert)]
+            needs = [
+                slot_need([(r.file, r.offset, r.length) for r in idx.slice(layer, e)])
+                for layer in idx.moe_layers()
+                if layer < self.hparams.n_layer
+                for e in range(idx.n_expert)
+            ]
             least = max(idx.n_expert_used, self.hparams.n_expert_used, 1)  # one token's experts of a layer
             engine = PreadEngine(paths, slot_plan(needs, plan.budget_bytes, least))
         else:
@@ -180,9 +204,11 @@ class Model:
         characters than the longest token's text, so n_ctx tokens hold at most n_ctx times that."""
         most = self.n_ctx * max(map(len, self.tokenizer.tokens))
         if len(text) > most:
-            raise SwapmoeError(f"the prompt is {len(text):,} characters; a context of {self.n_ctx} tokens holds at "
-                               f"most {most:,} characters of text for this model (use a larger --ctx or a shorter "
-                               "prompt)")
+            raise SwapmoeError(
+                f"the prompt is {len(text):,} characters; a context of {self.n_ctx} tokens holds at "
+                f"most {most:,} characters of text for this model (use a larger --ctx or a shorter "
+                "prompt)"
+            )
 
     # --- scoring and generation -------------------------------------------------------------
     def _check_ids(self, ids: np.ndarray) -> None:
@@ -192,7 +218,7 @@ class Model:
     def _prefill(self, ids: np.ndarray, cache, all_logits: bool, routing) -> np.ndarray:
         self.net.routing = routing
         routing.expect(ids)  # every hash-routed layer's experts for the whole prompt are known now
-        outs = [self.net.forward(ids[i:i + BATCH], cache, all_logits) for i in range(0, len(ids), BATCH)]
+        outs = [self.net.forward(ids[i : i + BATCH], cache, all_logits) for i in range(0, len(ids), BATCH)]
         return np.concatenate(outs) if all_logits else outs[-1]
 
     def _start_stats(self) -> None:
@@ -202,8 +228,16 @@ class Model:
 
     def _finish_stats(self) -> None:
         now, before, s = self.store.summary(), self._store_before, self.stats
-        for key in ("requests", "hits", "misses", "prefetch_issued", "prefetch_used", "evictions", "wait_seconds",
-                    "major_faults"):
+        for key in (
+            "requests",
+            "hits",
+            "misses",
+            "prefetch_issued",
+            "prefetch_used",
+            "evictions",
+            "wait_seconds",
+            "major_faults",
+        ):
             setattr(s, key, now[key] - before[key])
         s.bytes_read = now["bytes_loaded"] - before["bytes_loaded"]
         s.storage_read_bytes = _proc_read_bytes() - self._io_before
@@ -224,8 +258,14 @@ class Model:
         self._finish_stats()
         return out
 
-    def start(self, prompt_ids: list[int], max_tokens: int = 128, ignore_eos: bool = False,
-              conversation: Conversation | None = None, **sampling) -> Sequence:
+    def start(
+        self,
+        prompt_ids: list[int],
+        max_tokens: int = 128,
+        ignore_eos: bool = False,
+        conversation: Conversation | None = None,
+        **sampling,
+    ) -> Sequence:
         """Process a prompt and sample the first token of its continuation: a Sequence that
         `advance` takes further, alone or with others. Sampling options: see Sampling (default
         greedy). conversation: reuse (and keep) its caches for the prompt's prefix it already holds."""
@@ -234,16 +274,25 @@ class Model:
         if not ids.size:
             raise SwapmoeError("empty prompt")
         if len(ids) + max_tokens > self.n_ctx:
-            raise SwapmoeError(f"prompt ({len(ids)} tokens) + {max_tokens} new tokens exceed the context of "
-                               f"{self.n_ctx}; use a larger --ctx or fewer tokens")
+            raise SwapmoeError(
+                f"prompt ({len(ids)} tokens) + {max_tokens} new tokens exceed the context of "
+                f"{self.n_ctx}; use a larger --ctx or fewer tokens"
+            )
         kept = conversation is not None
         if kept:
             reused = self._reuse(conversation, ids)
         else:
             conversation, reused = Conversation(cache=self.net.new_cache(len(ids) + max_tokens)), 0
-        seq = Sequence(conversation, self._routing.fork(), Sampler(Sampling(**sampling)),
-                       set() if ignore_eos else set(self.tokenizer.eot_ids), max_tokens, ids.tolist(),
-                       prompt_tokens=len(ids) - reused, cached_tokens=reused)
+        seq = Sequence(
+            conversation,
+            self._routing.fork(),
+            Sampler(Sampling(**sampling)),
+            set() if ignore_eos else set(self.tokenizer.eot_ids),
+            max_tokens,
+            ids.tolist(),
+            prompt_tokens=len(ids) - reused,
+            cached_tokens=reused,
+        )
         started = time.perf_counter()
         logits = self._prefill(ids[reused:], conversation.cache, False, seq.routing)[-1]
         conversation.tokens.extend(ids[reused:].tolist())
@@ -263,8 +312,9 @@ class Model:
         live = [s for s in sequences if s.token is not None and s.finished is None]
         if not live:
             return
-        logits = self.net.forward_together([s.token for s in live], [s.conversation.cache for s in live],
-                                           [s.routing for s in live])
+        logits = self.net.forward_together(
+            [s.token for s in live], [s.conversation.cache for s in live], [s.routing for s in live]
+        )
         for seq, row in zip(live, logits):
             seq.conversation.tokens.append(seq.token)
             self._sample(seq, row)
@@ -283,8 +333,14 @@ class Model:
         else:
             seq.routing.expect(np.array([token]))  # its hash-routed layers' experts: read now
 
-    def generate_ids(self, prompt_ids: list[int], max_tokens: int = 128, ignore_eos: bool = False,
-                     conversation: Conversation | None = None, **sampling) -> Iterator[int]:
+    def generate_ids(
+        self,
+        prompt_ids: list[int],
+        max_tokens: int = 128,
+        ignore_eos: bool = False,
+        conversation: Conversation | None = None,
+        **sampling,
+    ) -> Iterator[int]:
         """Yield the ids of the continuation of `prompt_ids`: one batched prompt pass, then one
         forward pass per new token. Sampling options: see Sampling (default greedy).
         conversation: reuse (and keep) its caches for the prompt's prefix it already holds."""
@@ -336,13 +392,17 @@ class Model:
         """Copy the recurrent states at the end of a prompt (a turn boundary), for _reuse; only
         for caches made of attention caches and recurrent states."""
         cache = conversation.cache
-        if any(isinstance(c, layers.RecurrentState) for c in cache) and \
-                all(isinstance(c, (layers.KVCache, layers.RecurrentState)) for c in cache):
-            conversation.checkpoint = (len(conversation.tokens), [
-                copy.deepcopy(c) if isinstance(c, layers.RecurrentState) else None for c in cache])
+        if any(isinstance(c, layers.RecurrentState) for c in cache) and all(
+            isinstance(c, (layers.KVCache, layers.RecurrentState)) for c in cache
+        ):
+            conversation.checkpoint = (
+                len(conversation.tokens),
+                [copy.deepcopy(c) if isinstance(c, layers.RecurrentState) else None for c in cache],
+            )
 
-    def generate(self, prompt: str | list[int], max_tokens: int = 128, ignore_eos: bool = False,
-                 **sampling) -> Iterator[str]:
+    def generate(
+        self, prompt: str | list[int], max_tokens: int = 128, ignore_eos: bool = False, **sampling
+    ) -> Iterator[str]:
         """Yield text pieces of the continuation of `prompt` (text, or token ids); pieces are
         always whole UTF-8 characters."""
         ids = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
@@ -379,12 +439,21 @@ class RoutingTrace:
         idx, plan = model.index, model.plan
         self.file = open(path, "w", encoding="utf-8")
         self.passes = 0
-        header = {"format": "swapmoe-trace", "version": self.VERSION, "model": str(model.path),
-                  "arch": model.gguf.arch, "n_layer": model.hparams.n_layer, "n_expert": idx.n_expert,
-                  "n_expert_used": model.hparams.n_expert_used,
-                  "expert_bytes": idx.part_length[:model.hparams.n_layer].sum(axis=2).tolist(),
-                  "budget_bytes": plan.budget_bytes, "keep_recent": plan.keep_recent, "fixation": plan.fixation,
-                  "prefetch": plan.prefetch, "hash_layers": idx.hash_layers()}
+        header = {
+            "format": "swapmoe-trace",
+            "version": self.VERSION,
+            "model": str(model.path),
+            "arch": model.gguf.arch,
+            "n_layer": model.hparams.n_layer,
+            "n_expert": idx.n_expert,
+            "n_expert_used": model.hparams.n_expert_used,
+            "expert_bytes": idx.part_length[: model.hparams.n_layer].sum(axis=2).tolist(),
+            "budget_bytes": plan.budget_bytes,
+            "keep_recent": plan.keep_recent,
+            "fixation": plan.fixation,
+            "prefetch": plan.prefetch,
+            "hash_layers": idx.hash_layers(),
+        }
         self.file.write(json.dumps(header) + "\n")
 
     def new_pass(self) -> int:
@@ -393,8 +462,13 @@ class RoutingTrace:
         return self.passes
 
     def __call__(self, pass_: int, decoding: bool, layer: int, ids: np.ndarray, hashed: bool) -> None:
-        line = {"pass": pass_, "phase": "decode" if decoding else "prompt", "layer": layer, "ids": ids.tolist(),
-                "hash": hashed}
+        line = {
+            "pass": pass_,
+            "phase": "decode" if decoding else "prompt",
+            "layer": layer,
+            "ids": ids.tolist(),
+            "hash": hashed,
+        }
         self.file.write(json.dumps(line) + "\n")
         self.file.flush()
 
@@ -425,8 +499,10 @@ def parse_overrides(specs: list[str]) -> dict[str, Any]:
             else:
                 out[key] = {"int": int, "float": float, "str": str}[kind](value)
         except ValueError:
-            raise SwapmoeError(f"--override-kv {spec!r}: expected KEY=TYPE:VALUE with TYPE int, float, bool "
-                               "(true/false) or str, e.g. qwen3moe.expert_used_count=int:10") from None
+            raise SwapmoeError(
+                f"--override-kv {spec!r}: expected KEY=TYPE:VALUE with TYPE int, float, bool "
+                "(true/false) or str, e.g. qwen3moe.expert_used_count=int:10"
+            ) from None
     return out
 
 
@@ -446,8 +522,10 @@ def _index_for(g: GGUFFile):
     if expert_index.sidecar_path(g.path).exists():
         return expert_index.load(g.path)
     if g.get("swapmoe.layout") == "bundled":
-        raise SwapmoeError(f"{g.path}: repacked file without its index {expert_index.sidecar_path(g.path).name}; "
-                           "copy the sidecar next to it")
+        raise SwapmoeError(
+            f"{g.path}: repacked file without its index {expert_index.sidecar_path(g.path).name}; "
+            "copy the sidecar next to it"
+        )
     idx = expert_index.build(g)
     idx.paths = [shard.path for shard in g.shards]
     return idx

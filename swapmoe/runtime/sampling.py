@@ -1,6 +1,7 @@
 """Choosing the next token from logits: greedy, or temperature with top-k / top-p / min-p,
 and repetition, presence and frequency penalties, in llama.cpp's order (penalties, top-k,
 top-p, min-p, temperature)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -30,7 +31,7 @@ class Sampler:
         p = self.p
         logits = logits.astype(np.float64)
         if (p.repeat_penalty != 1.0 or p.presence_penalty or p.frequency_penalty) and history:
-            recent, counts = np.unique(history[-p.repeat_last_n:], return_counts=True)
+            recent, counts = np.unique(history[-p.repeat_last_n :], return_counts=True)
             chosen = logits[recent]
             chosen = np.where(chosen > 0, chosen / p.repeat_penalty, chosen * p.repeat_penalty)
             logits[recent] = chosen - counts * p.frequency_penalty - p.presence_penalty
@@ -38,7 +39,7 @@ class Sampler:
             return int(np.argmax(logits))
         order = np.argsort(-logits, kind="stable")
         if p.top_k > 0:
-            order = order[:p.top_k]
+            order = order[: p.top_k]
         candidates = logits[order]
         probs = np.exp(candidates - candidates[0])
         probs /= probs.sum()
@@ -47,6 +48,6 @@ class Sampler:
             keep = min(keep, int(np.searchsorted(np.cumsum(probs), p.top_p)) + 1)
         if p.min_p > 0.0:
             keep = min(keep, int(np.sum(probs >= p.min_p * probs[0])))
-        candidates = candidates[:max(1, keep)] / p.temperature
+        candidates = candidates[: max(1, keep)] / p.temperature
         probs = np.exp(candidates - candidates[0])
         return int(order[self.rng.choice(len(probs), p=probs / probs.sum())])

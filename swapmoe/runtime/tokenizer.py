@@ -19,6 +19,7 @@ llama-vocab.cpp / unicode.cpp step by step:
 Decoding follows `llama_token_to_piece` / `llama_detokenize`; `decoder()` streams text that
 only ever contains whole UTF-8 characters. See docs/tokenizer.md for what was checked.
 """
+
 from __future__ import annotations
 
 import codecs
@@ -42,33 +43,92 @@ from swapmoe.gguf_file import GGUFFile, open_gguf
 # one category bit (unassigned ones UNDEFINED), so flags are 0 only past the end of a word.
 UNDEFINED, NUMBER, LETTER, SEPARATOR, MARK, PUNCTUATION, SYMBOL, CONTROL = 1, 2, 4, 8, 16, 32, 64, 128
 WHITESPACE = 256
-_CATEGORY_FLAGS = {"Cn": UNDEFINED, "Cc": CONTROL, "Cf": CONTROL, "Co": CONTROL, "Cs": CONTROL,
-                   "Ll": LETTER, "Lm": LETTER, "Lo": LETTER, "Lt": LETTER, "Lu": LETTER,
-                   "Mc": MARK, "Me": MARK, "Mn": MARK, "Nd": NUMBER, "Nl": NUMBER, "No": NUMBER,
-                   "Pc": PUNCTUATION, "Pd": PUNCTUATION, "Pe": PUNCTUATION, "Pf": PUNCTUATION,
-                   "Pi": PUNCTUATION, "Po": PUNCTUATION, "Ps": PUNCTUATION, "Sc": SYMBOL, "Sk": SYMBOL,
-                   "Sm": SYMBOL, "So": SYMBOL, "Zl": SEPARATOR, "Zp": SEPARATOR, "Zs": SEPARATOR}
+_CATEGORY_FLAGS = {
+    "Cn": UNDEFINED,
+    "Cc": CONTROL,
+    "Cf": CONTROL,
+    "Co": CONTROL,
+    "Cs": CONTROL,
+    "Ll": LETTER,
+    "Lm": LETTER,
+    "Lo": LETTER,
+    "Lt": LETTER,
+    "Lu": LETTER,
+    "Mc": MARK,
+    "Me": MARK,
+    "Mn": MARK,
+    "Nd": NUMBER,
+    "Nl": NUMBER,
+    "No": NUMBER,
+    "Pc": PUNCTUATION,
+    "Pd": PUNCTUATION,
+    "Pe": PUNCTUATION,
+    "Pf": PUNCTUATION,
+    "Pi": PUNCTUATION,
+    "Po": PUNCTUATION,
+    "Ps": PUNCTUATION,
+    "Sc": SYMBOL,
+    "Sk": SYMBOL,
+    "Sm": SYMBOL,
+    "So": SYMBOL,
+    "Zl": SEPARATOR,
+    "Zp": SEPARATOR,
+    "Zs": SEPARATOR,
+}
 # llama.cpp's whitespace set (\s); unlike str.isspace() it leaves out U+001C..U+001F.
-_WHITESPACE = frozenset("\t\n\v\f\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007"
-                        "\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000")
+_WHITESPACE = frozenset(
+    "\t\n\v\f\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007"
+    "\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
+)
 # llama.cpp's tables are Unicode 15.1; Python 3.11's unicodedata is 14.0. These are the code
 # points assigned in between (first, last, flag), so that both agree whatever Python runs.
 _ASSIGNED_AFTER_UNICODE_14 = (
-    (0x0CF3, 0x0CF3, MARK), (0x0ECE, 0x0ECE, MARK), (0x2FFC, 0x2FFF, SYMBOL), (0x31EF, 0x31EF, SYMBOL),
-    (0x10EFD, 0x10EFF, MARK), (0x1123F, 0x11240, LETTER), (0x11241, 0x11241, MARK),
-    (0x11B00, 0x11B09, PUNCTUATION), (0x11F00, 0x11F01, MARK), (0x11F02, 0x11F02, LETTER),
-    (0x11F03, 0x11F03, MARK), (0x11F04, 0x11F10, LETTER), (0x11F12, 0x11F33, LETTER),
-    (0x11F34, 0x11F3A, MARK), (0x11F3E, 0x11F42, MARK), (0x11F43, 0x11F4F, PUNCTUATION),
-    (0x11F50, 0x11F59, NUMBER), (0x1342F, 0x1342F, LETTER), (0x13439, 0x1343F, CONTROL),
-    (0x13440, 0x13440, MARK), (0x13441, 0x13446, LETTER), (0x13447, 0x13455, MARK),
-    (0x1B132, 0x1B132, LETTER), (0x1B155, 0x1B155, LETTER), (0x1D2C0, 0x1D2D3, NUMBER),
-    (0x1DF25, 0x1DF2A, LETTER), (0x1E030, 0x1E06D, LETTER), (0x1E08F, 0x1E08F, MARK),
-    (0x1E4D0, 0x1E4EB, LETTER), (0x1E4EC, 0x1E4EF, MARK), (0x1E4F0, 0x1E4F9, NUMBER),
-    (0x1F6DC, 0x1F6DC, SYMBOL), (0x1F774, 0x1F776, SYMBOL), (0x1F77B, 0x1F77F, SYMBOL),
-    (0x1F7D9, 0x1F7D9, SYMBOL), (0x1FA75, 0x1FA77, SYMBOL), (0x1FA87, 0x1FA88, SYMBOL),
-    (0x1FAAD, 0x1FAAF, SYMBOL), (0x1FABB, 0x1FABD, SYMBOL), (0x1FABF, 0x1FABF, SYMBOL),
-    (0x1FACE, 0x1FACF, SYMBOL), (0x1FADA, 0x1FADB, SYMBOL), (0x1FAE8, 0x1FAE8, SYMBOL),
-    (0x1FAF7, 0x1FAF8, SYMBOL), (0x2B739, 0x2B739, LETTER), (0x31350, 0x323AF, LETTER),
+    (0x0CF3, 0x0CF3, MARK),
+    (0x0ECE, 0x0ECE, MARK),
+    (0x2FFC, 0x2FFF, SYMBOL),
+    (0x31EF, 0x31EF, SYMBOL),
+    (0x10EFD, 0x10EFF, MARK),
+    (0x1123F, 0x11240, LETTER),
+    (0x11241, 0x11241, MARK),
+    (0x11B00, 0x11B09, PUNCTUATION),
+    (0x11F00, 0x11F01, MARK),
+    (0x11F02, 0x11F02, LETTER),
+    (0x11F03, 0x11F03, MARK),
+    (0x11F04, 0x11F10, LETTER),
+    (0x11F12, 0x11F33, LETTER),
+    (0x11F34, 0x11F3A, MARK),
+    (0x11F3E, 0x11F42, MARK),
+    (0x11F43, 0x11F4F, PUNCTUATION),
+    (0x11F50, 0x11F59, NUMBER),
+    (0x1342F, 0x1342F, LETTER),
+    (0x13439, 0x1343F, CONTROL),
+    (0x13440, 0x13440, MARK),
+    (0x13441, 0x13446, LETTER),
+    (0x13447, 0x13455, MARK),
+    (0x1B132, 0x1B132, LETTER),
+    (0x1B155, 0x1B155, LETTER),
+    (0x1D2C0, 0x1D2D3, NUMBER),
+    (0x1DF25, 0x1DF2A, LETTER),
+    (0x1E030, 0x1E06D, LETTER),
+    (0x1E08F, 0x1E08F, MARK),
+    (0x1E4D0, 0x1E4EB, LETTER),
+    (0x1E4EC, 0x1E4EF, MARK),
+    (0x1E4F0, 0x1E4F9, NUMBER),
+    (0x1F6DC, 0x1F6DC, SYMBOL),
+    (0x1F774, 0x1F776, SYMBOL),
+    (0x1F77B, 0x1F77F, SYMBOL),
+    (0x1F7D9, 0x1F7D9, SYMBOL),
+    (0x1FA75, 0x1FA77, SYMBOL),
+    (0x1FA87, 0x1FA88, SYMBOL),
+    (0x1FAAD, 0x1FAAF, SYMBOL),
+    (0x1FABB, 0x1FABD, SYMBOL),
+    (0x1FABF, 0x1FABF, SYMBOL),
+    (0x1FACE, 0x1FACF, SYMBOL),
+    (0x1FADA, 0x1FADB, SYMBOL),
+    (0x1FAE8, 0x1FAE8, SYMBOL),
+    (0x1FAF7, 0x1FAF8, SYMBOL),
+    (0x2B739, 0x2B739, LETTER),
+    (0x31350, 0x323AF, LETTER),
     (0x2EBF0, 0x2EE5D, LETTER),
 )
 
@@ -97,8 +157,12 @@ _COLLAPSED_CATEGORY = {NUMBER: "\xd1", LETTER: "\xd2", PUNCTUATION: "\xd3", MARK
 _COLLAPSED_OTHER = "\xd0"
 _CATEGORY_PATTERNS = {
     "\\p{N}": ("\xd1", "0-9"),
-    "\\p{L}": ("\xd2", "A-Za-z"), "\\p{Lu}": ("\xd2", "A-Za-z"), "\\p{Ll}": ("\xd2", "A-Za-z"),
-    "\\p{Lt}": ("\xd2", "A-Za-z"), "\\p{Lm}": ("\xd2", "A-Za-z"), "\\p{Lo}": ("\xd2", "A-Za-z"),
+    "\\p{L}": ("\xd2", "A-Za-z"),
+    "\\p{Lu}": ("\xd2", "A-Za-z"),
+    "\\p{Ll}": ("\xd2", "A-Za-z"),
+    "\\p{Lt}": ("\xd2", "A-Za-z"),
+    "\\p{Lm}": ("\xd2", "A-Za-z"),
+    "\\p{Lo}": ("\xd2", "A-Za-z"),
     "\\p{P}": ("\xd3", "!-#%-*,-/:-;?-@\\[-\\]_\\{\\}"),
     "\\p{M}": ("\xd4", ""),
     "\\p{S}": ("\xd5", "\\$\\+<->^`\\|\\~"),
@@ -148,7 +212,7 @@ def _collapse_pattern(pattern: str) -> str:
             inside_brackets = False
         elif pattern.startswith("\\p{", i) and i + 3 < len(pattern):
             close = pattern.find("}", i + 3)
-            category = pattern[i:close + 1] if close != -1 and close <= i + 10 else None
+            category = pattern[i : close + 1] if close != -1 and close <= i + 10 else None
             if category in _CATEGORY_PATTERNS:
                 byte, ascii_members = _CATEGORY_PATTERNS[category]
                 out.append(byte + ascii_members if inside_brackets else f"[{byte}{ascii_members}]")
@@ -203,6 +267,7 @@ def _split_gpt2(text: str, flags: list[int], spans: Spans) -> Spans:
     (llama.cpp's unicode_regex_split_custom_gpt2, case-sensitive contractions)."""
     out: Spans = []
     for start, end in spans:
+
         def flag(p: int) -> int:
             return flags[p] if p < end else 0
 
@@ -259,6 +324,7 @@ def _split_llama3_like(text: str, flags: list[int], spans: Spans, max_digits: in
     not_symbol = WHITESPACE | NUMBER | word_class
     out: Spans = []
     for start, end in spans:
+
         def flag(p: int) -> int:
             return flags[p] if p < end else 0
 
@@ -271,8 +337,11 @@ def _split_llama3_like(text: str, flags: list[int], spans: Spans, max_digits: in
                 pos += words.add(contraction_end)
                 continue
             # [^\r\n\p{L}\p{N}]?\p{L}+
-            if (char not in "\r\n" and not char_flags & NUMBER
-                    and (char_flags & word_class or flag(pos + 1) & word_class)):
+            if (
+                char not in "\r\n"
+                and not char_flags & NUMBER
+                and (char_flags & word_class or flag(pos + 1) & word_class)
+            ):
                 pos += 1
                 while flag(pos) & word_class:
                     pos += 1
@@ -321,8 +390,13 @@ def _split_llama3_like(text: str, flags: list[int], spans: Spans, max_digits: in
 def _is_han(char: str) -> bool:
     """llama.cpp's unicode_cpt_is_han: the CJK ideograph blocks."""
     code = ord(char)
-    return (0x4E00 <= code <= 0x9FFF or 0x3400 <= code <= 0x4DBF or 0x20000 <= code <= 0x2EBEF
-            or 0xF900 <= code <= 0xFAFF or 0x2F800 <= code <= 0x2FA1F)
+    return (
+        0x4E00 <= code <= 0x9FFF
+        or 0x3400 <= code <= 0x4DBF
+        or 0x20000 <= code <= 0x2EBEF
+        or 0xF900 <= code <= 0xFAFF
+        or 0x2F800 <= code <= 0x2FA1F
+    )
 
 
 def _split_kimi_k2(text: str, flags: list[int], spans: Spans) -> Spans:
@@ -331,6 +405,7 @@ def _split_kimi_k2(text: str, flags: list[int], spans: Spans) -> Spans:
     \\p{N}{1,3}, then as llama3."""
     out: Spans = []
     for start, end in spans:
+
         def flag(p: int) -> int:
             return flags[p] if p < end else 0
 
@@ -466,12 +541,18 @@ class _RegexSplit:
 # comparing the rule text, as llama.cpp does).
 _GPT2 = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)"
 _CONTRACTIONS = "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
-_LLAMA3 = (_CONTRACTIONS + "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+"
-           "|\\s+(?!\\S)|\\s+")
-_QWEN2 = (_CONTRACTIONS + "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+"
-          "|\\s+(?!\\S)|\\s+")
-_QWEN35 = (_CONTRACTIONS + "|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}| ?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*"
-           "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+")
+_LLAMA3 = (
+    _CONTRACTIONS + "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+"
+    "|\\s+(?!\\S)|\\s+"
+)
+_QWEN2 = (
+    _CONTRACTIONS + "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+"
+    "|\\s+(?!\\S)|\\s+"
+)
+_QWEN35 = (
+    _CONTRACTIONS + "|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}| ?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*"
+    "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+)
 _NEWLINES = "[^\\n]+|[\\n]+"
 _DIGIT_GROUPS = "\\p{AFMoE_digits}"
 _KIMI_K2 = "\\p{Han}+"
@@ -480,25 +561,30 @@ _TINY_AYA_DIGITS = "\\d{1,3}(?=(?:\\d{3})*\\b)"  # llama.cpp runs its AFMoE digi
 # non-ASCII letters are one class, so llama.cpp does not tell their case apart)
 _CASED_WORDS = (
     "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+" + _CONTRACTIONS + "?"
-    "|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*" + _CONTRACTIONS + "?")
+    "|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*" + _CONTRACTIONS + "?"
+)
 _STARCODER = ["\\p{N}", _GPT2]
 # Rules with non-ASCII characters are written with escapes: the characters must stay
 # exactly as in llama-vocab.cpp (an editor that normalises Unicode would change some).
-_DEEPSEEK_LETTERS = ("\\s?[A-Za-z\xb5\xc0-\xd6\xd8-\xf6\xf8-\u01ba\u01bc-\u01bf\u01c4-\u0293\u0295-\u02af\u0370-\u0373"
-                     "\u0376\u0377\u037b-\u037d\u037f\u0386\u0388-\u038a\u038c\u038e-\u03a1\u03a3-\u03f5\u03f7-\u0481\u048a-"
-                     "\u052f\u0531-\u0556\u10a0-\u10c5\u13a0-\u13f5\u13f8-\u13fd\u1c90-\u1cba\u1cbd-\u1cbf\u1d00-\u1d2b"
-                     "\u1d6b-\u1d77\u1d79-\u1d9a\u1e00-\u1f15\u1f18-\u1f1d\u1f20-\u1f45\u1f48-\u1f4d\u1f50-\u1f57\u1f59"
-                     "\u1f5b\u1f5d\u1f5f-\u1f7d\u1f80-\u1fb4\u1fb6-\u1fbc\u1fbe\u1fc2-\u1fc4\u1fc6-\u1fcc\u1fd0-\u1fd3"
-                     "\u1fd6-\u1fdb\u1fe0-\u1fec\u1ff2-\u1ff4\u1ff6-\u1ffc\u2102\u2107\u210a-\u2113\u2115\u2119-\u211d"
-                     "\u2124\u2126\u2128\u212a-\u212d\u212f-\u2134\u2139\u213c-\u213f\u2145-\u2149\u214e\u2183\u2184\u2c00-"
-                     "\u2c7b\u2c7e-\u2ce4\u2ceb-\u2cee\u2cf2\u2cf3\ua640-\ua66d\ua680-\ua69b\ua722-\ua76f\ua771-\ua787"
-                     "\ua78b-\ua78e\uab70-\uabbf\ufb00-\ufb06\ufb13-\ufb17\uff21-\uff3a\uff41-\uff5a\U00010400-\U0001044f"
-                     "\U000104b0-\U000104d3\U000104d8-\U000104fb\U00010c80-\U00010cb2\U00010cc0-\U00010cf2\U000118a0-\U000118df"
-                     "\U0001e900-\U0001e943]+")
+_DEEPSEEK_LETTERS = (
+    "\\s?[A-Za-z\xb5\xc0-\xd6\xd8-\xf6\xf8-\u01ba\u01bc-\u01bf\u01c4-\u0293\u0295-\u02af\u0370-\u0373"
+    "\u0376\u0377\u037b-\u037d\u037f\u0386\u0388-\u038a\u038c\u038e-\u03a1\u03a3-\u03f5\u03f7-\u0481\u048a-"
+    "\u052f\u0531-\u0556\u10a0-\u10c5\u13a0-\u13f5\u13f8-\u13fd\u1c90-\u1cba\u1cbd-\u1cbf\u1d00-\u1d2b"
+    "\u1d6b-\u1d77\u1d79-\u1d9a\u1e00-\u1f15\u1f18-\u1f1d\u1f20-\u1f45\u1f48-\u1f4d\u1f50-\u1f57\u1f59"
+    "\u1f5b\u1f5d\u1f5f-\u1f7d\u1f80-\u1fb4\u1fb6-\u1fbc\u1fbe\u1fc2-\u1fc4\u1fc6-\u1fcc\u1fd0-\u1fd3"
+    "\u1fd6-\u1fdb\u1fe0-\u1fec\u1ff2-\u1ff4\u1ff6-\u1ffc\u2102\u2107\u210a-\u2113\u2115\u2119-\u211d"
+    "\u2124\u2126\u2128\u212a-\u212d\u212f-\u2134\u2139\u213c-\u213f\u2145-\u2149\u214e\u2183\u2184\u2c00-"
+    "\u2c7b\u2c7e-\u2ce4\u2ceb-\u2cee\u2cf2\u2cf3\ua640-\ua66d\ua680-\ua69b\ua722-\ua76f\ua771-\ua787"
+    "\ua78b-\ua78e\uab70-\uabbf\ufb00-\ufb06\ufb13-\ufb17\uff21-\uff3a\uff41-\uff5a\U00010400-\U0001044f"
+    "\U000104b0-\U000104d3\U000104d8-\U000104fb\U00010c80-\U00010cb2\U00010cc0-\U00010cf2\U000118a0-\U000118df"
+    "\U0001e900-\U0001e943]+"
+)
 _CJK_HANGUL = "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+"
 _CJK_KANA = "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+"
-_YOUTU_CJK = ("[\uac00-\ud7a3\u3131-\u318e]+|[\uff01\u2026\u201c\u201d\u2018\u2019\u2014\uff1a\uff1b\uff0c"
-              "\u3001-\u303f\ufe30-\ufe4f]+|[\u3105-\u312f]+|[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+")
+_YOUTU_CJK = (
+    "[\uac00-\ud7a3\u3131-\u318e]+|[\uff01\u2026\u201c\u201d\u2018\u2019\u2014\uff1a\uff1b\uff0c"
+    "\u3001-\u303f\ufe30-\ufe4f]+|[\u3105-\u312f]+|[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+"
+)
 _PORO = " ?[^(\\s|.,!?\u2026\u3002\uff0c\u3001\u0964\u06d4\u060c)]+"
 _DEEPSEEK_V3 = [
     "\\p{N}{1,3}",
@@ -608,9 +694,20 @@ class _PreTokenizer:
 _P = _PreTokenizer
 PRE_TOKENIZERS: dict[str, _PreTokenizer] = {
     "default": _P("default"),
-    **{name: _P("llama3", ignore_merges=True, add_bos=True)
-       for name in ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2",
-                    "jina-v5-nano")},
+    **{
+        name: _P("llama3", ignore_merges=True, add_bos=True)
+        for name in (
+            "llama3",
+            "llama-v3",
+            "llama-bpe",
+            "falcon3",
+            "falcon-h1",
+            "pixtral",
+            "midm-2.0",
+            "lfm2",
+            "jina-v5-nano",
+        )
+    },
     "dbrx": _P("llama3"),
     "smaug-bpe": _P("llama3"),
     "chatglm-bpe": _P("llama3", bos_is_null=True),
@@ -622,11 +719,30 @@ PRE_TOKENIZERS: dict[str, _PreTokenizer] = {
     "falcon": _P("falcon"),
     **{name: _P("starcoder") for name in ("starcoder", "refact", "codeshell", "exaone", "minerva-7b", "mellum2")},
     **{name: _P("starcoder", clean_spaces=False) for name in ("command-r", "smollm")},
-    **{name: _P("gpt2") for name in ("gpt-2", "phi-2", "jina-es", "jina-de", "gigachat", "jina-v2-es", "jina-v2-de",
-                                     "a.x-4.0", "mellum", "modern-bert", "mpt", "olmo", "jais", "exaone4")},
+    **{
+        name: _P("gpt2")
+        for name in (
+            "gpt-2",
+            "phi-2",
+            "jina-es",
+            "jina-de",
+            "gigachat",
+            "jina-v2-es",
+            "jina-v2-de",
+            "a.x-4.0",
+            "mellum",
+            "modern-bert",
+            "mpt",
+            "olmo",
+            "jais",
+            "exaone4",
+        )
+    },
     **{name: _P("gpt2", clean_spaces=False) for name in ("trillion", "granite-docling")},
-    **{name: _P("qwen2", clean_spaces=False) for name in ("qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "hunyuan",
-                                                          "solar-open", "grok-2")},
+    **{
+        name: _P("qwen2", clean_spaces=False)
+        for name in ("qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "hunyuan", "solar-open", "grok-2")
+    },
     "stablelm2": _P("qwen2"),
     "megrez": _P("qwen2"),
     "qwen35": _P("qwen35", clean_spaces=False),
@@ -711,8 +827,15 @@ class _BpeModel:
     vocabularies spell each word's UTF-8 bytes with GPT-2's byte characters first; the others
     (Gemma 4) merge the text itself and fall back to <0xXX> byte tokens."""
 
-    def __init__(self, vocab: dict[str, int], merges: list[str], ignore_merges: bool, byte_level: bool,
-                 newline_runs_whole: bool, source: str):
+    def __init__(
+        self,
+        vocab: dict[str, int],
+        merges: list[str],
+        ignore_merges: bool,
+        byte_level: bool,
+        newline_runs_whole: bool,
+        source: str,
+    ):
         from tokenizers import Tokenizer as HfTokenizer
         from tokenizers.models import BPE
 
@@ -723,7 +846,7 @@ class _BpeModel:
         for merge in merges:
             cut = merge.find(" ", 1)  # as llama.cpp: the first space after the first character
             if cut != -1:
-                pairs.append((merge[:cut], merge[cut + 1:]))
+                pairs.append((merge[:cut], merge[cut + 1 :]))
         if len(set(merges)) < len(merges):  # a repeated merge keeps its first rank, as in llama.cpp
             pairs = list(dict.fromkeys(pairs))
         try:
@@ -810,7 +933,7 @@ class _SpmModel:
             if left == -1 or right == -1:
                 return
             merged_size = size[left] + size[right]
-            token_id = self.token_ids.get(text[start[left]:start[left] + merged_size])
+            token_id = self.token_ids.get(text[start[left] : start[left] + merged_size])
             if token_id is not None:
                 heapq.heappush(queue, (-self.scores[token_id], left, right, merged_size))
 
@@ -831,7 +954,7 @@ class _SpmModel:
         ids = []
         i = 0
         while i != -1:
-            piece = text[start[i]:start[i] + size[i]]
+            piece = text[start[i] : start[i] + size[i]]
             token_id = self.token_ids.get(piece)
             if token_id is not None:
                 ids.append(token_id)
@@ -848,40 +971,114 @@ class _SpmModel:
 ATTR_UNKNOWN, ATTR_UNUSED, ATTR_NORMAL, ATTR_CONTROL, ATTR_USER_DEFINED, ATTR_BYTE = 1, 2, 4, 8, 16, 32
 ATTR_LSTRIP, ATTR_RSTRIP = 128, 256
 # tokenizer.ggml.token_type values -> attributes
-_TOKEN_TYPE_ATTRS = {0: 0, 1: ATTR_NORMAL, 2: ATTR_UNKNOWN, 3: ATTR_CONTROL, 4: ATTR_USER_DEFINED,
-                     5: ATTR_UNUSED, 6: ATTR_BYTE}
+_TOKEN_TYPE_ATTRS = {
+    0: 0,
+    1: ATTR_NORMAL,
+    2: ATTR_UNKNOWN,
+    3: ATTR_CONTROL,
+    4: ATTR_USER_DEFINED,
+    5: ATTR_UNUSED,
+    6: ATTR_BYTE,
+}
 _SPECIAL_ATTRS = ATTR_CONTROL | ATTR_USER_DEFINED | ATTR_UNKNOWN  # cut out of the text before splitting
 _HIDDEN_ATTRS = ATTR_CONTROL | ATTR_UNKNOWN  # decoded to "" unless special=True
 
 # Special-token ids: metadata key and llama.cpp's lookup by text when the key is absent.
 _SPECIAL_ID_KEYS = [
-    ("bos", "bos_token_id"), ("eos", "eos_token_id"), ("eot", "eot_token_id"), ("eom", "eom_token_id"),
-    ("unk", "unknown_token_id"), ("sep", "seperator_token_id"), ("pad", "padding_token_id"),
-    ("mask", "mask_token_id"), ("fim_pre", "fim_pre_token_id"), ("fim_suf", "fim_suf_token_id"),
-    ("fim_mid", "fim_mid_token_id"), ("fim_pad", "fim_pad_token_id"), ("fim_rep", "fim_rep_token_id"),
+    ("bos", "bos_token_id"),
+    ("eos", "eos_token_id"),
+    ("eot", "eot_token_id"),
+    ("eom", "eom_token_id"),
+    ("unk", "unknown_token_id"),
+    ("sep", "seperator_token_id"),
+    ("pad", "padding_token_id"),
+    ("mask", "mask_token_id"),
+    ("fim_pre", "fim_pre_token_id"),
+    ("fim_suf", "fim_suf_token_id"),
+    ("fim_mid", "fim_mid_token_id"),
+    ("fim_pad", "fim_pad_token_id"),
+    ("fim_rep", "fim_rep_token_id"),
     ("fim_sep", "fim_sep_token_id"),
-    ("fim_pre", "prefix_token_id"), ("fim_suf", "suffix_token_id"), ("fim_mid", "middle_token_id"),  # deprecated
+    ("fim_pre", "prefix_token_id"),
+    ("fim_suf", "suffix_token_id"),
+    ("fim_mid", "middle_token_id"),  # deprecated
 ]
 _SPECIAL_ID_TEXTS = {
-    "eot": ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>", "<EOT>",
-            "_<EOT>", "[EOT]", "<｜end▁of▁sentence｜>", "<end_of_utterance>"),
+    "eot": (
+        "<|eot_id|>",
+        "<|im_end|>",
+        "<|end|>",
+        "<end_of_turn>",
+        "<|endoftext|>",
+        "<|end_of_text|>",
+        "<EOT>",
+        "_<EOT>",
+        "[EOT]",
+        "<｜end▁of▁sentence｜>",
+        "<end_of_utterance>",
+    ),
     "eom": ("<|eom_id|>",),
-    "fim_pre": ("<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>",
-                "<|code_prefix|>", "<|prefix|>"),
-    "fim_suf": ("<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>", "▁<SUF>",
-                "<|code_suffix|>", "<|suffix|>"),
-    "fim_mid": ("<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>", "▁<MID>",
-                "<|code_middle|>", "<|middle|>"),
+    "fim_pre": (
+        "<|fim_prefix|>",
+        "<fim-prefix>",
+        "<fim_prefix>",
+        "<｜fim▁begin｜>",
+        "<PRE>",
+        "▁<PRE>",
+        "<|code_prefix|>",
+        "<|prefix|>",
+    ),
+    "fim_suf": (
+        "<|fim_suffix|>",
+        "<fim-suffix>",
+        "<fim_suffix>",
+        "<｜fim▁hole｜>",
+        "<SUF>",
+        "▁<SUF>",
+        "<|code_suffix|>",
+        "<|suffix|>",
+    ),
+    "fim_mid": (
+        "<|fim_middle|>",
+        "<fim-middle>",
+        "<fim_middle>",
+        "<｜fim▁end｜>",
+        "<MID>",
+        "▁<MID>",
+        "<|code_middle|>",
+        "<|middle|>",
+    ),
     "fim_pad": ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"),
     "fim_rep": ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
     "fim_sep": ("<|file_sep|>",),
 }
 # Tokens that end generation, recognised by text (llama.cpp issue 9606).
-_END_OF_GENERATION_TEXTS = frozenset((
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>", "<end_of_turn>",
-    "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]", "<|end_of_text|>",
-    "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>", "<｜end▁of▁sentence｜>", "[e~[",
-))
+_END_OF_GENERATION_TEXTS = frozenset(
+    (
+        "<|eot_id|>",
+        "<|im_end|>",
+        "<|end|>",
+        "<|return|>",
+        "<|call|>",
+        "<|flush|>",
+        "<|calls|>",
+        "<end_of_turn>",
+        "<|endoftext|>",
+        "</s>",
+        "<|eom_id|>",
+        "<EOT>",
+        "_<EOT>",
+        "[EOT]",
+        "[EOS]",
+        "<|end_of_text|>",
+        "<end_of_utterance>",
+        "<eos>",
+        "<turn|>",
+        "<|tool_response>",
+        "<｜end▁of▁sentence｜>",
+        "[e~[",
+    )
+)
 _C_SPACES = " \t\n\v\f\r"  # isspace() in the C locale: what lstrip/rstrip special tokens eat
 
 
@@ -894,8 +1091,10 @@ class Tokenizer:
         model = metadata.get("tokenizer.ggml.model")
         tokens = metadata.get("tokenizer.ggml.tokens")
         if model not in ("gpt2", "llama", "gemma4"):
-            raise SwapmoeError(f"{source}: tokenizer model {model!r} is not supported "
-                               "(supported: 'gpt2' byte-level BPE, 'llama' SentencePiece, 'gemma4' BPE)")
+            raise SwapmoeError(
+                f"{source}: tokenizer model {model!r} is not supported "
+                "(supported: 'gpt2' byte-level BPE, 'llama' SentencePiece, 'gemma4' BPE)"
+            )
         if not tokens:
             raise SwapmoeError(f"{source}: no tokenizer.ggml.tokens in the metadata")
         self.is_spm = model == "llama"
@@ -915,8 +1114,10 @@ class Tokenizer:
             pre_name = "gemma4" if model == "gemma4" else metadata.get("tokenizer.ggml.pre") or "default"
             self.pre = PRE_TOKENIZERS.get(pre_name)
             if self.pre is None:
-                raise SwapmoeError(f"{source}: pre-tokenizer {pre_name!r} (tokenizer.ggml.pre) is not supported; "
-                                   f"supported: {', '.join(sorted(PRE_TOKENIZERS))}")
+                raise SwapmoeError(
+                    f"{source}: pre-tokenizer {pre_name!r} (tokenizer.ggml.pre) is not supported; "
+                    f"supported: {', '.join(sorted(PRE_TOKENIZERS))}"
+                )
             if model == "gpt2":  # llama.cpp's default ids; gemma4 has none
                 ids.update(bos=None if self.pre.bos_is_null else 11, eos=11)
             self.add_bos = self.pre.add_bos
@@ -962,8 +1163,14 @@ class Tokenizer:
     def _bpe(self) -> _BpeModel:
         # built on first use: it is most of the loading time, and not needed to decode or to
         # read the chat template and special tokens
-        return _BpeModel(self.token_ids, self._merges, self.pre.ignore_merges, not self.pre.sentencepiece_style,
-                         self.pre.gemma4, self.source)
+        return _BpeModel(
+            self.token_ids,
+            self._merges,
+            self.pre.ignore_merges,
+            not self.pre.sentencepiece_style,
+            self.pre.gemma4,
+            self.source,
+        )
 
     @classmethod
     def from_gguf(cls, gguf: str | os.PathLike | GGUFFile) -> "Tokenizer":
@@ -979,7 +1186,7 @@ class Tokenizer:
             return [ATTR_NORMAL] * self.n_vocab
         if len(token_types) < self.n_vocab:
             raise SwapmoeError(f"{self.source}: {len(token_types)} token types for {self.n_vocab} tokens")
-        return [_TOKEN_TYPE_ATTRS.get(t, 0) for t in np.asarray(token_types[:self.n_vocab]).tolist()]
+        return [_TOKEN_TYPE_ATTRS.get(t, 0) for t in np.asarray(token_types[: self.n_vocab]).tolist()]
 
     def _make_control(self, token_id: int) -> None:
         # llama.cpp marks tokens it recognises as special by text as control tokens
@@ -1029,8 +1236,9 @@ class Tokenizer:
             for text, rstrip in (("</s>", True), ("<unk>", False), ("<s>", False), ("<|endoftext|>", False)):
                 if text in self.token_ids:
                     token_id = self.token_ids[text]
-                    self.attrs[token_id] = (self.attrs[token_id] | ATTR_RSTRIP if rstrip
-                                            else self.attrs[token_id] & ~ATTR_RSTRIP)
+                    self.attrs[token_id] = (
+                        self.attrs[token_id] | ATTR_RSTRIP if rstrip else self.attrs[token_id] & ~ATTR_RSTRIP
+                    )
 
     # --- encoding ----------------------------------------------------------------------
     def encode(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:

@@ -7,6 +7,7 @@ tokenize, metrics) on Starlette and uvicorn.
 Up to `parallel` requests decode together on a worker thread that owns the model, one token
 each per step, every expert they need read once for all; later ones wait in arrival order
 (docs/server.md)."""
+
 from __future__ import annotations
 
 import os
@@ -17,8 +18,14 @@ from swapmoe.server.app import create_app
 __all__ = ["create_app", "serve"]
 
 
-def serve(model: str | os.PathLike | None = None, host: str = "127.0.0.1", port: int = 8080,
-          api_key: str | None = None, parallel: int = 4, **options) -> None:
+def serve(
+    model: str | os.PathLike | None = None,
+    host: str = "127.0.0.1",
+    port: int = 8080,
+    api_key: str | None = None,
+    parallel: int = 4,
+    **options,
+) -> None:
     """Serve the GGUF at `model` (default: the embedded tiny model) until interrupted. The
     header is read first, so a file that is not a GGUF fails here; the rest loads while the
     server already answers /health with 503. parallel: requests decoded together; options:
@@ -29,6 +36,7 @@ def serve(model: str | os.PathLike | None = None, host: str = "127.0.0.1", port:
 
     path = Path(model or swapmoe.default_model_path())
     swapmoe.open_gguf(path)  # a missing or damaged file: one clear error before anything listens
-    app = create_app(lambda: swapmoe.load(path, parallel=parallel, **options), name=path.stem, api_key=api_key,
-                     parallel=parallel)
+    app = create_app(
+        lambda: swapmoe.load(path, parallel=parallel, **options), name=path.stem, api_key=api_key, parallel=parallel
+    )
     uvicorn.run(app, host=host, port=port, log_level="info")

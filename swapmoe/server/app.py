@@ -1,4 +1,5 @@
 """The HTTP side: OpenAI's routes on Starlette, answered from the worker thread's events."""
+
 from __future__ import annotations
 
 import asyncio
@@ -55,24 +56,31 @@ def create_app(load, name: str, api_key: str | None = None, parallel: int = 1) -
                 if server.api_key is not None:
                     given = request.headers.get("authorization", "")
                     if not hmac.compare_digest(given.encode(), f"Bearer {server.api_key}".encode()):
-                        raise APIError(401, "invalid or missing API key (Authorization: Bearer KEY)",
-                                       kind="authentication_error", code="invalid_api_key")
+                        raise APIError(
+                            401,
+                            "invalid or missing API key (Authorization: Bearer KEY)",
+                            kind="authentication_error",
+                            code="invalid_api_key",
+                        )
                 return await handler(request)
             except APIError as e:
                 return JSONResponse(e.body(), status_code=e.status)
+
         return endpoint
 
     async def health(request: Request) -> Response:
         if server.worker is None:
             message = server.load_error or "loading"
-            return JSONResponse({"status": "error" if server.load_error else "loading", "message": message},
-                                status_code=503)
+            return JSONResponse(
+                {"status": "error" if server.load_error else "loading", "message": message}, status_code=503
+            )
         return JSONResponse({"status": "ok"})
 
     async def models(request: Request) -> Response:
         server.ready()
-        return JSONResponse({"object": "list", "data": [
-            {"id": server.name, "object": "model", "created": 0, "owned_by": "swapmoe"}]})
+        return JSONResponse(
+            {"object": "list", "data": [{"id": server.name, "object": "model", "created": 0, "owned_by": "swapmoe"}]}
+        )
 
     async def chat_completions(request: Request) -> Response:
         return await _generate(request, chat_request)
@@ -84,16 +92,21 @@ def create_app(load, name: str, api_key: str | None = None, parallel: int = 1) -
         worker = server.ready()
         body = await _json(request)
         if body.get("model") not in (None, server.name):
-            raise APIError(404, f"model {body['model']!r} is not served here (this server has {server.name!r})",
-                           "model", code="model_not_found")
+            raise APIError(
+                404,
+                f"model {body['model']!r} is not served here (this server has {server.name!r})",
+                "model",
+                code="model_not_found",
+            )
         generation = parse(body)
         loop = asyncio.get_running_loop()
         prompt, split = await loop.run_in_executor(None, worker.prompt_ids, generation)  # fails here, not queued
         job = Job(generation, prompt, split, loop, asyncio.Queue())
         worker.submit(job)
         if generation.stream:
-            return StreamingResponse(_stream(request, job), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
+            return StreamingResponse(
+                _stream(request, job), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+            )
         try:
             text, thought, finish, usage, logprobs = [], [], None, None, None
             while True:
@@ -123,19 +136,33 @@ def create_app(load, name: str, api_key: str | None = None, parallel: int = 1) -
 
         sent = 0  # characters of text streamed (completions' logprobs text_offset)
 
-        def chunk(delta: dict | None = None, finish: str | None = None, usage: dict | None = None,
-                  text: str | None = None, steps: list | None = None) -> str:
+        def chunk(
+            delta: dict | None = None,
+            finish: str | None = None,
+            usage: dict | None = None,
+            text: str | None = None,
+            steps: list | None = None,
+        ) -> str:
             logprobs = None if steps is None else _logprobs(server.worker.model.tokenizer, steps, generation.chat, sent)
             if generation.chat:
-                choices = [] if delta is None else [{"index": 0, "delta": delta, "logprobs": logprobs,
-                                                     "finish_reason": finish}]
+                choices = (
+                    []
+                    if delta is None
+                    else [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]
+                )
                 obj = "chat.completion.chunk"
             else:
-                choices = [] if text is None else [{"index": 0, "text": text, "logprobs": logprobs,
-                                                    "finish_reason": finish}]
+                choices = (
+                    [] if text is None else [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}]
+                )
                 obj = "text_completion"
-            out: dict[str, Any] = {"id": ident, "object": obj, "created": created, "model": server.name,
-                                   "choices": choices}
+            out: dict[str, Any] = {
+                "id": ident,
+                "object": obj,
+                "created": created,
+                "model": server.name,
+                "choices": choices,
+            }
             if usage is not None:
                 out["usage"] = usage
             return f"data: {json.dumps(out, ensure_ascii=False)}\n\n"
@@ -197,10 +224,18 @@ def create_app(load, name: str, api_key: str | None = None, parallel: int = 1) -
             ("tokens_predicted_total", "counter", "tokens generated", t.decode_tokens),
             ("tokens_predicted_seconds_total", "counter", "seconds spent generating", round(t.decode_seconds, 6)),
             ("decode_steps_total", "counter", "decoding passes (one token for each request decoding)", t.decode_steps),
-            ("prompt_tokens_seconds", "gauge", "average prompt tokens per second",
-             round(t.prompt_tokens / t.prompt_seconds, 3) if t.prompt_seconds else 0),
-            ("predicted_tokens_seconds", "gauge", "average generated tokens per second",
-             round(t.decode_tokens / t.decode_seconds, 3) if t.decode_seconds else 0),
+            (
+                "prompt_tokens_seconds",
+                "gauge",
+                "average prompt tokens per second",
+                round(t.prompt_tokens / t.prompt_seconds, 3) if t.prompt_seconds else 0,
+            ),
+            (
+                "predicted_tokens_seconds",
+                "gauge",
+                "average generated tokens per second",
+                round(t.decode_tokens / t.decode_seconds, 3) if t.decode_seconds else 0,
+            ),
             ("requests_processing", "gauge", "requests being generated", worker.busy),
             ("requests_deferred", "gauge", "requests waiting in the queue", worker.waiting),
             ("expert_requests_total", "counter", "experts asked of the expert store", store["requests"]),
@@ -209,16 +244,21 @@ def create_app(load, name: str, api_key: str | None = None, parallel: int = 1) -
             ("expert_bytes_read_total", "counter", "expert bytes read from storage", store["bytes_loaded"]),
             ("expert_resident_bytes", "gauge", "bytes of resident experts", store["resident_bytes"]),
         ]
-        text = "".join(f"# HELP swapmoe:{name} {doc}\n# TYPE swapmoe:{name} {kind}\nswapmoe:{name} {value}\n"
-                       for name, kind, doc, value in lines)
+        text = "".join(
+            f"# HELP swapmoe:{name} {doc}\n# TYPE swapmoe:{name} {kind}\nswapmoe:{name} {value}\n"
+            for name, kind, doc, value in lines
+        )
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
-    routes = [Route("/health", health), Route("/v1/models", guarded(models)),
-              Route("/v1/chat/completions", guarded(chat_completions), methods=["POST"]),
-              Route("/v1/completions", guarded(completions), methods=["POST"]),
-              Route("/tokenize", guarded(tokenize), methods=["POST"]),
-              Route("/detokenize", guarded(detokenize), methods=["POST"]),
-              Route("/metrics", guarded(metrics))]
+    routes = [
+        Route("/health", health),
+        Route("/v1/models", guarded(models)),
+        Route("/v1/chat/completions", guarded(chat_completions), methods=["POST"]),
+        Route("/v1/completions", guarded(completions), methods=["POST"]),
+        Route("/tokenize", guarded(tokenize), methods=["POST"]),
+        Route("/detokenize", guarded(detokenize), methods=["POST"]),
+        Route("/metrics", guarded(metrics)),
+    ]
     app = Starlette(routes=routes)
     app.state.server = server
     return app
@@ -246,23 +286,35 @@ async def _json(request: Request) -> dict:
 def _logprobs(tokenizer, steps: list, chat: bool, offset: int = 0) -> dict:
     """OpenAI's logprobs object: chat's per-token `content` list, or the completions' parallel lists
     (text offsets counted from `offset`: the characters before these tokens)."""
+
     def piece(token: int) -> bytes:
         return tokenizer.token_bytes(token)
 
     if chat:
-        return {"content": [
-            {"token": piece(t).decode("utf-8", "replace"), "logprob": lp, "bytes": list(piece(t)),
-             "top_logprobs": [{"token": piece(a).decode("utf-8", "replace"), "logprob": alp, "bytes": list(piece(a))}
-                              for a, alp in top]}
-            for t, lp, top in steps]}
+        return {
+            "content": [
+                {
+                    "token": piece(t).decode("utf-8", "replace"),
+                    "logprob": lp,
+                    "bytes": list(piece(t)),
+                    "top_logprobs": [
+                        {"token": piece(a).decode("utf-8", "replace"), "logprob": alp, "bytes": list(piece(a))}
+                        for a, alp in top
+                    ],
+                }
+                for t, lp, top in steps
+            ]
+        }
     offsets, at = [], offset
     for t, _, _ in steps:
         offsets.append(at)
         at += len(piece(t).decode("utf-8", "replace"))
-    return {"tokens": [piece(t).decode("utf-8", "replace") for t, _, _ in steps],
-            "token_logprobs": [lp for _, lp, _ in steps],
-            "top_logprobs": [{piece(a).decode("utf-8", "replace"): alp for a, alp in top} for _, _, top in steps],
-            "text_offset": offsets}
+    return {
+        "tokens": [piece(t).decode("utf-8", "replace") for t, _, _ in steps],
+        "token_logprobs": [lp for _, lp, _ in steps],
+        "top_logprobs": [{piece(a).decode("utf-8", "replace"): alp for a, alp in top} for _, _, top in steps],
+        "text_offset": offsets,
+    }
 
 
 def _ident(generation: Generation) -> str:
@@ -275,7 +327,13 @@ def _response(generation: Generation, text: str, reasoning: str, finish: str, us
         message = {"role": "assistant", "content": text}
         if reasoning:
             message["reasoning_content"] = reasoning
-        return {**common, "object": "chat.completion", "choices": [
-            {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}]}
-    return {**common, "object": "text_completion", "choices": [
-        {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]}
+        return {
+            **common,
+            "object": "chat.completion",
+            "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish}],
+        }
+    return {
+        **common,
+        "object": "text_completion",
+        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
+    }

@@ -1,5 +1,6 @@
 """The OpenAI request fields swapmoe serves, checked: a bad field is a 400 in OpenAI's error shape
 naming the field, never a traceback."""
+
 from __future__ import annotations
 
 import math
@@ -10,8 +11,14 @@ from typing import Any
 class APIError(Exception):
     """An error the client caused (or, with status >= 500, the server): OpenAI's JSON error body."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error",
-                 code: str | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        kind: str = "invalid_request_error",
+        code: str | None = None,
+    ):
         super().__init__(message)
         self.status, self.message, self.param, self.kind, self.code = status, message, param, kind, code
 
@@ -22,6 +29,7 @@ class APIError(Exception):
 @dataclass
 class Generation:
     """What to generate, from either endpoint: the prompt (chat messages or text), how much, how."""
+
     prompt: str
     chat: bool
     max_tokens: int | None
@@ -36,8 +44,9 @@ class Generation:
     messages: list[dict[str, Any]] = field(default_factory=list)
 
 
-def _number(body: dict, name: str, kind: type, low: float | None = None, high: float | None = None,
-            default: Any = None) -> Any:
+def _number(
+    body: dict, name: str, kind: type, low: float | None = None, high: float | None = None, default: Any = None
+) -> Any:
     value = body.get(name)
     if value is None:
         return default
@@ -85,8 +94,9 @@ def _common(body: dict, chat: bool) -> dict[str, Any]:
         logprobs = top if wanted else None
     else:
         logprobs = _number(body, "logprobs", int, 0, 5)
-    max_tokens = _number(body, "max_completion_tokens" if chat and "max_completion_tokens" in body else "max_tokens",
-                         int, low=1)
+    max_tokens = _number(
+        body, "max_completion_tokens" if chat and "max_completion_tokens" in body else "max_tokens", int, low=1
+    )
     stop = body.get("stop")
     if stop is None:
         stops = []
@@ -114,9 +124,15 @@ def _common(body: dict, chat: bool) -> dict[str, Any]:
     ignore_eos = flag(body, "ignore_eos")
     if sampling["repeat_penalty"] == 0.0:
         raise APIError(400, "'repeat_penalty' must be above 0", "repeat_penalty")
-    return dict(max_tokens=max_tokens, stop=[s for s in stops if s], stream=stream,
-                include_usage=bool(options.get("include_usage", False)), logprobs=logprobs, sampling=sampling,
-                ignore_eos=ignore_eos)
+    return dict(
+        max_tokens=max_tokens,
+        stop=[s for s in stops if s],
+        stream=stream,
+        include_usage=bool(options.get("include_usage", False)),
+        logprobs=logprobs,
+        sampling=sampling,
+        ignore_eos=ignore_eos,
+    )
 
 
 def chat_request(body: dict) -> Generation:
@@ -126,11 +142,17 @@ def chat_request(body: dict) -> Generation:
     checked = []
     for i, message in enumerate(messages):
         where = f"messages[{i}]"
-        if not isinstance(message, dict) or message.get("role") not in ("system", "developer", "user", "assistant",
-                                                                          "tool"):
+        if not isinstance(message, dict) or message.get("role") not in (
+            "system",
+            "developer",
+            "user",
+            "assistant",
+            "tool",
+        ):
             raise APIError(400, f"{where} needs a role of system, user, assistant or tool", where)
-        out = {k: v for k, v in message.items() if k in ("role", "name", "tool_calls", "tool_call_id",
-                                                             "reasoning_content")}
+        out = {
+            k: v for k, v in message.items() if k in ("role", "name", "tool_calls", "tool_call_id", "reasoning_content")
+        }
         out["role"] = "system" if message["role"] == "developer" else message["role"]
         out["content"] = _text_content(message.get("content"), f"{where}.content")
         checked.append(out)
@@ -144,8 +166,14 @@ def chat_request(body: dict) -> Generation:
     reasoning_format = body.get("reasoning_format", "auto")
     if reasoning_format not in ("auto", "deepseek", "none"):
         raise APIError(400, "'reasoning_format' must be auto, deepseek or none", "reasoning_format")
-    return Generation(prompt="", chat=True, messages=checked, template_kwargs=kwargs,
-                      reasoning=reasoning_format != "none", **_common(body, chat=True))
+    return Generation(
+        prompt="",
+        chat=True,
+        messages=checked,
+        template_kwargs=kwargs,
+        reasoning=reasoning_format != "none",
+        **_common(body, chat=True),
+    )
 
 
 def completion_request(body: dict) -> Generation:

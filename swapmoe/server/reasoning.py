@@ -2,6 +2,7 @@
 default reasoning format does: the text between `<think>` and `</think>` is reasoning, where the
 reply opens with `<think>` or the chat template already opened it at the end of the prompt
 (Qwen3, Qwen3.5, DeepSeek-R1, MiniMax-M2 templates)."""
+
 from __future__ import annotations
 
 OPEN, CLOSE = "<think>", "</think>"
@@ -36,7 +37,12 @@ class ReasoningSplit:
                 if not stripped:
                     break  # only blanks so far: wait
                 if stripped.startswith(OPEN):
-                    self.pending, self.inside, self.at_start, self.skip_blanks = stripped[len(OPEN):], True, False, True
+                    self.pending, self.inside, self.at_start, self.skip_blanks = (
+                        stripped[len(OPEN) :],
+                        True,
+                        False,
+                        True,
+                    )
                     continue
                 if OPEN.startswith(stripped):
                     break  # may still become <think>
@@ -50,11 +56,11 @@ class ReasoningSplit:
             end = self.pending.find(CLOSE)
             if end >= 0:
                 reasoning.append(self.pending[:end])
-                self.pending, self.inside, self.skip_blanks = self.pending[end + len(CLOSE):], False, True
+                self.pending, self.inside, self.skip_blanks = self.pending[end + len(CLOSE) :], False, True
                 continue
             keep = _partial_tail(self.pending, CLOSE)
-            reasoning.append(self.pending[:len(self.pending) - keep])
-            self.pending = self.pending[len(self.pending) - keep:]
+            reasoning.append(self.pending[: len(self.pending) - keep])
+            self.pending = self.pending[len(self.pending) - keep :]
             break
         return "".join(reasoning), "".join(content)
 

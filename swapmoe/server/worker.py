@@ -4,6 +4,7 @@ each expert they need is read once for all of them), and each streams events (te
 the end) back to its request's event loop. A slot keeps the caches of its last request (a
 Conversation), and a request goes to the free slot whose caches share the longest prefix with
 its prompt, so the next turn of a chat processes only its new tokens."""
+
 from __future__ import annotations
 
 import asyncio
@@ -39,6 +40,7 @@ class Job:
 @dataclass
 class Totals:
     """What /metrics reports: counters since the server started."""
+
     requests: int = 0
     prompt_tokens: int = 0
     prompt_seconds: float = 0.0
@@ -88,8 +90,8 @@ class Reply:
         tokens not sent yet."""
         steps = None
         if self.logprobs is not None:
-            steps, self.logprobs_sent = self.logprobs[self.logprobs_sent:], len(self.logprobs)
-        text, split = self.text[self.sent:upto], self.job.reasoning
+            steps, self.logprobs_sent = self.logprobs[self.logprobs_sent :], len(self.logprobs)
+        text, split = self.text[self.sent : upto], self.job.reasoning
         reasoning, content = ("", text) if split is None else split.push(text)
         if last and split is not None:
             rest = split.flush()
@@ -103,10 +105,18 @@ class Reply:
             return
         self._send(len(self.text), last=True)
         n_prompt, seq = len(self.job.prompt), self.seq
-        self.job.send("done", self.finish, {"prompt_tokens": n_prompt, "completion_tokens": seq.generated,
-                                            "total_tokens": n_prompt + seq.generated,
-                                            "prompt_tokens_details": {"cached_tokens": seq.cached_tokens}},
-                      time.perf_counter() - self.started, self.logprobs)
+        self.job.send(
+            "done",
+            self.finish,
+            {
+                "prompt_tokens": n_prompt,
+                "completion_tokens": seq.generated,
+                "total_tokens": n_prompt + seq.generated,
+                "prompt_tokens_details": {"cached_tokens": seq.cached_tokens},
+            },
+            time.perf_counter() - self.started,
+            self.logprobs,
+        )
 
 
 @dataclass
@@ -154,9 +164,13 @@ class Worker:
         except SwapmoeError as e:
             raise APIError(400, getattr(e, "reason", str(e)), "messages" if request.chat else "prompt") from None
         if len(ids) >= self.model.n_ctx:
-            raise APIError(400, f"the prompt is {len(ids)} tokens; the context holds {self.model.n_ctx} "
-                                "(start the server with a larger --ctx)", "messages" if request.chat else "prompt",
-                           code="context_length_exceeded")
+            raise APIError(
+                400,
+                f"the prompt is {len(ids)} tokens; the context holds {self.model.n_ctx} "
+                "(start the server with a larger --ctx)",
+                "messages" if request.chat else "prompt",
+                code="context_length_exceeded",
+            )
         return ids, split
 
     def submit(self, job: Job) -> None:
@@ -182,8 +196,10 @@ class Worker:
 
     def _begin(self, job: Job) -> None:
         """Give the job a slot: process its prompt and take its first token."""
-        slot = max((s for s in self.slots if s.reply is None),
-                   key=lambda s: (shared_prefix(s.conversation.tokens, job.prompt), -s.last_used))
+        slot = max(
+            (s for s in self.slots if s.reply is None),
+            key=lambda s: (shared_prefix(s.conversation.tokens, job.prompt), -s.last_used),
+        )
         self._uses += 1
         slot.last_used = self._uses
         model, request, started = self.model, job.request, time.perf_counter()

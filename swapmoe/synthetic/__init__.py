@@ -6,6 +6,7 @@ Weights are random (valid quant blocks, finite scales) and the vocabulary is a s
 byte-level BPE, so llama.cpp loads and runs the file. Writing streams from a pool of
 random blocks: memory stays flat and a 30 GB file is written at disk speed.
 """
+
 from __future__ import annotations
 
 import os
@@ -31,8 +32,10 @@ TYPES = tuple(dict.fromkeys([t.name for t in FLOAT_TYPES + QUANT_TYPES] + list(M
 MATRIX_STD = 0.05
 HOT_BIAS = 10.0  # added to a hot expert's exp_probs_b (SynthConfig.hot_experts): beyond any router score
 ALIGNMENT = 32
-CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 
 
 def _use_more_bits(i: int, n: int) -> bool:
@@ -120,8 +123,9 @@ def _tensor_nbytes(ne: tuple[int, ...], ggml_type: T) -> int:
     return int(np.prod(ne, dtype=np.int64)) // block * size
 
 
-def plan(config: SynthConfig,
-         type_name: str = "Q8_0") -> tuple[list[tuple[str, tuple[int, ...], str, T]], dict[str, Any]]:
+def plan(
+    config: SynthConfig, type_name: str = "Q8_0"
+) -> tuple[list[tuple[str, tuple[int, ...], str, T]], dict[str, Any]]:
     """The tensors (name, ne, role, type) and arch keys a synthetic file of `config` will hold, the keys
     as gguf's templates (`Keys.LLM.BLOCK_COUNT`, "{arch}.block_count")."""
     if type_name not in TYPES:
@@ -129,8 +133,9 @@ def plan(config: SynthConfig,
     vocab = build_vocab()
     tensors, keys = ARCHS[config.arch](config, len(vocab.tokens))
     matrix_types = _matrix_types(tensors, config, type_name)
-    typed = [(name, ne, role, matrix_types.get(name, T.I32 if role == "table" else T.F32))
-             for name, ne, role in tensors]
+    typed = [
+        (name, ne, role, matrix_types.get(name, T.I32 if role == "table" else T.F32)) for name, ne, role in tensors
+    ]
     return typed, keys
 
 
@@ -180,8 +185,14 @@ def _small_tensor(role: str, ne: tuple[int, ...], config: SynthConfig, rng: np.r
             widths = np.exp(rng.standard_normal((ne[1], 1)) * config.router_spread).astype(np.float32)
             rows = (rows.view(np.float32).reshape(ne[1], ne[0]) * widths).reshape(-1).view(np.uint8)
         return rows
-    mean, std = {"norm": (1.0, 0.1), "vector": (0.0, 0.02), "sinks": (0.0, 1.0), "decay": (-1.0, 0.2),
-                 "gain": (1.0, 0.25), "offset": (0.0, 1.0)}[role]
+    mean, std = {
+        "norm": (1.0, 0.1),
+        "vector": (0.0, 0.02),
+        "sinks": (0.0, 1.0),
+        "decay": (-1.0, 0.2),
+        "gain": (1.0, 0.25),
+        "offset": (0.0, 1.0),
+    }[role]
     return random_floats(T.F32, n, std, rng, mean)
 
 
@@ -231,9 +242,18 @@ def shard_names(path: Path, shards: int) -> list[Path]:
     return [path.with_name(f"{path.stem}-{i:05d}-of-{shards:05d}.gguf") for i in range(1, shards + 1)]
 
 
-def synth(path: str | os.PathLike, arch: str | None = None, preset: str | None = None, size_gb: float | None = None,
-          type: str = "Q8_0", seed: int = 0, shards: int = 1, force: bool = False, progress: bool = True,
-          **overrides: Any) -> Path:
+def synth(
+    path: str | os.PathLike,
+    arch: str | None = None,
+    preset: str | None = None,
+    size_gb: float | None = None,
+    type: str = "Q8_0",
+    seed: int = 0,
+    shards: int = 1,
+    force: bool = False,
+    progress: bool = True,
+    **overrides: Any,
+) -> Path:
     """Write a synthetic MoE GGUF and return its path (the first shard's if split).
 
     arch: one of ARCHS (default: the preset's, else qwen3moe); preset: a name in PRESETS
@@ -304,5 +324,5 @@ def synth(path: str | os.PathLike, arch: str | None = None, preset: str | None =
                 w.add_uint16(Keys.Split.LLM_KV_SPLIT_NO, i)
                 w.add_uint16(Keys.Split.LLM_KV_SPLIT_COUNT, shards)
                 w.add_int32(Keys.Split.LLM_KV_SPLIT_TENSORS_COUNT, len(tensors))
-            _write_file(shard_path, w, tensors[i * per_shard:(i + 1) * per_shard], fill, bar)
+            _write_file(shard_path, w, tensors[i * per_shard : (i + 1) * per_shard], fill, bar)
     return paths[0]

@@ -3,6 +3,7 @@
 Shapes are ggml `ne` (fastest dimension first). Each tensor has a role that decides its
 type and contents: `matrix` weights take the chosen quant type, the others stay F32/I32.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
@@ -67,11 +68,18 @@ class SynthConfig:
 
 def _common_keys(c: SynthConfig, n_ff: int) -> dict[str, Any]:
     return {
-        LLM.CONTEXT_LENGTH: c.ctx, LLM.EMBEDDING_LENGTH: c.d_model, LLM.BLOCK_COUNT: c.n_layer,
-        LLM.FEED_FORWARD_LENGTH: n_ff, LLM.EXPERT_COUNT: c.n_expert, LLM.EXPERT_USED_COUNT: c.n_expert_used,
-        ATTN.HEAD_COUNT: c.n_head, ATTN.HEAD_COUNT_KV: c.n_head_kv,
-        ATTN.KEY_LENGTH: c.head_dim, ATTN.VALUE_LENGTH: c.head_dim,
-        ATTN.LAYERNORM_RMS_EPS: c.rms_eps, ROPE.FREQ_BASE: c.rope_base,
+        LLM.CONTEXT_LENGTH: c.ctx,
+        LLM.EMBEDDING_LENGTH: c.d_model,
+        LLM.BLOCK_COUNT: c.n_layer,
+        LLM.FEED_FORWARD_LENGTH: n_ff,
+        LLM.EXPERT_COUNT: c.n_expert,
+        LLM.EXPERT_USED_COUNT: c.n_expert_used,
+        ATTN.HEAD_COUNT: c.n_head,
+        ATTN.HEAD_COUNT_KV: c.n_head_kv,
+        ATTN.KEY_LENGTH: c.head_dim,
+        ATTN.VALUE_LENGTH: c.head_dim,
+        ATTN.LAYERNORM_RMS_EPS: c.rms_eps,
+        ROPE.FREQ_BASE: c.rope_base,
     }
 
 
@@ -84,25 +92,38 @@ def _experts(c: SynthConfig, i: int, d_in: int, bias: bool = False) -> list[Tens
         out = [(p + "ffn_gate_exps.weight", (d_in, F, E), "matrix"), (p + "ffn_up_exps.weight", (d_in, F, E), "matrix")]
     out.append((p + "ffn_down_exps.weight", (F, d_in, E), "matrix"))
     if bias:
-        out += [(p + "ffn_gate_exps.bias", (F, E), "vector"), (p + "ffn_up_exps.bias", (F, E), "vector"),
-                (p + "ffn_down_exps.bias", (d_in, E), "vector")]
+        out += [
+            (p + "ffn_gate_exps.bias", (F, E), "vector"),
+            (p + "ffn_up_exps.bias", (F, E), "vector"),
+            (p + "ffn_down_exps.bias", (d_in, E), "vector"),
+        ]
     return out
 
 
 def _shared(c: SynthConfig, i: int, gated: bool) -> list[Tensor]:
     p, D, Fs = f"blk.{i}.", c.d_model, c.shared_ff
     out = [(p + "ffn_gate_inp_shexp.weight", (D,), "vector")] if gated else []
-    return out + [(p + "ffn_gate_shexp.weight", (D, Fs), "matrix"), (p + "ffn_up_shexp.weight", (D, Fs), "matrix"),
-                  (p + "ffn_down_shexp.weight", (Fs, D), "matrix")]
+    return out + [
+        (p + "ffn_gate_shexp.weight", (D, Fs), "matrix"),
+        (p + "ffn_up_shexp.weight", (D, Fs), "matrix"),
+        (p + "ffn_down_shexp.weight", (Fs, D), "matrix"),
+    ]
 
 
 def _gqa(c: SynthConfig, i: int, qkv_bias: bool = False, out_bias: bool = False) -> list[Tensor]:
     p, D, q, kv = f"blk.{i}.", c.d_model, c.n_head * c.head_dim, c.n_head_kv * c.head_dim
-    out = [(p + "attn_q.weight", (D, q), "matrix"), (p + "attn_k.weight", (D, kv), "matrix"),
-           (p + "attn_v.weight", (D, kv), "matrix"), (p + "attn_output.weight", (q, D), "matrix")]
+    out = [
+        (p + "attn_q.weight", (D, q), "matrix"),
+        (p + "attn_k.weight", (D, kv), "matrix"),
+        (p + "attn_v.weight", (D, kv), "matrix"),
+        (p + "attn_output.weight", (q, D), "matrix"),
+    ]
     if qkv_bias:
-        out += [(p + "attn_q.bias", (q,), "vector"), (p + "attn_k.bias", (kv,), "vector"),
-                (p + "attn_v.bias", (kv,), "vector")]
+        out += [
+            (p + "attn_q.bias", (q,), "vector"),
+            (p + "attn_k.bias", (kv,), "vector"),
+            (p + "attn_v.bias", (kv,), "vector"),
+        ]
     if out_bias:
         out.append((p + "attn_output.bias", (D,), "vector"))
     return out
@@ -131,9 +152,15 @@ def _router(c: SynthConfig, i: int, bias: bool = False, probs_bias: bool = False
 def qwen3moe(c: SynthConfig, n_vocab: int) -> tuple[list[Tensor], dict[str, Any]]:
     t = _globals(c, n_vocab)
     for i in range(c.n_layer):
-        t += [_norm(i, "attn_norm", c.d_model), *_gqa(c, i), _norm(i, "attn_q_norm", c.head_dim),
-              _norm(i, "attn_k_norm", c.head_dim), _norm(i, "ffn_norm", c.d_model), *_router(c, i),
-              *_experts(c, i, c.d_model)]
+        t += [
+            _norm(i, "attn_norm", c.d_model),
+            *_gqa(c, i),
+            _norm(i, "attn_q_norm", c.head_dim),
+            _norm(i, "attn_k_norm", c.head_dim),
+            _norm(i, "ffn_norm", c.d_model),
+            *_router(c, i),
+            *_experts(c, i, c.d_model),
+        ]
     keys = _common_keys(c, c.expert_ff * c.n_expert_used) | {LLM.EXPERT_FEED_FORWARD_LENGTH: c.expert_ff}
     return t, keys
 
@@ -143,10 +170,18 @@ def qwen2moe(c: SynthConfig, n_vocab: int) -> tuple[list[Tensor], dict[str, Any]
         raise SwapmoeError("qwen2moe needs n_head * head_dim == d_model")
     t = _globals(c, n_vocab)
     for i in range(c.n_layer):
-        t += [_norm(i, "attn_norm", c.d_model), *_gqa(c, i, qkv_bias=True), _norm(i, "ffn_norm", c.d_model),
-              *_router(c, i), *_experts(c, i, c.d_model), *_shared(c, i, gated=True)]
+        t += [
+            _norm(i, "attn_norm", c.d_model),
+            *_gqa(c, i, qkv_bias=True),
+            _norm(i, "ffn_norm", c.d_model),
+            *_router(c, i),
+            *_experts(c, i, c.d_model),
+            *_shared(c, i, gated=True),
+        ]
     keys = _common_keys(c, c.expert_ff * c.n_expert_used) | {
-        LLM.EXPERT_FEED_FORWARD_LENGTH: c.expert_ff, LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH: c.shared_ff}
+        LLM.EXPERT_FEED_FORWARD_LENGTH: c.expert_ff,
+        LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH: c.shared_ff,
+    }
     return t, keys
 
 
@@ -155,41 +190,69 @@ def olmoe(c: SynthConfig, n_vocab: int) -> tuple[list[Tensor], dict[str, Any]]:
         raise SwapmoeError("olmoe needs n_head * head_dim == d_model and n_head_kv == n_head")
     t = _globals(c, n_vocab)
     for i in range(c.n_layer):
-        t += [_norm(i, "attn_norm", c.d_model), *_gqa(c, i), _norm(i, "attn_q_norm", c.d_model),
-              _norm(i, "attn_k_norm", c.d_model), _norm(i, "ffn_norm", c.d_model), *_router(c, i),
-              *_experts(c, i, c.d_model)]
+        t += [
+            _norm(i, "attn_norm", c.d_model),
+            *_gqa(c, i),
+            _norm(i, "attn_q_norm", c.d_model),
+            _norm(i, "attn_k_norm", c.d_model),
+            _norm(i, "ffn_norm", c.d_model),
+            *_router(c, i),
+            *_experts(c, i, c.d_model),
+        ]
     return t, _common_keys(c, c.expert_ff)
 
 
 def llama(c: SynthConfig, n_vocab: int) -> tuple[list[Tensor], dict[str, Any]]:
     t = _globals(c, n_vocab)
     for i in range(c.n_layer):
-        t += [_norm(i, "attn_norm", c.d_model), *_gqa(c, i), _norm(i, "ffn_norm", c.d_model),
-              *_router(c, i), *_experts(c, i, c.d_model)]
+        t += [
+            _norm(i, "attn_norm", c.d_model),
+            *_gqa(c, i),
+            _norm(i, "ffn_norm", c.d_model),
+            *_router(c, i),
+            *_experts(c, i, c.d_model),
+        ]
     return t, _common_keys(c, c.expert_ff) | {ROPE.DIMENSION_COUNT: c.head_dim}
 
 
 def minimax_m2(c: SynthConfig, n_vocab: int) -> tuple[list[Tensor], dict[str, Any]]:
     t = _globals(c, n_vocab)
     for i in range(c.n_layer):
-        t += [_norm(i, "attn_norm", c.d_model), *_gqa(c, i), _norm(i, "attn_q_norm", c.n_head * c.head_dim),
-              _norm(i, "attn_k_norm", c.n_head_kv * c.head_dim), _norm(i, "ffn_norm", c.d_model),
-              *_router(c, i, probs_bias=True), *_experts(c, i, c.d_model)]
+        t += [
+            _norm(i, "attn_norm", c.d_model),
+            *_gqa(c, i),
+            _norm(i, "attn_q_norm", c.n_head * c.head_dim),
+            _norm(i, "attn_k_norm", c.n_head_kv * c.head_dim),
+            _norm(i, "ffn_norm", c.d_model),
+            *_router(c, i, probs_bias=True),
+            *_experts(c, i, c.d_model),
+        ]
     keys = _common_keys(c, c.expert_ff) | {
-        LLM.EXPERT_FEED_FORWARD_LENGTH: c.expert_ff, LLM.EXPERT_GATING_FUNC: int(ExpertGatingFuncType.SIGMOID),
-        ROPE.DIMENSION_COUNT: c.extra.get("rope_dim", c.head_dim // 2)}
+        LLM.EXPERT_FEED_FORWARD_LENGTH: c.expert_ff,
+        LLM.EXPERT_GATING_FUNC: int(ExpertGatingFuncType.SIGMOID),
+        ROPE.DIMENSION_COUNT: c.extra.get("rope_dim", c.head_dim // 2),
+    }
     return t, keys
 
 
 def gpt_oss(c: SynthConfig, n_vocab: int) -> tuple[list[Tensor], dict[str, Any]]:
     t = _globals(c, n_vocab)
     for i in range(c.n_layer):
-        t += [_norm(i, "attn_norm", c.d_model), *_gqa(c, i, qkv_bias=True, out_bias=True),
-              (f"blk.{i}.attn_sinks.weight", (c.n_head,), "sinks"), _norm(i, "post_attention_norm", c.d_model),
-              *_router(c, i, bias=True), *_experts(c, i, c.d_model, bias=True)]
+        t += [
+            _norm(i, "attn_norm", c.d_model),
+            *_gqa(c, i, qkv_bias=True, out_bias=True),
+            (f"blk.{i}.attn_sinks.weight", (c.n_head,), "sinks"),
+            _norm(i, "post_attention_norm", c.d_model),
+            *_router(c, i, bias=True),
+            *_experts(c, i, c.d_model, bias=True),
+        ]
     keys = _common_keys(c, c.expert_ff) | {
-        LLM.EXPERT_FEED_FORWARD_LENGTH: c.expert_ff, ATTN.SLIDING_WINDOW: c.extra.get("sliding_window", 128),
-        ROPE.SCALING_TYPE: YARN, ROPE.SCALING_FACTOR: 32.0, ROPE.SCALING_ORIG_CTX_LEN: 4096}
+        LLM.EXPERT_FEED_FORWARD_LENGTH: c.expert_ff,
+        ATTN.SLIDING_WINDOW: c.extra.get("sliding_window", 128),
+        ROPE.SCALING_TYPE: YARN,
+        ROPE.SCALING_FACTOR: 32.0,
+        ROPE.SCALING_ORIG_CTX_LEN: 4096,
+    }
     if "rope_base_swa" in c.extra:
         keys[ROPE.FREQ_BASE_SWA] = float(c.extra["rope_base_swa"])
     return t, keys
@@ -208,8 +271,11 @@ def deepseek2(c: SynthConfig, n_vocab: int) -> tuple[list[Tensor], dict[str, Any
         p = f"blk.{i}."
         t.append(_norm(i, "attn_norm", D))
         if ql:
-            t += [(p + "attn_q_a.weight", (D, ql), "matrix"), _norm(i, "attn_q_a_norm", ql),
-                  (p + "attn_q_b.weight", (ql, H * (nope + rope)), "matrix")]
+            t += [
+                (p + "attn_q_a.weight", (D, ql), "matrix"),
+                _norm(i, "attn_q_a_norm", ql),
+                (p + "attn_q_b.weight", (ql, H * (nope + rope)), "matrix"),
+            ]
         else:
             t.append((p + "attn_q.weight", (D, H * (nope + rope)), "matrix"))
         t += [(p + "attn_kv_a_mqa.weight", (D, kvl + rope), "matrix"), _norm(i, "attn_kv_a_norm", kvl)]
@@ -219,28 +285,52 @@ def deepseek2(c: SynthConfig, n_vocab: int) -> tuple[list[Tensor], dict[str, Any
             t.append((p + "attn_kv_b.weight", (kvl, H * (nope + dv)), "matrix"))
         t += [(p + "attn_output.weight", (H * dv, D), "matrix"), _norm(i, "ffn_norm", D)]
         if i < c.n_dense_lead:
-            t += [(p + "ffn_gate.weight", (D, c.dense_ff), "matrix"), (p + "ffn_up.weight", (D, c.dense_ff), "matrix"),
-                  (p + "ffn_down.weight", (c.dense_ff, D), "matrix")]
+            t += [
+                (p + "ffn_gate.weight", (D, c.dense_ff), "matrix"),
+                (p + "ffn_up.weight", (D, c.dense_ff), "matrix"),
+                (p + "ffn_down.weight", (c.dense_ff, D), "matrix"),
+            ]
         else:
-            t += [*_router(c, i, probs_bias=gating == ExpertGatingFuncType.SIGMOID), *_experts(c, i, D),
-                  *_shared(c, i, gated=False)]
+            t += [
+                *_router(c, i, probs_bias=gating == ExpertGatingFuncType.SIGMOID),
+                *_experts(c, i, D),
+                *_shared(c, i, gated=False),
+            ]
     if mla:  # the converter's MQA view of the absorbed form
-        heads = {ATTN.HEAD_COUNT_KV: 1, ATTN.KEY_LENGTH: kvl + rope, ATTN.VALUE_LENGTH: kvl,
-                 ATTN.KEY_LENGTH_MLA: nope + rope, ATTN.VALUE_LENGTH_MLA: dv}
+        heads = {
+            ATTN.HEAD_COUNT_KV: 1,
+            ATTN.KEY_LENGTH: kvl + rope,
+            ATTN.VALUE_LENGTH: kvl,
+            ATTN.KEY_LENGTH_MLA: nope + rope,
+            ATTN.VALUE_LENGTH_MLA: dv,
+        }
     else:
         heads = {ATTN.HEAD_COUNT_KV: H, ATTN.KEY_LENGTH: nope + rope, ATTN.VALUE_LENGTH: dv}
-    keys = _common_keys(c, c.dense_ff) | heads | {
-        ATTN.Q_LORA_RANK: ql, ATTN.KV_LORA_RANK: kvl, ROPE.DIMENSION_COUNT: rope,
-        LLM.LEADING_DENSE_BLOCK_COUNT: c.n_dense_lead, LLM.EXPERT_FEED_FORWARD_LENGTH: c.expert_ff,
-        LLM.EXPERT_SHARED_COUNT: max(1, c.shared_ff // c.expert_ff),
-        LLM.EXPERT_WEIGHTS_SCALE: x.get("weights_scale", 2.5), LLM.EXPERT_WEIGHTS_NORM: x.get("weights_norm", True),
-        LLM.EXPERT_GATING_FUNC: gating,
-        LLM.EXPERT_GROUP_COUNT: x.get("groups", 1), LLM.EXPERT_GROUP_USED_COUNT: x.get("groups_used", 1)}
+    keys = (
+        _common_keys(c, c.dense_ff)
+        | heads
+        | {
+            ATTN.Q_LORA_RANK: ql,
+            ATTN.KV_LORA_RANK: kvl,
+            ROPE.DIMENSION_COUNT: rope,
+            LLM.LEADING_DENSE_BLOCK_COUNT: c.n_dense_lead,
+            LLM.EXPERT_FEED_FORWARD_LENGTH: c.expert_ff,
+            LLM.EXPERT_SHARED_COUNT: max(1, c.shared_ff // c.expert_ff),
+            LLM.EXPERT_WEIGHTS_SCALE: x.get("weights_scale", 2.5),
+            LLM.EXPERT_WEIGHTS_NORM: x.get("weights_norm", True),
+            LLM.EXPERT_GATING_FUNC: gating,
+            LLM.EXPERT_GROUP_COUNT: x.get("groups", 1),
+            LLM.EXPERT_GROUP_USED_COUNT: x.get("groups_used", 1),
+        }
+    )
     if "yarn" in x:
         y = x["yarn"]
-        keys |= {ROPE.SCALING_TYPE: YARN, ROPE.SCALING_FACTOR: float(y["factor"]),
-                 ROPE.SCALING_ORIG_CTX_LEN: y["original_context_length"],
-                 ROPE.SCALING_YARN_LOG_MUL: 0.1 * y["log_mul"]}
+        keys |= {
+            ROPE.SCALING_TYPE: YARN,
+            ROPE.SCALING_FACTOR: float(y["factor"]),
+            ROPE.SCALING_ORIG_CTX_LEN: y["original_context_length"],
+            ROPE.SCALING_YARN_LOG_MUL: 0.1 * y["log_mul"],
+        }
     return t, keys
 
 
@@ -297,33 +387,48 @@ def deepseek4(c: SynthConfig, n_vocab: int) -> tuple[list[Tensor], dict[str, Any
         raise SwapmoeError("deepseek4 needs indexer_dim != head_dim")
     if idx_hd % 64:  # the indexer cache's Hadamard rotation works in blocks of 64 or more
         raise SwapmoeError("deepseek4 needs indexer_dim divisible by 64")
-    t = _globals(c, n_vocab) + [("output_hc_fn.weight", (hc_dim, hc), "matrix"),
-                                ("output_hc_base.weight", (hc,), "offset"), ("output_hc_scale.weight", (1,), "gain")]
+    t = _globals(c, n_vocab) + [
+        ("output_hc_fn.weight", (hc_dim, hc), "matrix"),
+        ("output_hc_base.weight", (hc,), "offset"),
+        ("output_hc_scale.weight", (1,), "gain"),
+    ]
     for i in range(c.n_layer):
         p = f"blk.{i}."
-        t += [_norm(i, "attn_norm", D), (p + "attn_sinks.weight", (H,), "sinks"),
-              (p + "attn_q_a.weight", (D, ql), "matrix"), _norm(i, "attn_q_a_norm", ql),
-              (p + "attn_q_b.weight", (ql, H * hd), "matrix"), (p + "attn_kv.weight", (D, hd), "matrix"),
-              _norm(i, "attn_kv_a_norm", hd),
-              (p + "attn_output_a.weight", (H * hd // groups, out_rank * groups), "matrix"),
-              (p + "attn_output_b.weight", (groups * out_rank, D), "matrix")]
+        t += [
+            _norm(i, "attn_norm", D),
+            (p + "attn_sinks.weight", (H,), "sinks"),
+            (p + "attn_q_a.weight", (D, ql), "matrix"),
+            _norm(i, "attn_q_a_norm", ql),
+            (p + "attn_q_b.weight", (ql, H * hd), "matrix"),
+            (p + "attn_kv.weight", (D, hd), "matrix"),
+            _norm(i, "attn_kv_a_norm", hd),
+            (p + "attn_output_a.weight", (H * hd // groups, out_rank * groups), "matrix"),
+            (p + "attn_output_b.weight", (groups * out_rank, D), "matrix"),
+        ]
         for half in ("attn", "ffn"):
-            t += [(p + f"hc_{half}_fn.weight", (hc_dim, mix), "matrix"),
-                  (p + f"hc_{half}_base.weight", (mix,), "offset"),
-                  (p + f"hc_{half}_scale.weight", (3,), "gain")]
+            t += [
+                (p + f"hc_{half}_fn.weight", (hc_dim, mix), "matrix"),
+                (p + f"hc_{half}_base.weight", (mix,), "offset"),
+                (p + f"hc_{half}_scale.weight", (3,), "gain"),
+            ]
         ratio = ratios[i]
         if ratio:
             width = (2 if ratio == 4 else 1) * hd
-            t += [(p + "attn_compressor_kv.weight", (D, width), "matrix"),
-                  (p + "attn_compressor_gate.weight", (D, width), "matrix"),
-                  (p + "attn_compressor_ape.weight", (width, ratio), "offset"), _norm(i, "attn_compressor_norm", hd)]
+            t += [
+                (p + "attn_compressor_kv.weight", (D, width), "matrix"),
+                (p + "attn_compressor_gate.weight", (D, width), "matrix"),
+                (p + "attn_compressor_ape.weight", (width, ratio), "offset"),
+                _norm(i, "attn_compressor_norm", hd),
+            ]
         if ratio == 4:
-            t += [(p + "indexer.proj.weight", (D, n_idx), "matrix"),
-                  (p + "indexer.attn_q_b.weight", (ql, n_idx * idx_hd), "matrix"),
-                  (p + "indexer_compressor_kv.weight", (D, 2 * idx_hd), "matrix"),
-                  (p + "indexer_compressor_gate.weight", (D, 2 * idx_hd), "matrix"),
-                  (p + "indexer_compressor_ape.weight", (2 * idx_hd, ratio), "offset"),
-                  _norm(i, "indexer_compressor_norm", idx_hd)]
+            t += [
+                (p + "indexer.proj.weight", (D, n_idx), "matrix"),
+                (p + "indexer.attn_q_b.weight", (ql, n_idx * idx_hd), "matrix"),
+                (p + "indexer_compressor_kv.weight", (D, 2 * idx_hd), "matrix"),
+                (p + "indexer_compressor_gate.weight", (D, 2 * idx_hd), "matrix"),
+                (p + "indexer_compressor_ape.weight", (2 * idx_hd, ratio), "offset"),
+                _norm(i, "indexer_compressor_norm", idx_hd),
+            ]
         t += [_norm(i, "ffn_norm", D), *_router(c, i, probs_bias=i >= n_hash)]
         if i < n_hash:
             t.append((p + "ffn_gate_tid2eid.weight", (c.n_expert_used, n_vocab), "table"))
@@ -331,21 +436,34 @@ def deepseek4(c: SynthConfig, n_vocab: int) -> tuple[list[Tensor], dict[str, Any
     yarn = x.get("yarn", {"factor": 16.0, "original_context_length": max(1, c.ctx // 16)})
     clamp = _per_layer(x.get("swiglu_limit", 10.0), c.n_layer)
     keys = _common_keys(c, c.expert_ff) | {
-        LLM.EMBEDDING_LENGTH_OUT: hc * D, ROPE.DIMENSION_COUNT: x.get("rope_dim", hd // 2),
-        ROPE.SCALING_TYPE: YARN, ROPE.SCALING_FACTOR: float(yarn["factor"]),
+        LLM.EMBEDDING_LENGTH_OUT: hc * D,
+        ROPE.DIMENSION_COUNT: x.get("rope_dim", hd // 2),
+        ROPE.SCALING_TYPE: YARN,
+        ROPE.SCALING_FACTOR: float(yarn["factor"]),
         ROPE.SCALING_ORIG_CTX_LEN: yarn["original_context_length"],
-        ROPE.SCALING_YARN_BETA_FAST: 32.0, ROPE.SCALING_YARN_BETA_SLOW: 1.0,
+        ROPE.SCALING_YARN_BETA_FAST: 32.0,
+        ROPE.SCALING_YARN_BETA_SLOW: 1.0,
         "{arch}.attention.compress_rope_freq_base": float(x.get("compress_rope_base", 160000.0)),
-        ATTN.Q_LORA_RANK: ql, ATTN.SLIDING_WINDOW: x.get("sliding_window", 128),
+        ATTN.Q_LORA_RANK: ql,
+        ATTN.SLIDING_WINDOW: x.get("sliding_window", 128),
         "{arch}.attention.compress_ratios": ratios,
-        ATTN.Indexer.HEAD_COUNT: n_idx, ATTN.Indexer.KEY_LENGTH: idx_hd, ATTN.Indexer.TOP_K: x.get("indexer_top_k", 16),
-        "{arch}.attention.output_group_count": groups, "{arch}.attention.output_lora_rank": out_rank,
-        "{arch}.hyper_connection.count": hc, "{arch}.hyper_connection.sinkhorn_iterations": x.get("sinkhorn_iters", 20),
-        "{arch}.hyper_connection.epsilon": float(x.get("hc_eps", 1e-6)), "{arch}.hash_layer_count": n_hash,
-        LLM.EXPERT_FEED_FORWARD_LENGTH: c.expert_ff, LLM.EXPERT_SHARED_COUNT: max(1, c.shared_ff // c.expert_ff),
-        LLM.EXPERT_WEIGHTS_SCALE: float(x.get("weights_scale", 1.5)), LLM.EXPERT_WEIGHTS_NORM: True,
-        LLM.EXPERT_GATING_FUNC: SQRT_SOFTPLUS, LLM.SWIGLU_CLAMP_EXP: clamp,
-        LLM.SWIGLU_CLAMP_SHEXP: _per_layer(x.get("swiglu_limit_shexp", x.get("swiglu_limit", 10.0)), c.n_layer)}
+        ATTN.Indexer.HEAD_COUNT: n_idx,
+        ATTN.Indexer.KEY_LENGTH: idx_hd,
+        ATTN.Indexer.TOP_K: x.get("indexer_top_k", 16),
+        "{arch}.attention.output_group_count": groups,
+        "{arch}.attention.output_lora_rank": out_rank,
+        "{arch}.hyper_connection.count": hc,
+        "{arch}.hyper_connection.sinkhorn_iterations": x.get("sinkhorn_iters", 20),
+        "{arch}.hyper_connection.epsilon": float(x.get("hc_eps", 1e-6)),
+        "{arch}.hash_layer_count": n_hash,
+        LLM.EXPERT_FEED_FORWARD_LENGTH: c.expert_ff,
+        LLM.EXPERT_SHARED_COUNT: max(1, c.shared_ff // c.expert_ff),
+        LLM.EXPERT_WEIGHTS_SCALE: float(x.get("weights_scale", 1.5)),
+        LLM.EXPERT_WEIGHTS_NORM: True,
+        LLM.EXPERT_GATING_FUNC: SQRT_SOFTPLUS,
+        LLM.SWIGLU_CLAMP_EXP: clamp,
+        LLM.SWIGLU_CLAMP_SHEXP: _per_layer(x.get("swiglu_limit_shexp", x.get("swiglu_limit", 10.0)), c.n_layer),
+    }
     return t, keys
 
 
@@ -366,21 +484,33 @@ def _gated_hybrid(c: SynthConfig, n_vocab: int, next_layout: bool) -> tuple[list
         p = f"blk.{i}."
         t += [_norm(i, "attn_norm", D), _norm(i, "post_attention_norm", D)]
         if i >= c.n_layer:
-            t += [(p + "nextn.eh_proj.weight", (2 * D, D), "matrix"), _norm(i, "nextn.enorm", D),
-                  _norm(i, "nextn.hnorm", D), _norm(i, "nextn.shared_head_norm", D)]
+            t += [
+                (p + "nextn.eh_proj.weight", (2 * D, D), "matrix"),
+                _norm(i, "nextn.enorm", D),
+                _norm(i, "nextn.hnorm", D),
+                _norm(i, "nextn.shared_head_norm", D),
+            ]
         if (i + 1) % interval == 0 or i >= c.n_layer:
             kv = c.n_head_kv * hd
-            t += [(p + "attn_q.weight", (D, 2 * H * hd), "matrix"), (p + "attn_k.weight", (D, kv), "matrix"),
-                  (p + "attn_v.weight", (D, kv), "matrix"), _norm(i, "attn_q_norm", hd), _norm(i, "attn_k_norm", hd),
-                  (p + "attn_output.weight", (H * hd, D), "matrix")]
+            t += [
+                (p + "attn_q.weight", (D, 2 * H * hd), "matrix"),
+                (p + "attn_k.weight", (D, kv), "matrix"),
+                (p + "attn_v.weight", (D, kv), "matrix"),
+                _norm(i, "attn_q_norm", hd),
+                _norm(i, "attn_k_norm", hd),
+                (p + "attn_output.weight", (H * hd, D), "matrix"),
+            ]
             t += [*_router(c, i), *_experts(c, i, D), *_shared(c, i, gated=True)]
             continue
         if next_layout and x.get("legacy_qkvz"):
             t += [(p + "ssm_in.weight", (D, conv_dim + val_dim), "matrix")]
         else:
             t += [(p + "attn_qkv.weight", (D, conv_dim), "matrix"), (p + "attn_gate.weight", (D, val_dim), "matrix")]
-        t += [(p + "ssm_conv1d.weight", (d_conv, conv_dim), "router"), (p + "ssm_dt.bias", (n_v,), "vector"),
-              (p + "ssm_a", (n_v,), "decay")]
+        t += [
+            (p + "ssm_conv1d.weight", (d_conv, conv_dim), "router"),
+            (p + "ssm_dt.bias", (n_v,), "vector"),
+            (p + "ssm_a", (n_v,), "decay"),
+        ]
         if next_layout:
             t += [(p + "ssm_ba.weight", (D, 2 * n_v), "matrix")]
         else:
@@ -388,12 +518,20 @@ def _gated_hybrid(c: SynthConfig, n_vocab: int, next_layout: bool) -> tuple[list
         t += [_norm(i, "ssm_norm", hk), (p + "ssm_out.weight", (val_dim, D), "matrix")]
         t += [*_router(c, i), *_experts(c, i, D), *_shared(c, i, gated=True)]
     keys = _common_keys(c, c.expert_ff) | {
-        LLM.EXPERT_FEED_FORWARD_LENGTH: c.expert_ff, LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH: c.shared_ff,
-        ROPE.DIMENSION_COUNT: hd // 4}
+        LLM.EXPERT_FEED_FORWARD_LENGTH: c.expert_ff,
+        LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH: c.shared_ff,
+        ROPE.DIMENSION_COUNT: hd // 4,
+    }
     if not next_layout:
         keys[ROPE.DIMENSION_SECTIONS] = [11, 11, 10, 0]
-    keys |= {SSM.CONV_KERNEL: d_conv, SSM.INNER_SIZE: val_dim, SSM.STATE_SIZE: hk, SSM.TIME_STEP_RANK: n_v,
-             SSM.GROUP_COUNT: n_k, LLM.FULL_ATTENTION_INTERVAL: interval}
+    keys |= {
+        SSM.CONV_KERNEL: d_conv,
+        SSM.INNER_SIZE: val_dim,
+        SSM.STATE_SIZE: hk,
+        SSM.TIME_STEP_RANK: n_v,
+        SSM.GROUP_COUNT: n_k,
+        LLM.FULL_ATTENTION_INTERVAL: interval,
+    }
     if n_mtp:
         keys |= {LLM.BLOCK_COUNT: c.n_layer + n_mtp, LLM.NEXTN_PREDICT_LAYERS: n_mtp}
     return t, keys
@@ -435,7 +573,7 @@ def laguna(c: SynthConfig, n_vocab: int) -> tuple[list[Tensor], dict[str, Any]]:
     D, hd, kv = c.d_model, c.head_dim, c.n_head_kv * c.head_dim
     gate = x.get("gate", "head")
     if gate not in ("head", "element"):
-        raise SwapmoeError(f"laguna gate is per \"head\" or per \"element\", not {gate!r}")
+        raise SwapmoeError(f'laguna gate is per "head" or per "element", not {gate!r}')
     if c.n_dense_lead >= c.n_layer or (c.n_dense_lead and not c.dense_ff) or not c.shared_ff:
         raise SwapmoeError("laguna needs an MoE layer (n_dense_lead < n_layer), dense_ff if n_dense_lead, shared_ff")
     swa = laguna_swa_layers(c)
@@ -445,37 +583,66 @@ def laguna(c: SynthConfig, n_vocab: int) -> tuple[list[Tensor], dict[str, Any]]:
     t = _globals(c, n_vocab)
     for i, H in enumerate(heads):
         p, q = f"blk.{i}.", H * hd
-        t += [_norm(i, "attn_norm", D), (p + "attn_q.weight", (D, q), "matrix"),
-              (p + "attn_k.weight", (D, kv), "matrix"), (p + "attn_v.weight", (D, kv), "matrix"),
-              (p + "attn_output.weight", (q, D), "matrix"),
-              _norm(i, "attn_q_norm", hd), _norm(i, "attn_k_norm", hd),
-              (p + "attn_gate.weight", (D, H if gate == "head" else q), "matrix"), _norm(i, "ffn_norm", D)]
+        t += [
+            _norm(i, "attn_norm", D),
+            (p + "attn_q.weight", (D, q), "matrix"),
+            (p + "attn_k.weight", (D, kv), "matrix"),
+            (p + "attn_v.weight", (D, kv), "matrix"),
+            (p + "attn_output.weight", (q, D), "matrix"),
+            _norm(i, "attn_q_norm", hd),
+            _norm(i, "attn_k_norm", hd),
+            (p + "attn_gate.weight", (D, H if gate == "head" else q), "matrix"),
+            _norm(i, "ffn_norm", D),
+        ]
         if i < c.n_dense_lead:
-            t += [(p + "ffn_gate.weight", (D, c.dense_ff), "matrix"), (p + "ffn_up.weight", (D, c.dense_ff), "matrix"),
-                  (p + "ffn_down.weight", (c.dense_ff, D), "matrix")]
+            t += [
+                (p + "ffn_gate.weight", (D, c.dense_ff), "matrix"),
+                (p + "ffn_up.weight", (D, c.dense_ff), "matrix"),
+                (p + "ffn_down.weight", (c.dense_ff, D), "matrix"),
+            ]
         else:
             t += [*_router(c, i, probs_bias=True), *_experts(c, i, D), *_shared(c, i, gated=False)]
     keys = _common_keys(c, c.dense_ff) | {
-        ATTN.HEAD_COUNT: heads, LLM.LEADING_DENSE_BLOCK_COUNT: c.n_dense_lead,
-        LLM.EXPERT_FEED_FORWARD_LENGTH: c.expert_ff, LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH: c.shared_ff,
-        LLM.EXPERT_WEIGHTS_NORM: True, LLM.EXPERT_WEIGHTS_SCALE: float(x.get("weights_scale", 2.5)),
-        LLM.EXPERT_GATING_FUNC: int(ExpertGatingFuncType.SIGMOID), ROPE.DIMENSION_COUNT: x.get("rope_dim", hd // 2)}
+        ATTN.HEAD_COUNT: heads,
+        LLM.LEADING_DENSE_BLOCK_COUNT: c.n_dense_lead,
+        LLM.EXPERT_FEED_FORWARD_LENGTH: c.expert_ff,
+        LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH: c.shared_ff,
+        LLM.EXPERT_WEIGHTS_NORM: True,
+        LLM.EXPERT_WEIGHTS_SCALE: float(x.get("weights_scale", 2.5)),
+        LLM.EXPERT_GATING_FUNC: int(ExpertGatingFuncType.SIGMOID),
+        ROPE.DIMENSION_COUNT: x.get("rope_dim", hd // 2),
+    }
     if x.get("sliding_window"):
-        keys |= {ATTN.SLIDING_WINDOW: x["sliding_window"], ROPE.DIMENSION_COUNT_SWA: x.get("rope_dim_swa", hd),
-                 ROPE.FREQ_BASE_SWA: float(x.get("rope_base_swa", 1e4))}
+        keys |= {
+            ATTN.SLIDING_WINDOW: x["sliding_window"],
+            ROPE.DIMENSION_COUNT_SWA: x.get("rope_dim_swa", hd),
+            ROPE.FREQ_BASE_SWA: float(x.get("rope_base_swa", 1e4)),
+        }
         if x.get("swa_pattern") is not None:
             keys[ATTN.SLIDING_WINDOW_PATTERN] = swa
     if "yarn" in x:  # as the converter writes it from rope_parameters.full_attention
         y = x["yarn"]
-        keys |= {ROPE.SCALING_TYPE: YARN, ROPE.SCALING_FACTOR: float(y["factor"]),
-                 ROPE.SCALING_ORIG_CTX_LEN: y["original_context_length"],
-                 ROPE.SCALING_YARN_ATTN_FACTOR: float(y.get("attn_factor", 1.0)),
-                 ROPE.SCALING_YARN_BETA_FAST: 32.0, ROPE.SCALING_YARN_BETA_SLOW: 1.0}
+        keys |= {
+            ROPE.SCALING_TYPE: YARN,
+            ROPE.SCALING_FACTOR: float(y["factor"]),
+            ROPE.SCALING_ORIG_CTX_LEN: y["original_context_length"],
+            ROPE.SCALING_YARN_ATTN_FACTOR: float(y.get("attn_factor", 1.0)),
+            ROPE.SCALING_YARN_BETA_FAST: 32.0,
+            ROPE.SCALING_YARN_BETA_SLOW: 1.0,
+        }
     return t, keys
 
 
 ARCHS: dict[str, Callable[[SynthConfig, int], tuple[list[Tensor], dict[str, Any]]]] = {
-    "qwen3moe": qwen3moe, "qwen2moe": qwen2moe, "olmoe": olmoe, "llama": llama, "deepseek2": deepseek2,
-    "deepseek4": deepseek4, "minimax-m2": minimax_m2, "gpt-oss": gpt_oss, "qwen35moe": qwen35moe,
-    "qwen3next": qwen3next, "laguna": laguna,
+    "qwen3moe": qwen3moe,
+    "qwen2moe": qwen2moe,
+    "olmoe": olmoe,
+    "llama": llama,
+    "deepseek2": deepseek2,
+    "deepseek4": deepseek4,
+    "minimax-m2": minimax_m2,
+    "gpt-oss": gpt_oss,
+    "qwen35moe": qwen35moe,
+    "qwen3next": qwen3next,
+    "laguna": laguna,
 }

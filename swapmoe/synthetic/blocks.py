@@ -5,6 +5,7 @@ bytes with its scales overwritten by finite values, calibrated so that the dequa
 weights have the requested standard deviation. Big tensors are cut from a pool of such
 blocks, which is what lets the generator write at disk speed.
 """
+
 from __future__ import annotations
 
 from functools import lru_cache
@@ -16,10 +17,24 @@ from gguf.quants import dequantize
 # Byte offsets of the fp16 scale fields inside one block, per type. Each field is scaled by
 # the same per-block factor, so the weights stay a linear function of one "d".
 _F16_SCALES: dict[T, tuple[int, ...]] = {
-    T.Q4_0: (0,), T.Q4_1: (0, 2), T.Q5_0: (0,), T.Q5_1: (0, 2), T.Q8_0: (0,),
-    T.Q2_K: (80, 82), T.Q3_K: (108,), T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,),
-    T.IQ2_XXS: (0,), T.IQ2_XS: (0,), T.IQ2_S: (0,), T.IQ3_XXS: (0,), T.IQ3_S: (0,),
-    T.IQ1_S: (0,), T.IQ4_NL: (0,), T.IQ4_XS: (0,),
+    T.Q4_0: (0,),
+    T.Q4_1: (0, 2),
+    T.Q5_0: (0,),
+    T.Q5_1: (0, 2),
+    T.Q8_0: (0,),
+    T.Q2_K: (80, 82),
+    T.Q3_K: (108,),
+    T.Q4_K: (0, 2),
+    T.Q5_K: (0, 2),
+    T.Q6_K: (208,),
+    T.IQ2_XXS: (0,),
+    T.IQ2_XS: (0,),
+    T.IQ2_S: (0,),
+    T.IQ3_XXS: (0,),
+    T.IQ3_S: (0,),
+    T.IQ1_S: (0,),
+    T.IQ4_NL: (0,),
+    T.IQ4_XS: (0,),
 }
 # Byte offset of the fp16 min field of the types whose values are d * q + min (Q4_1, Q5_1) or
 # d * scale * q - dmin * min (Q2_K, Q4_K, Q5_K): its other scale fields hold d.
@@ -51,7 +66,7 @@ def _with_scale(ggml_type: T, raw: np.ndarray, d: np.ndarray) -> np.ndarray:
     else:
         f16 = d.astype(np.float16).view(np.uint8).reshape(-1, 2)
         for off in _F16_SCALES[ggml_type]:
-            blocks[:, off:off + 2] = f16
+            blocks[:, off : off + 2] = f16
     return blocks
 
 
@@ -91,17 +106,17 @@ def _zero_mean(ggml_type: T, blocks: np.ndarray) -> np.ndarray:
     block = GGML_QUANT_SIZES[ggml_type][0]
     one, zero = (np.array([v], np.float16).view(np.uint8) for v in (1, 0))
     without_min = blocks.copy()
-    without_min[:, off:off + 2] = zero
+    without_min[:, off : off + 2] = zero
     mean_without = dequantize(without_min.reshape(-1), ggml_type).reshape(n, block).mean(axis=1)
     min_only = blocks.copy()  # every d field 0, the min field 1: the block's mean per unit min
     for field in _F16_SCALES[ggml_type]:
-        min_only[:, field:field + 2] = one if field == off else zero
+        min_only[:, field : field + 2] = one if field == off else zero
     mean_per_min = dequantize(min_only.reshape(-1), ggml_type).reshape(n, block).mean(axis=1)
     safe = mean_per_min != 0  # a K-quant block whose mins are all 0 keeps its mean
     value = np.zeros(n)
     value[safe] = -mean_without[safe] / mean_per_min[safe]
     out = blocks.copy()
-    out[:, off:off + 2] = np.clip(value, -60000, 60000).astype(np.float16).view(np.uint8).reshape(-1, 2)
+    out[:, off : off + 2] = np.clip(value, -60000, 60000).astype(np.float16).view(np.uint8).reshape(-1, 2)
     return out
 
 
@@ -138,6 +153,6 @@ class BlockPool:
         pos = int(self.rng.integers(self.n_blocks)) * self.type_size
         while nbytes:
             n = min(nbytes, max_chunk, len(self.data) - pos)
-            yield memoryview(self.data)[pos:pos + n]
+            yield memoryview(self.data)[pos : pos + n]
             nbytes -= n
             pos = (pos + n) % len(self.data)

@@ -4,14 +4,22 @@
 models (hidden size, heads, experts, widths); `--size-gb` then scales the layer count.
 Shapes marked approximate are guesses where no public config was at hand.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
 from swapmoe.synthetic.archs import SynthConfig
 
-_DS2_TINY = {"q_lora_rank": 128, "kv_lora_rank": 64, "rope_dim": 32, "nope_dim": 32, "v_dim": 32, "groups": 4,
-             "groups_used": 2}
+_DS2_TINY = {
+    "q_lora_rank": 128,
+    "kv_lora_rank": 64,
+    "rope_dim": 32,
+    "nope_dim": 32,
+    "v_dim": 32,
+    "groups": 4,
+    "groups_used": 2,
+}
 # DeepSeek-V4, tiny: one hash-routed layer, then compress ratios 0, 4, 128 (the 4-layer file has all
 # three; "compress_lead" [0, 0] then the cycle [4, 128], as DeepSeek-V4-Flash's layers are). Chosen so
 # that a 300-token prompt reaches every path llama.cpp has: the 64-token raw window is crossed, the
@@ -24,11 +32,23 @@ _DS2_TINY = {"q_lora_rank": 128, "kv_lora_rank": 64, "rope_dim": 32, "nope_dim":
 # SwiGLU limits 1.5 / 2.0 (experts, alternating by layer) and 1.75 (shared expert) clamp some of them
 # (in llama.cpp over a 320-token prompt: 4% / 1% of the expert gates, 8% / 2% of the ups, 2% of the
 # shared expert's gates and 4% of its ups); the real limit, 10, never would.
-_DS4_TINY = {"q_lora_rank": 128, "out_groups": 2, "out_rank": 64, "hash_layers": 1, "rope_dim": 32,
-             "sliding_window": 64, "compress_lead": [0, 0], "compress_cycle": [4, 128],
-             "compress_rope_base": 160000.0, "indexer_heads": 16, "indexer_dim": 64, "indexer_top_k": 16,
-             "yarn": {"factor": 16.0, "original_context_length": 256}, "swiglu_limit": [1.5, 2.0],
-             "swiglu_limit_shexp": 1.75}
+_DS4_TINY = {
+    "q_lora_rank": 128,
+    "out_groups": 2,
+    "out_rank": 64,
+    "hash_layers": 1,
+    "rope_dim": 32,
+    "sliding_window": 64,
+    "compress_lead": [0, 0],
+    "compress_cycle": [4, 128],
+    "compress_rope_base": 160000.0,
+    "indexer_heads": 16,
+    "indexer_dim": 64,
+    "indexer_top_k": 16,
+    "yarn": {"factor": 16.0, "original_context_length": 256},
+    "swiglu_limit": [1.5, 2.0],
+    "swiglu_limit_shexp": 1.75,
+}
 # DeepSeek-V4-Flash's config.json (deepseek-ai/DeepSeek-V4-Flash on Hugging Face; quoted whole in
 # rtp-llm's DeepSeek-V4 tests as "the published DeepSeek-V4-Flash-Base config", and the same values in
 # exo's read of the 0731 checkpoint's config, NVIDIA NeMo's model page and ds4's model card):
@@ -43,11 +63,25 @@ _DS4_TINY = {"q_lora_rank": 128, "out_groups": 2, "out_rank": 64, "hash_layers":
 # the vocabulary (129280 there; every synthetic file has the small built-in BPE), and no MTP block.
 # `--type IQ1_M` gives the community IQ1_M mix (swapmoe.synthetic.ARCH_MIXES: routed experts IQ1_M,
 # down Q2_K on layers 0-5, the rest Q8_0, output Q6_K; 64 GiB at 43 layers).
-_DS4_FLASH = {"q_lora_rank": 1024, "out_groups": 8, "out_rank": 1024, "hash_layers": 3, "rope_dim": 64,
-              "sliding_window": 128, "compress_lead": [0, 0], "compress_cycle": [4, 128],
-              "compress_rope_base": 160000.0, "indexer_heads": 64, "indexer_dim": 128, "indexer_top_k": 512,
-              "yarn": {"factor": 16.0, "original_context_length": 65536}, "swiglu_limit": 10.0,
-              "weights_scale": 1.5, "sinkhorn_iters": 20, "hc_eps": 1e-6}
+_DS4_FLASH = {
+    "q_lora_rank": 1024,
+    "out_groups": 8,
+    "out_rank": 1024,
+    "hash_layers": 3,
+    "rope_dim": 64,
+    "sliding_window": 128,
+    "compress_lead": [0, 0],
+    "compress_cycle": [4, 128],
+    "compress_rope_base": 160000.0,
+    "indexer_heads": 64,
+    "indexer_dim": 128,
+    "indexer_top_k": 512,
+    "yarn": {"factor": 16.0, "original_context_length": 65536},
+    "swiglu_limit": 10.0,
+    "weights_scale": 1.5,
+    "sinkhorn_iters": 20,
+    "hc_eps": 1e-6,
+}
 _Q35_TINY = {"ssm_state": 64, "ssm_groups": 2, "ssm_heads": 4}
 # Laguna, tiny: layer 0 dense, then three MoE layers; the sliding_window_pattern key makes layers 1 and 3
 # sliding (window 32, so a ~100-token prompt crosses it) and 0 and 2 full, so the MoE layers have both kinds
@@ -58,9 +92,18 @@ _Q35_TINY = {"ssm_state": 64, "ssm_groups": 2, "ssm_heads": 4}
 # (512, 256, 384) so a runtime that mixes them up fails to load. output.weight has a spread of 0.25, not 0.05:
 # with 0.05 the logits (over a 112-token prompt in llama.cpp) had a spread of 0.8 and a top probability of 0.02
 # (uniform: 0.002) with top-2 margins down to 0.001; with 0.25, spread 4.2, top probability 0.16-0.99 (mean 0.5).
-_LAGUNA_TINY = {"n_head_swa": 6, "sliding_window": 32, "swa_pattern": [False, True, False, True], "rope_dim": 32,
-                "rope_dim_swa": 64, "rope_base_swa": 1e4, "yarn": {"factor": 16.0, "original_context_length": 256},
-                "weights_scale": 2.5, "gate": "head", "output_std": 0.25}
+_LAGUNA_TINY = {
+    "n_head_swa": 6,
+    "sliding_window": 32,
+    "swa_pattern": [False, True, False, True],
+    "rope_dim": 32,
+    "rope_dim_swa": 64,
+    "rope_base_swa": 1e4,
+    "yarn": {"factor": 16.0, "original_context_length": 256},
+    "weights_scale": 2.5,
+    "gate": "head",
+    "output_std": 0.25,
+}
 # poolside Laguna-S-2.1 (poolside/Laguna-S-2.1 on Hugging Face; 117-118B total, ~8B active, 48 layers, 256 experts
 # top-10 + 1 shared, per the model card as quoted in public write-ups). The config.json values, as quoted field by
 # field in a public design record of that checkpoint (the INT4 release) and, for the GGUF keys, in the header of
@@ -76,8 +119,16 @@ _LAGUNA_TINY = {"n_head_swa": 6, "sliding_window": 32, "swa_pattern": [False, Tr
 # (attention_factor 1.4852, max_position_embeddings 1048576), which the INT4 config.json carries. With the real
 # 100352-token vocabulary these tensors add up to 117.5B parameters, 8.1B active (10 of 256 experts, one
 # embedding row). Not the real one: the vocabulary (every synthetic file has the small built-in BPE).
-_LAGUNA_S = {"n_head_swa": 72, "sliding_window": 512, "rope_dim": 64, "rope_dim_swa": 128, "rope_base_swa": 1e4,
-             "yarn": {"factor": 32.0, "original_context_length": 8192}, "weights_scale": 2.5, "gate": "head"}
+_LAGUNA_S = {
+    "n_head_swa": 72,
+    "sliding_window": 512,
+    "rope_dim": 64,
+    "rope_dim_swa": 128,
+    "rope_base_swa": 1e4,
+    "yarn": {"factor": 32.0, "original_context_length": 8192},
+    "weights_scale": 2.5,
+    "gate": "head",
+}
 
 PRESETS: dict[str, SynthConfig] = {
     # --- tiny, for tests -------------------------------------------------------------
@@ -85,18 +136,49 @@ PRESETS: dict[str, SynthConfig] = {
     "tiny-qwen2moe": SynthConfig("qwen2moe", 2, 256, 4, 2, 64, 8, 2, 256, shared_ff=512),
     "tiny-olmoe": SynthConfig("olmoe", 2, 256, 4, 4, 64, 8, 2, 256, rms_eps=1e-5, rope_base=1e4),
     "tiny-llama": SynthConfig("llama", 2, 256, 4, 2, 64, 8, 2, 256, rms_eps=1e-5),
-    "tiny-deepseek2": SynthConfig("deepseek2", 3, 256, 4, 4, 64, 8, 2, 256, shared_ff=256, dense_ff=512,
-                                  n_dense_lead=1, rope_base=1e4, extra=_DS2_TINY),
-    "tiny-deepseek4": SynthConfig("deepseek4", 4, 256, 4, 1, 128, 8, 2, 256, shared_ff=256, rope_base=1e4,
-                                  extra=_DS4_TINY),
+    "tiny-deepseek2": SynthConfig(
+        "deepseek2",
+        3,
+        256,
+        4,
+        4,
+        64,
+        8,
+        2,
+        256,
+        shared_ff=256,
+        dense_ff=512,
+        n_dense_lead=1,
+        rope_base=1e4,
+        extra=_DS2_TINY,
+    ),
+    "tiny-deepseek4": SynthConfig(
+        "deepseek4", 4, 256, 4, 1, 128, 8, 2, 256, shared_ff=256, rope_base=1e4, extra=_DS4_TINY
+    ),
     "tiny-minimax-m2": SynthConfig("minimax-m2", 2, 256, 4, 2, 64, 8, 2, 256, rope_base=5e6, extra={"rope_dim": 32}),
-    "tiny-gpt-oss": SynthConfig("gpt-oss", 2, 256, 4, 2, 64, 8, 2, 256, rms_eps=1e-5, rope_base=150000.0,
-                                extra={"sliding_window": 128}),
-    "tiny-qwen35moe": SynthConfig("qwen35moe", 4, 256, 4, 2, 64, 8, 2, 256, shared_ff=256, fused_gate_up=True,
-                                  extra=_Q35_TINY),
+    "tiny-gpt-oss": SynthConfig(
+        "gpt-oss", 2, 256, 4, 2, 64, 8, 2, 256, rms_eps=1e-5, rope_base=150000.0, extra={"sliding_window": 128}
+    ),
+    "tiny-qwen35moe": SynthConfig(
+        "qwen35moe", 4, 256, 4, 2, 64, 8, 2, 256, shared_ff=256, fused_gate_up=True, extra=_Q35_TINY
+    ),
     "tiny-qwen3next": SynthConfig("qwen3next", 4, 256, 4, 2, 64, 8, 2, 256, shared_ff=256, extra=_Q35_TINY),
-    "tiny-laguna": SynthConfig("laguna", 4, 256, 4, 2, 64, 8, 2, 256, shared_ff=384, dense_ff=512, n_dense_lead=1,
-                               rope_base=5e5, extra=_LAGUNA_TINY),
+    "tiny-laguna": SynthConfig(
+        "laguna",
+        4,
+        256,
+        4,
+        2,
+        64,
+        8,
+        2,
+        256,
+        shared_ff=384,
+        dense_ff=512,
+        n_dense_lead=1,
+        rope_base=5e5,
+        extra=_LAGUNA_TINY,
+    ),
     # --- small, for per-token overhead: Qwen3-30B-A3B's 128 experts, top-8, at hidden 512 ----
     "small-qwen3moe": SynthConfig("qwen3moe", 12, 512, 8, 2, 64, 128, 8, 256),
     # --- real shapes -------------------------------------------------------------------
@@ -105,27 +187,112 @@ PRESETS: dict[str, SynthConfig] = {
     "qwen1.5-moe-a2.7b": SynthConfig("qwen2moe", 24, 2048, 16, 16, 128, 60, 4, 1408, shared_ff=5632),
     "olmoe-1b-7b": SynthConfig("olmoe", 16, 2048, 16, 16, 128, 64, 8, 1024, rms_eps=1e-5, rope_base=1e4),
     "mixtral-8x7b": SynthConfig("llama", 32, 4096, 32, 8, 128, 8, 2, 14336, rms_eps=1e-5),
-    "deepseek-v3": SynthConfig("deepseek2", 61, 7168, 128, 128, 128, 256, 8, 2048, shared_ff=2048, dense_ff=18432,
-                               n_dense_lead=3, rope_base=1e4,
-                               extra={"q_lora_rank": 1536, "kv_lora_rank": 512, "rope_dim": 64, "nope_dim": 128,
-                                      "v_dim": 128, "groups": 8, "groups_used": 4}),
+    "deepseek-v3": SynthConfig(
+        "deepseek2",
+        61,
+        7168,
+        128,
+        128,
+        128,
+        256,
+        8,
+        2048,
+        shared_ff=2048,
+        dense_ff=18432,
+        n_dense_lead=3,
+        rope_base=1e4,
+        extra={
+            "q_lora_rank": 1536,
+            "kv_lora_rank": 512,
+            "rope_dim": 64,
+            "nope_dim": 128,
+            "v_dim": 128,
+            "groups": 8,
+            "groups_used": 4,
+        },
+    ),
     # the published config (see _DS4_FLASH); `--type IQ1_M` is the community IQ1_M mix (ARCH_MIXES)
-    "deepseek-v4-flash": SynthConfig("deepseek4", 43, 4096, 64, 1, 512, 256, 6, 2048, shared_ff=2048,
-                                     ctx=1048576, rope_base=1e4, rms_eps=1e-6, extra=_DS4_FLASH),
+    "deepseek-v4-flash": SynthConfig(
+        "deepseek4",
+        43,
+        4096,
+        64,
+        1,
+        512,
+        256,
+        6,
+        2048,
+        shared_ff=2048,
+        ctx=1048576,
+        rope_base=1e4,
+        rms_eps=1e-6,
+        extra=_DS4_FLASH,
+    ),
     "minimax-m2": SynthConfig("minimax-m2", 62, 3072, 48, 8, 128, 256, 8, 1536, rope_base=5e6, extra={"rope_dim": 64}),
     "gpt-oss-20b": SynthConfig("gpt-oss", 24, 2880, 64, 8, 64, 32, 4, 2880, rms_eps=1e-5, rope_base=150000.0),
     "gpt-oss-120b": SynthConfig("gpt-oss", 36, 2880, 64, 8, 64, 128, 4, 2880, rms_eps=1e-5, rope_base=150000.0),
     # the hybrids: hidden, layers, heads, experts and widths of the published configs (their expert
     # parameters add up to the 32 / 116 / 77 billion the model cards' totals leave for experts)
-    "qwen3.5-35b-a3b": SynthConfig("qwen35moe", 40, 2048, 16, 2, 256, 256, 8, 512, shared_ff=512,
-                                   fused_gate_up=True, extra={"ssm_state": 128, "ssm_groups": 16, "ssm_heads": 32}),
-    "qwen3.5-122b-a10b": SynthConfig("qwen35moe", 48, 3072, 32, 2, 256, 256, 8, 1024, shared_ff=1024,
-                                     fused_gate_up=True, extra={"ssm_state": 128, "ssm_groups": 16, "ssm_heads": 64}),
-    "qwen3-next-80b-a3b": SynthConfig("qwen3next", 48, 2048, 16, 2, 256, 512, 10, 512, shared_ff=512,
-                                      extra={"ssm_state": 128, "ssm_groups": 16, "ssm_heads": 32}),
+    "qwen3.5-35b-a3b": SynthConfig(
+        "qwen35moe",
+        40,
+        2048,
+        16,
+        2,
+        256,
+        256,
+        8,
+        512,
+        shared_ff=512,
+        fused_gate_up=True,
+        extra={"ssm_state": 128, "ssm_groups": 16, "ssm_heads": 32},
+    ),
+    "qwen3.5-122b-a10b": SynthConfig(
+        "qwen35moe",
+        48,
+        3072,
+        32,
+        2,
+        256,
+        256,
+        8,
+        1024,
+        shared_ff=1024,
+        fused_gate_up=True,
+        extra={"ssm_state": 128, "ssm_groups": 16, "ssm_heads": 64},
+    ),
+    "qwen3-next-80b-a3b": SynthConfig(
+        "qwen3next",
+        48,
+        2048,
+        16,
+        2,
+        256,
+        512,
+        10,
+        512,
+        shared_ff=512,
+        extra={"ssm_state": 128, "ssm_groups": 16, "ssm_heads": 32},
+    ),
     # the published config (see _LAGUNA_S)
-    "laguna-s-2.1": SynthConfig("laguna", 48, 3072, 48, 8, 128, 256, 10, 1024, shared_ff=1024, dense_ff=12288,
-                                n_dense_lead=1, ctx=262144, rope_base=5e5, rms_eps=1e-6, extra=_LAGUNA_S),
+    "laguna-s-2.1": SynthConfig(
+        "laguna",
+        48,
+        3072,
+        48,
+        8,
+        128,
+        256,
+        10,
+        1024,
+        shared_ff=1024,
+        dense_ff=12288,
+        n_dense_lead=1,
+        ctx=262144,
+        rope_base=5e5,
+        rms_eps=1e-6,
+        extra=_LAGUNA_S,
+    ),
 }
 
 
@@ -134,6 +301,7 @@ class RoutingProfile:
     """How a model family's routing re-uses experts while decoding, as tools/route_stats.py
     measures it over 32 decoded tokens: the target its preset's synthetic file is shaped to
     (docs/models.md gives the sources and what was assumed)."""
+
     prev: float  # share of a token's experts that the previous token also used
     within8: float  # share used by at least one of the previous 8 tokens
     n_used: int  # experts per token
@@ -197,8 +365,10 @@ def routing_note(name: str) -> str:
     profile = ROUTING_PROFILES.get(name)
     if profile is None:
         return f"routing: {name} has no routing profile (unshaped random routing)"
-    return (f"routing profile {name}: previous-token reuse {profile.prev:.0%}, within 8 tokens "
-            f"{profile.within8:.0%} ({profile.source})")
+    return (
+        f"routing profile {name}: previous-token reuse {profile.prev:.0%}, within 8 tokens "
+        f"{profile.within8:.0%} ({profile.source})"
+    )
 
 
 def preset_for(arch: str, name: str | None) -> SynthConfig:

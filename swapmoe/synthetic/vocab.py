@@ -3,6 +3,7 @@
 256 byte tokens, merges learnt from a short built-in text, and ChatML special tokens:
 enough for llama.cpp to load a synthetic model and tokenize any text with it.
 """
+
 from __future__ import annotations
 
 import re
@@ -37,8 +38,9 @@ print("hello, world", file=sys.stderr)
 @lru_cache(maxsize=None)
 def byte_to_unicode() -> dict[int, str]:
     """GPT-2's reversible map from bytes to printable unicode characters."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
-        list(range(ord("®"), ord("ÿ") + 1))
+    printable = (
+        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    )
     chars = printable[:]
     extra = 0
     for b in range(256):

@@ -12,6 +12,7 @@ pread  swapmoe owns the memory: a pool of slots, one expert slice each (one slot
        so the page cache neither doubles the memory nor competes with it). Reads run while
        numba computes (the kernels release the GIL).
 """
+
 from __future__ import annotations
 
 import mmap
@@ -57,7 +58,7 @@ class MmapEngine:
                 self._maps[file].madvise(mmap.MADV_RANDOM, start, n)
 
     def views(self, ranges: Ranges) -> list[np.ndarray]:
-        return [self._arrays[f][o:o + n] for f, o, n in ranges]
+        return [self._arrays[f][o : o + n] for f, o, n in ranges]
 
     def load(self, ranges: Ranges) -> list[np.ndarray]:
         """Bring the ranges into RAM now and return views of them.  Asking first (`prefetch`)
@@ -72,7 +73,7 @@ class MmapEngine:
                     continue
                 except OSError:
                     self._populate = False
-            self._arrays[f][start:start + span:PAGE].sum()  # touch every page
+            self._arrays[f][start : start + span : PAGE].sum()  # touch every page
         return self.views(ranges)
 
     def prefetch(self, ranges: Ranges) -> None:
@@ -181,7 +182,7 @@ class PreadEngine:
         base = self._base[slot]
         total = 0
         for (f, start, span, pos, skip), (_, offset, length) in zip(direct_spans(ranges), ranges):
-            view = memoryview(self._memory[base + pos:base + pos + span])
+            view = memoryview(self._memory[base + pos : base + pos + span])
             done = 0
             while done < span:
                 n = os.preadv(self._fds[f], [view[done:]], start + done)
@@ -189,8 +190,10 @@ class PreadEngine:
                     break
                 done += n
             if done < skip + length:  # else the kernels would read what the slot held before
-                raise SwapmoeError(f"{self._paths[f]}: ends at byte {start + done:,}, before the expert bytes "
-                                   f"{offset:,}..{offset + length:,} (file truncated while in use?)")
+                raise SwapmoeError(
+                    f"{self._paths[f]}: ends at byte {start + done:,}, before the expert bytes "
+                    f"{offset:,}..{offset + length:,} (file truncated while in use?)"
+                )
             total += done
         with self._lock:
             self.bytes_read += total
@@ -201,8 +204,10 @@ class PreadEngine:
 
     def views(self, slot: int, ranges: Ranges) -> list[np.ndarray]:
         base = self._base[slot]
-        return [self._memory[base + pos + skip:base + pos + skip + n]
-                for (_, _, _, pos, skip), (_, _, n) in zip(direct_spans(ranges), ranges)]
+        return [
+            self._memory[base + pos + skip : base + pos + skip + n]
+            for (_, _, _, pos, skip), (_, _, n) in zip(direct_spans(ranges), ranges)
+        ]
 
     def close(self) -> None:
         self._executor.shutdown(wait=True)

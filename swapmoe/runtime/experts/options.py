@@ -5,6 +5,7 @@ Every option has the same name in three places: `--expert-cache-size` on the com
 `SWAPMOE_EXPERT_CACHE_SIZE` in the environment, `expert_cache_size=` in `swapmoe.load`.
 Anything left unset is chosen by `plan()` from the memory this process may use.
 """
+
 from __future__ import annotations
 
 import os
@@ -81,6 +82,7 @@ def _parse(name: str, value):
 @dataclass
 class StreamingPlan:
     """What the store will do, and why (printed by `swapmoe run --stats`)."""
+
     streaming: bool
     engine: str
     budget_bytes: int | None
@@ -91,22 +93,39 @@ class StreamingPlan:
     reasons: list[str] = field(default_factory=list)
 
 
-def plan(options: StreamingOptions, expert_bytes: int, nonexpert_bytes: int, kv_bytes: int,
-         min_cache_bytes: int, repacked: bool, available: tuple[int, str]) -> StreamingPlan:
+def plan(
+    options: StreamingOptions,
+    expert_bytes: int,
+    nonexpert_bytes: int,
+    kv_bytes: int,
+    min_cache_bytes: int,
+    repacked: bool,
+    available: tuple[int, str],
+) -> StreamingPlan:
     """Turn options (set or unset) into a concrete configuration for this machine and model."""
     memory, source = available
     usable = int(memory * SAFETY) - nonexpert_bytes - kv_bytes - WORKING_BYTES
     fits = expert_bytes <= usable
-    reasons = [f"memory: {memory / 2**30:.2f} GiB from {source}; after non-expert weights "
-               f"({nonexpert_bytes / 2**30:.2f} GiB), KV cache ({kv_bytes / 2**20:.0f} MiB) and working memory, "
-               f"{max(usable, 0) / 2**30:.2f} GiB is left for experts ({expert_bytes / 2**30:.2f} GiB in the file)"]
+    reasons = [
+        f"memory: {memory / 2**30:.2f} GiB from {source}; after non-expert weights "
+        f"({nonexpert_bytes / 2**30:.2f} GiB), KV cache ({kv_bytes / 2**20:.0f} MiB) and working memory, "
+        f"{max(usable, 0) / 2**30:.2f} GiB is left for experts ({expert_bytes / 2**30:.2f} GiB in the file)"
+    ]
     streaming = options.expert_streaming
     if streaming is None:
         streaming = repacked or not fits or options.expert_cache_size is not None
-        reasons.append(f"streaming {'on' if streaming else 'off'}: " +
-                       ("the file is repacked" if repacked else "an expert cache size was given"
-                        if options.expert_cache_size is not None else "the experts fit in RAM" if fits else
-                        "the experts do not fit in RAM"))
+        reasons.append(
+            f"streaming {'on' if streaming else 'off'}: "
+            + (
+                "the file is repacked"
+                if repacked
+                else "an expert cache size was given"
+                if options.expert_cache_size is not None
+                else "the experts fit in RAM"
+                if fits
+                else "the experts do not fit in RAM"
+            )
+        )
     budget = None
     if options.expert_cache_size is not None:
         budget = options.expert_cache_size << 20
@@ -115,14 +134,29 @@ def plan(options: StreamingOptions, expert_bytes: int, nonexpert_bytes: int, kv_
         budget = max(usable, min_cache_bytes)
         reasons.append(f"expert cache {budget / 2**20:.0f} MiB: what is left")
     if budget is not None and budget < min_cache_bytes:
-        reasons.append(f"expert cache raised from {budget / 2**20:.0f} to {min_cache_bytes / 2**20:.0f} MiB: "
-                       "one layer's chosen experts must fit")
+        reasons.append(
+            f"expert cache raised from {budget / 2**20:.0f} to {min_cache_bytes / 2**20:.0f} MiB: "
+            "one layer's chosen experts must fit"
+        )
         budget = min_cache_bytes
     engine = options.io
     if engine == "auto":
         engine = "pread" if streaming and budget is not None and budget < expert_bytes else "mmap"
-        reasons.append(f"io {engine}: " + ("explicit reads into owned buffers beat page faults when experts are "
-                                           "evicted and re-read" if engine == "pread" else
-                                           "everything that is read stays resident, so the page cache is enough"))
-    return StreamingPlan(streaming, engine, budget, options.expert_keep_recent, options.expert_fixation,
-                         options.expert_prefetch, options.expert_hash_prefetch, reasons)
+        reasons.append(
+            f"io {engine}: "
+            + (
+                "explicit reads into owned buffers beat page faults when experts are evicted and re-read"
+                if engine == "pread"
+                else "everything that is read stays resident, so the page cache is enough"
+            )
+        )
+    return StreamingPlan(
+        streaming,
+        engine,
+        budget,
+        options.expert_keep_recent,
+        options.expert_fixation,
+        options.expert_prefetch,
+        options.expert_hash_prefetch,
+        reasons,
+    )

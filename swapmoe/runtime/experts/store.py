@@ -14,6 +14,7 @@ keep a running share of how often they choose each expert, so a prompt's last to
 more than its first ones.  Experts certain to be needed soon (a hash-routed layer's experts
 for the next token) go last of all.
 """
+
 from __future__ import annotations
 
 import resource
@@ -45,6 +46,7 @@ def _at(view: np.ndarray) -> int:
 @dataclass(frozen=True)
 class Expert:
     """One expert of one layer: its projections and any per-expert bias/scale vectors."""
+
     down: Weight
     gate: Weight | None = None
     up: Weight | None = None
@@ -54,6 +56,7 @@ class Expert:
 
 class _Part(NamedTuple):
     """Where one part of an expert lies in its read ranges (ExpertStore._layout)."""
+
     name: str
     range: int  # which of the read ranges
     start: int  # bytes into it
@@ -98,8 +101,9 @@ class StoreStats:
 
 
 class ExpertStore:
-    def __init__(self, index, engine: MmapEngine | PreadEngine, budget_bytes: int | None = None,
-                 keep_recent: int | None = None):
+    def __init__(
+        self, index, engine: MmapEngine | PreadEngine, budget_bytes: int | None = None, keep_recent: int | None = None
+    ):
         """index: an ExpertIndex; budget_bytes: resident expert bytes allowed (None: no limit);
         keep_recent: after each pass keep only this many most recently used experts per layer."""
         self.index = index
@@ -150,7 +154,7 @@ class ExpertStore:
             layout = self._layouts[entry.key] = self._layout(entry)
         weights, extras = {}, {}
         for part in layout:
-            raw = range_views[part.range][part.start:part.start + part.length]
+            raw = range_views[part.range][part.start : part.start + part.length]
             if part.ggml_type is None:
                 extras[part.name] = raw.view(np.float32)
             else:
@@ -171,20 +175,35 @@ class ExpertStore:
                 if rf == f and ro <= off and off + length <= ro + rn:
                     break
             else:
-                raise SwapmoeError(f"index inconsistency: part {name} of expert {expert} layer {layer} "
-                                   "not in its slice")
+                raise SwapmoeError(
+                    f"index inconsistency: part {name} of expert {expert} layer {layer} not in its slice"
+                )
             ne = [int(d) for d in index.part_ne[layer, p] if d]
             if "." in name:  # bias or scale: float32 per row
                 parts[name] = _Part(name, r, off - ro, length)
             else:
-                parts[name] = _Part(name, r, off - ro, length, GGMLQuantizationType(int(index.part_type[layer, p])),
-                                    int(np.prod(ne[1:])), ne[0])
+                parts[name] = _Part(
+                    name,
+                    r,
+                    off - ro,
+                    length,
+                    GGMLQuantizationType(int(index.part_type[layer, p])),
+                    int(np.prod(ne[1:])),
+                    ne[0],
+                )
         if "down" not in parts:
             raise SwapmoeError(f"layer {layer} has no ffn_down_exps part")
         gate, up = parts.get("gate"), parts.get("up")
-        if (gate is not None and up is not None and gate.range == up.range and gate.start + gate.length == up.start
-                and gate.rows % 8 == 0 and (gate.ggml_type, gate.rows, gate.cols) == (up.ggml_type, up.rows, up.cols)
-                and "gate.bias" not in parts and "up.bias" not in parts):
+        if (
+            gate is not None
+            and up is not None
+            and gate.range == up.range
+            and gate.start + gate.length == up.start
+            and gate.rows % 8 == 0
+            and (gate.ggml_type, gate.rows, gate.cols) == (up.ggml_type, up.rows, up.cols)
+            and "gate.bias" not in parts
+            and "up.bias" not in parts
+        ):
             # up's bytes follow gate's (a repacked file lays an expert out as gate, up, down): one
             # matrix of 2F rows, one kernel call instead of two.  Rows are computed independently,
             # so results are the same; F % 8 == 0 because llama.cpp's rounding route depends on
@@ -211,8 +230,16 @@ class ExpertStore:
         n_expert = self.index.n_expert
         in_use = self._needed if self._current is None else self._needed | {self._current}
         flat, expected, used_at, certain = _eviction_ranks(
-            self._origin, self._nbytes, need if self._slotted else 0, self._share, self._cycle, layer,
-            self._cycle_length, self._used_at, np.array([k[0] * n_expert + k[1] for k in in_use], np.int64))
+            self._origin,
+            self._nbytes,
+            need if self._slotted else 0,
+            self._share,
+            self._cycle,
+            layer,
+            self._cycle_length,
+            self._used_at,
+            np.array([k[0] * n_expert + k[1] for k in in_use], np.int64),
+        )
         for group in (~certain, certain):
             for i in _farthest_first(np.flatnonzero(group), expected, used_at):
                 yield divmod(int(flat[i]), n_expert)
@@ -229,8 +256,11 @@ class ExpertStore:
         admissions change no other expert's rank, so one ranking serves them all."""
         if not self._over(nbytes):
             return
-        ranking = self._victims(layer, nbytes) if victims is None else victims.setdefault(
-            nbytes, self._victims(layer, nbytes))
+        ranking = (
+            self._victims(layer, nbytes)
+            if victims is None
+            else victims.setdefault(nbytes, self._victims(layer, nbytes))
+        )
         for key in ranking:
             self._evict(key)
             if not self._over(nbytes):
@@ -452,8 +482,9 @@ def _eviction_ranks(origin, nbytes, need, share, cycle, layer, cycle_length, use
     return flat[:n], expected[:n], last_used[:n], certain[:n]
 
 
-def _farthest_first(candidates: np.ndarray, expected: np.ndarray, used_at: np.ndarray,
-                    chunk: int = 64) -> Iterator[int]:
+def _farthest_first(
+    candidates: np.ndarray, expected: np.ndarray, used_at: np.ndarray, chunk: int = 64
+) -> Iterator[int]:
     """`candidates` (indices into expected and used_at) by expected next use, farthest first, the
     least recently used first among equals. Sorted a chunk at a time: an eviction usually needs
     the first few of thousands of resident experts."""

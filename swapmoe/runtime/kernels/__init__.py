@@ -19,6 +19,7 @@ memory map; never copied), rows are ggml rows (outputs), cols the row length.
 Several matrices that lie apart in one buffer (a layer's chosen experts) are one
 call: matmul_q(..., group_rows=rows of one, starts=where each begins).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -57,8 +58,10 @@ def _configure_numba() -> None:
         for base in (home, temp):
             if _writable(base / version):
                 if base is temp:
-                    print(f"swapmoe: warning: {home} is not writable; compiled kernels are cached in {temp}",
-                          file=sys.stderr)
+                    print(
+                        f"swapmoe: warning: {home} is not writable; compiled kernels are cached in {temp}",
+                        file=sys.stderr,
+                    )
                 os.environ["NUMBA_CACHE_DIR"] = str(base / version)
                 break
     numba.config.reload_config()
@@ -199,8 +202,24 @@ def quantize_activation(ggml_type: int, X: np.ndarray) -> QuantizedActivation:
 
 
 # ggml types llama.cpp's tiled matmul takes for batches of >= 8 tokens (ggml-cpu/tiled/tiled.cpp)
-_TILED = frozenset(int(t) for t in (T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS, T.IQ2_XXS, T.IQ2_XS,
-                                    T.IQ2_S, T.IQ3_XXS, T.IQ3_S, T.IQ1_S, T.IQ1_M))
+_TILED = frozenset(
+    int(t)
+    for t in (
+        T.Q2_K,
+        T.Q3_K,
+        T.Q4_K,
+        T.Q5_K,
+        T.Q6_K,
+        T.IQ4_XS,
+        T.IQ2_XXS,
+        T.IQ2_XS,
+        T.IQ2_S,
+        T.IQ3_XXS,
+        T.IQ3_S,
+        T.IQ1_S,
+        T.IQ1_M,
+    )
+)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -251,9 +270,17 @@ def separate_tokens():
         _separate_tokens = before
 
 
-def matmul_q(ggml_type: int, W: np.ndarray, rows: int, cols: int, qx: QuantizedActivation,
-             group_rows: int | None = None, stacked: bool = False, straight: bool | None = None,
-             starts: np.ndarray | None = None) -> np.ndarray:
+def matmul_q(
+    ggml_type: int,
+    W: np.ndarray,
+    rows: int,
+    cols: int,
+    qx: QuantizedActivation,
+    group_rows: int | None = None,
+    stacked: bool = False,
+    straight: bool | None = None,
+    starts: np.ndarray | None = None,
+) -> np.ndarray:
     """Y[T, rows] = X @ W.T with X already passed through quantize_activation.
 
     group_rows: W's rows form groups of this many, each with its own activations (e.g. MLA's
@@ -290,8 +317,9 @@ def matmul_q(ggml_type: int, W: np.ndarray, rows: int, cols: int, qx: QuantizedA
         order = ggml_order(ggml_type, group_rows, cols, n_tok, groups > 1 and not stacked, stacked)
         if straight is None:
             straight = len(out) <= kernel.straight_tokens
-        kernel.matmul(_readonly(W), _readonly(starts), rows, group_rows, cols, qx.qs, qx.d, qx.extra, out, order,
-                      straight)
+        kernel.matmul(
+            _readonly(W), _readonly(starts), rows, group_rows, cols, qx.qs, qx.d, qx.extra, out, order, straight
+        )
     return out
 
 
@@ -321,7 +349,20 @@ def dequantize_rows(ggml_type: int, W: np.ndarray, rows: int, cols: int, row_ids
 
 
 __all__ = [
-    "KERNELS", "Kernel", "QuantizedActivation", "quantize_activation", "ggml_order", "separate_tokens",
-    "ORDER_DOT", "ORDER_GEMM", "ORDER_GEMV", "ORDER_LANES", "ORDER_TILED",
-    "matvec", "matmul", "matvec_q", "matmul_q", "dequantize_rows",
+    "KERNELS",
+    "Kernel",
+    "QuantizedActivation",
+    "quantize_activation",
+    "ggml_order",
+    "separate_tokens",
+    "ORDER_DOT",
+    "ORDER_GEMM",
+    "ORDER_GEMV",
+    "ORDER_LANES",
+    "ORDER_TILED",
+    "matvec",
+    "matmul",
+    "matvec_q",
+    "matmul_q",
+    "dequantize_rows",
 ]

@@ -21,6 +21,7 @@ products with the quantized activation.  What makes that fast in numba:
   entries, widen8): a loop of byte loads from one array and stores to another
   stays scalar, as LLVM cannot rule out that the two arrays overlap.
 """
+
 from __future__ import annotations
 
 import os
@@ -95,8 +96,9 @@ E8M0_HALF = np.array([2.0 ** (e - 128) for e in range(256)], np.float32)
 @njit(**INLINE)
 def u32(blk, o):
     """Four little-endian bytes blk[o:o+4] as one uint32."""
-    return (np.uint32(blk[o]) | (np.uint32(blk[o + 1]) << 8) | (np.uint32(blk[o + 2]) << 16)
-            | (np.uint32(blk[o + 3]) << 24))
+    return (
+        np.uint32(blk[o]) | (np.uint32(blk[o + 1]) << 8) | (np.uint32(blk[o + 2]) << 16) | (np.uint32(blk[o + 3]) << 24)
+    )
 
 
 @njit(**INLINE)
@@ -127,15 +129,19 @@ def _widen_overload(count):
 
     def implementation(w, scale, ws, o):
         if ws.dtype == types.int8:  # a tile's unscaled values (scale 1): the entry as it is
+
             def store(w, scale, ws, o):
                 store_bytes(ws, o, w)
+
             return store
 
         def widen(w, scale, ws, o):
             s = np.int16(scale)
             for j in range(count):
                 ws[o + j] = np.int16(np.int8(w >> word(8 * j))) * s
+
         return widen
+
     return implementation
 
 
@@ -156,8 +162,12 @@ def decode_pairs(pairs, blk, p):
     one uint64 in *pair order*: byte 0's low value, its high value, byte 1's low value, ...
     Four table loads and one store per eight weights, where ggml's order (the 16 low values of a
     block, then the 16 high ones) costs a load and a store per weight."""
-    return (pairs[blk[p]] | (pairs[blk[p + 1]] << np.uint64(16)) | (pairs[blk[p + 2]] << np.uint64(32))
-            | (pairs[blk[p + 3]] << np.uint64(48)))
+    return (
+        pairs[blk[p]]
+        | (pairs[blk[p + 1]] << np.uint64(16))
+        | (pairs[blk[p + 2]] << np.uint64(32))
+        | (pairs[blk[p + 3]] << np.uint64(48))
+    )
 
 
 @njit(**INLINE)
@@ -184,6 +194,7 @@ def _fma_f32(typingctx, a, b, c):
         f32 = ir.FloatType()
         fma = builder.module.declare_intrinsic("llvm.fma", [f32], ir.FunctionType(f32, [f32, f32, f32]))
         return builder.call(fma, args)
+
     return sig, codegen
 
 
@@ -241,12 +252,14 @@ def nibble_row_dot(block_bytes: int, table: np.ndarray, fp16_scale: bool):
             dw = f16_to_f32(row[o], row[o + 1]) if fp16_scale else E8M0_HALF[row[o]]
             acc = block_fma(order, acc, sumi, dw, dx[b])
         return acc
+
     return row_dot
 
 
 def _reordered_blocks(reorder, pair_reorder=None):
     """qs in the order `reorder` gives each 256-value block (where simd.REORDERED; else as is), or
     with `pair_reorder` each pair of blocks in its order and an odd last block in reorder's."""
+
     @njit(**INLINE)
     def reordered(qs):
         if not REORDERED:
@@ -261,6 +274,7 @@ def _reordered_blocks(reorder, pair_reorder=None):
             for o in range(paired, qs.shape[1], QK_K):
                 reorder(qs[t], o, out[t], o)
         return out
+
     return reordered
 
 
@@ -281,5 +295,6 @@ def hsum16(acc):
         acc[j] = np.float32(np.float32(acc[j]) + np.float32(acc[j + 8]))
     for j in range(4):
         acc[j] = np.float32(np.float32(acc[j]) + np.float32(acc[j + 4]))
-    return np.float32(np.float32(np.float32(acc[0]) + np.float32(acc[2]))
-                      + np.float32(np.float32(acc[1]) + np.float32(acc[3])))
+    return np.float32(
+        np.float32(np.float32(acc[0]) + np.float32(acc[2])) + np.float32(np.float32(acc[1]) + np.float32(acc[3]))
+    )

@@ -14,6 +14,7 @@ reproduce that conversion bit for bit (x86 build, AVX2/AVX-512):
   d = 1 / iscale (float32, not fp16), bsums = sums of 16-value groups.
 * F16 / BF16: round to nearest even (F16C / AVX512-BF16 conversions).
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple

@@ -5,6 +5,7 @@ The state of one V-head is a matrix S [hk, hv], stored transposed as ggml stores
 (state[h, j, i] = S[i][j]), so that every product the recurrence needs is a contiguous dot
 product summed in ggml_vec_dot_f32's lanes.
 """
+
 from __future__ import annotations
 
 import math

@@ -14,6 +14,7 @@ value pairs (2l+1, then 2l) of a 32-value step, each rounded once (an exact prod
 tinyBLAS runs one such accumulator over the row; vec_dot_bf16 two, over alternate 32-value
 halves of each 64, and adds the rest in double.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -99,14 +100,14 @@ def _widen_bf16(halves, bits):
 @njit(**PARALLEL)
 def matmul_f32(W, starts, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
-    values = W[:W.size - W.size % 4].view(np.float32)  # one view: rows start at multiples of 4 bytes
+    values = W[: W.size - W.size % 4].view(np.float32)  # one view: rows start at multiples of 4 bytes
     for task in prange(chunk_count(rows, group_rows, ROWS_PER_TASK)):
         r0, n_rows, g = chunk_rows(task, group_rows, ROWS_PER_TASK)
         for t in range(n_tok):  # each token's activation row viewed once per task, not per row
             x = qs[g * n_tok + t]
             for r in range(r0, r0 + n_rows):
                 at = row_start(starts, r, group_rows, cols * 4) // 4
-                w = values[at:at + cols]
+                w = values[at : at + cols]
                 out[t, r] = sgemm_dot(w, x, cols, cols) if order == ORDER_LANES else vec_dot_f32(w, x, cols, cols)
 
 
@@ -123,19 +124,19 @@ def dequantize_f32(W, cols, row_ids, out):
 def matmul_f16(W, starts, rows, group_rows, cols, qs, d, extra, out, order, straight):
     n_tok = qs.shape[0] * group_rows // rows  # tokens per group of rows
     if HW_HALF and straight:
-        values = W[:W.size - W.size % 2].view(np.uint16)  # one view: rows start at even bytes
+        values = W[: W.size - W.size % 2].view(np.uint16)  # one view: rows start at even bytes
         for task in prange(chunk_count(rows, group_rows, ROWS_PER_TASK)):
             r0, n_rows, g = chunk_rows(task, group_rows, ROWS_PER_TASK)
             for t in range(n_tok):  # each token's activation row viewed once per task, not per row
                 x = qs[g * n_tok + t]
                 for r in range(r0, r0 + n_rows):
                     at = row_start(starts, r, group_rows, cols * 2) // 2
-                    out[t, r] = _dot_f16(values[at:at + cols], x)
+                    out[t, r] = _dot_f16(values[at : at + cols], x)
         return
     for r in prange(rows):
         t0 = (r // group_rows) * n_tok
         at = row_start(starts, r, group_rows, cols * 2)
-        halves = W[at:at + cols * 2].view(np.uint16)
+        halves = W[at : at + cols * 2].view(np.uint16)
         bits = np.empty(cols, np.uint32)
         w = bits.view(np.float32)
         _widen_f16(halves, bits, w)
@@ -148,7 +149,7 @@ def dequantize_f16(W, cols, row_ids, out):
     for i in range(row_ids.size):
         bits = np.empty(cols, np.uint32)
         w = bits.view(np.float32)
-        _widen_f16(W[row_ids[i] * cols * 2:(row_ids[i] + 1) * cols * 2].view(np.uint16), bits, w)
+        _widen_f16(W[row_ids[i] * cols * 2 : (row_ids[i] + 1) * cols * 2].view(np.uint16), bits, w)
         for j in range(cols):
             out[i, j] = w[j]
 
@@ -162,23 +163,24 @@ def matmul_bf16(W, starts, rows, group_rows, cols, qs, d, extra, out, order, str
     xs = np.empty_like(qs)
     for t in range(qs.shape[0]):
         _pair_split(qs[t], xs[t])
-    values = W[:W.size - W.size % 2].view(np.uint16)  # one view: rows start at even bytes
+    values = W[: W.size - W.size % 2].view(np.uint16)  # one view: rows start at even bytes
     for task in prange(chunk_count(rows, group_rows, ROWS_PER_TASK)):
         r0, n_rows, g = chunk_rows(task, group_rows, ROWS_PER_TASK)
         for t in range(n_tok):  # each token's activation row viewed once per task, not per row
             x = xs[g * n_tok + t]
             for r in range(r0, r0 + n_rows):
                 at = row_start(starts, r, group_rows, cols * 2) // 2
-                halves = values[at:at + cols]
-                out[t, r] = bf16_pairs_dot(halves, x, 0, cols, 32) if order == ORDER_LANES else \
-                    _bf16_vec_dot(halves, x, cols)
+                halves = values[at : at + cols]
+                out[t, r] = (
+                    bf16_pairs_dot(halves, x, 0, cols, 32) if order == ORDER_LANES else _bf16_vec_dot(halves, x, cols)
+                )
 
 
 @njit(**SERIAL)
 def dequantize_bf16(W, cols, row_ids, out):
     for i in range(row_ids.size):
         bits = np.empty(cols, np.uint32)
-        _widen_bf16(W[row_ids[i] * cols * 2:(row_ids[i] + 1) * cols * 2].view(np.uint16), bits)
+        _widen_bf16(W[row_ids[i] * cols * 2 : (row_ids[i] + 1) * cols * 2].view(np.uint16), bits)
         w = bits.view(np.float32)
         for j in range(cols):
             out[i, j] = w[j]

@@ -10,6 +10,7 @@ of a rounding boundary changes a logit by ~1e-2. Computing the same polynomial r
 Fused multiply-adds are LLVM's (`_jit.fma32`, rounded once); the f32 dot products' FMA lanes
 are simd.sgemm_dot / simd.vec_dot_f32 (true FMAs on 16-float vectors, in ggml's lane order).
 """
+
 from __future__ import annotations
 
 import math
@@ -229,15 +230,16 @@ def _attention_one_query(q, k, vt, scale, sinks, n, out):
         for s in range(S):
             scores[0, s] = vec_dot_f32(q[0, h], k[s, g], d, d) * scale
         p = np.empty((1, S), np.float32)
-        _softmax(scores, sinks[h:h + 1], S, p)
+        _softmax(scores, sinks[h : h + 1], S, p)
         a = np.zeros(values_width(S), np.float32)
         a[:S] = p[0]
         for c in range(dv):
             out[0, h, c] = vec_dot_f32(a, vt[g, c], n, S)
 
 
-def attention_one_query(q: np.ndarray, k: np.ndarray, vt: np.ndarray, scale: float,
-                        sinks: np.ndarray | None = None) -> np.ndarray:
+def attention_one_query(
+    q: np.ndarray, k: np.ndarray, vt: np.ndarray, scale: float, sinks: np.ndarray | None = None
+) -> np.ndarray:
     """attention_values(softmax(attention_scores(q, k, scale), sinks, padded=True), vt) for one
     query q [1, H, d] that every key may see (a decoding step), in one kernel call: the same
     bits. Returns [1, H, dv]."""
@@ -246,8 +248,9 @@ def attention_one_query(q: np.ndarray, k: np.ndarray, vt: np.ndarray, scale: flo
         raise ValueError(f"transposed values of width {vt.shape[2]} for {S} positions")
     out = np.empty((1, q.shape[1], vt.shape[1]), F32)
     sink_row = np.zeros(0, F32) if sinks is None else np.ascontiguousarray(sinks, F32)
-    _attention_one_query(np.ascontiguousarray(q, F32), np.ascontiguousarray(k, F32), vt, F32(scale), sink_row,
-                         padded_rows(S), out)
+    _attention_one_query(
+        np.ascontiguousarray(q, F32), np.ascontiguousarray(k, F32), vt, F32(scale), sink_row, padded_rows(S), out
+    )
     return out
 
 

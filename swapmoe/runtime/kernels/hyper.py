@@ -5,6 +5,7 @@ normalised Walsh–Hadamard transform (ggml's fwht) and the lightning indexer's 
 Where llama.cpp's build of these loops fuses a multiply and an add (checked against its tensors
 with tools/llama_trace.py), `fma32` does too: in the Sinkhorn op, not in the stream sums.
 """
+
 from __future__ import annotations
 
 import math
@@ -105,7 +106,7 @@ def fwht(x, n, out):
     flat_in, flat_out = x.reshape(-1), out.reshape(-1)
     scale = F32(1.0) / F32(math.sqrt(F32(n)))
     for start in range(0, flat_in.size, n):
-        row = flat_out[start:start + n]
+        row = flat_out[start : start + n]
         for j in range(n):
             row[j] = flat_in[start + j] * scale
         width = 1

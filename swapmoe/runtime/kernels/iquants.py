@@ -14,6 +14,7 @@ Either way the float step is ggml's (generic vec_dot, ggml-cpu/quants.c), includ
 per-row factor (0.125 for IQ2_*, 0.25 for IQ3_XXS).  IQ4_NL uses Q8_0 activations, the rest
 Q8_K.  Kernel signatures as in legacy.py.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -141,6 +142,7 @@ def _grid_row_dot(isum, block_bytes, grid, signs, factor, pair_isum=None):
     block's fp16 d in its first two bytes), then the type's final factor.  `pair_isum`, where the
     type has one for this CPU: two blocks per call (sharing their grid lookups, their sums as
     float32), an odd last block by `isum`."""
+
     @njit(**INLINE)
     def row_dot(row, x, dx, nb, order):
         acc = np.float32(0.0)
@@ -160,6 +162,7 @@ def _grid_row_dot(isum, block_bytes, grid, signs, factor, pair_isum=None):
             block = np.float32(isum(row, o, x, b * QK_K, grid, signs))
             acc = block_step(order, acc, block, f16_to_f32(row[o], row[o + 1]), dx[b])
         return np.float32(factor) * acc
+
     return row_dot
 
 
@@ -178,6 +181,7 @@ def _tile_matmul(block_bytes, decode, scale16, factor):
     int8) with the integer scale of each 16 (scale16(blk, o, j)), the rows laid out as a tile
     (simd.int8_tile16) that every token takes 16 rows at a time (simd.int8_tile16_dot: ggml's tiled
     or vec_dot step per block), times the type's final factor."""
+
     @njit(**INLINE)
     def tile_matmul(W, at0, r0, n_rows, rb, nb, qs, d, extra, out, t0, n_tok, tiled):
         values = np.empty(TILE_ROWS * QK_K, np.int8)
@@ -195,15 +199,28 @@ def _tile_matmul(block_bytes, decode, scale16, factor):
                     scales[j * TILE_ROWS + i] = scale16(W, o, j)
             int8_tile16(values.view(np.uint8), 0, QK_K, TILE_ROWS, tile, 0)  # (rows past n_rows: unused)
             for t in range(n_tok):
-                int8_tile16_dot(tile, qs[t0 + t], b * QK_K, scales, extra[t0 + t], b * 16, dw, d[t0 + t, b], acc,
-                                t * TILE_ROWS, tiled)
+                int8_tile16_dot(
+                    tile,
+                    qs[t0 + t],
+                    b * QK_K,
+                    scales,
+                    extra[t0 + t],
+                    b * 16,
+                    dw,
+                    d[t0 + t, b],
+                    acc,
+                    t * TILE_ROWS,
+                    tiled,
+                )
         for t in range(n_tok):
             for i in range(n_rows):
                 out[t, r0 + i] = np.float32(factor) * acc[t * TILE_ROWS + i]
+
     return tile_matmul
 
 
 # ---- IQ4_NL: d f16, 16 bytes of indices into a 16-value table (Q8_0 acts) ---
+
 
 # Top-level on purpose: numba caches factory-made parallel kernels per process only (docs/kernels.md).
 @njit(**PARALLEL)
@@ -228,7 +245,7 @@ def matmul_iq4_nl(W, starts, rows, group_rows, cols, qs, d, extra, out, order, s
             x, dx = qs[t0 + t], d[t0 + t]
             for r in range(r0, r0 + n_rows):
                 at = row_start(starts, r, group_rows, rb)
-                row = W[at:at + rb]
+                row = W[at : at + rb]
                 out[t, r] = _IQ4_NL_ROW(row, x, dx, nb, order)
 
 
@@ -237,7 +254,7 @@ def dequantize_iq4_nl(W, cols, row_ids, out):
     nb = cols // QK4_NL
     rb = nb * IQ4_NL_BYTES
     for i in range(row_ids.size):
-        row = W[row_ids[i] * rb:(row_ids[i] + 1) * rb]
+        row = W[row_ids[i] * rb : (row_ids[i] + 1) * rb]
         for b in range(nb):
             o = b * IQ4_NL_BYTES
             dw = f16_to_f32(row[o], row[o + 1])
@@ -247,6 +264,7 @@ def dequantize_iq4_nl(W, cols, row_ids, out):
 
 
 # ---- IQ4_XS: d, scales_h u16, scales_l[4], qs[128]; 6-bit scales - 32 --------
+
 
 @njit(**INLINE)
 def _scale_iq4_xs(blk, o, ib):
@@ -290,7 +308,7 @@ def matmul_iq4_xs(W, starts, rows, group_rows, cols, qs, d, extra, out, order, s
                 x, dx = qs[t0 + t], d[t0 + t]
                 for r in range(r0, r0 + n_rows):
                     at = row_start(starts, r, group_rows, rb)
-                    row = W[at:at + rb]
+                    row = W[at : at + rb]
                     acc = np.float32(0.0)
                     for b in range(nb):
                         o = b * IQ4_XS_BYTES
@@ -313,7 +331,7 @@ def matmul_iq4_xs(W, starts, rows, group_rows, cols, qs, d, extra, out, order, s
         dw = np.empty(nb, np.float32)
         for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
             at = row_start(starts, r, group_rows, rb)
-            row = W[at:at + rb]
+            row = W[at : at + rb]
             for b in range(nb):
                 o = b * IQ4_XS_BYTES
                 prefetch_bytes(row, o + PREFETCH_AHEAD, IQ4_XS_BYTES)
@@ -321,8 +339,9 @@ def matmul_iq4_xs(W, starts, rows, group_rows, cols, qs, d, extra, out, order, s
                 for ib in range(8):
                     s = _scale_iq4_xs(row, o, ib)
                     for k in range(4):
-                        widen8(decode_pairs(_IQ4_PAIRS, row, o + 8 + ib * 16 + 4 * k), s, ws,
-                               b * QK_K + ib * 32 + 8 * k)
+                        widen8(
+                            decode_pairs(_IQ4_PAIRS, row, o + 8 + ib * 16 + 4 * k), s, ws, b * QK_K + ib * 32 + 8 * k
+                        )
             t0 = (r // group_rows) * n_tok
             for t in range(n_tok):
                 x = xp[t0 + t]
@@ -339,7 +358,7 @@ def dequantize_iq4_xs(W, cols, row_ids, out):
     nb = cols // QK_K
     rb = nb * IQ4_XS_BYTES
     for i in range(row_ids.size):
-        row = W[row_ids[i] * rb:(row_ids[i] + 1) * rb]
+        row = W[row_ids[i] * rb : (row_ids[i] + 1) * rb]
         for b in range(nb):
             o = b * IQ4_XS_BYTES
             dw = f16_to_f32(row[o], row[o + 1])
@@ -352,6 +371,7 @@ def dequantize_iq4_xs(W, cols, row_ids, out):
 
 
 # ---- IQ2_XXS: d, 8 x (4 grid bytes, u32 of 4x7 sign bits + 4-bit scale) -----
+
 
 @njit(**INLINE)
 def _scale_iq2_xxs(blk, o, ib):
@@ -393,7 +413,7 @@ def matmul_iq2_xxs(W, starts, rows, group_rows, cols, qs, d, extra, out, order, 
                 x, dx = xs[t0 + t], d[t0 + t]
                 for r in range(r0, r0 + n_rows):
                     at = row_start(starts, r, group_rows, rb)
-                    row = W[at:at + rb]
+                    row = W[at : at + rb]
                     out[t, r] = _IQ2_XXS_ROW(row, x, dx, nb, order)
         return
     if TILES:  # 16-row tiles (where vpdpbusd runs), a group's last one partial
@@ -408,7 +428,7 @@ def matmul_iq2_xxs(W, starts, rows, group_rows, cols, qs, d, extra, out, order, 
         dw = np.empty(nb, np.float32)
         for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
             at = row_start(starts, r, group_rows, rb)
-            row = W[at:at + rb]
+            row = W[at : at + rb]
             for b in range(nb):
                 o = b * IQ2_XXS_BYTES
                 prefetch_bytes(row, o + PREFETCH_AHEAD, IQ2_XXS_BYTES)
@@ -430,7 +450,7 @@ def dequantize_iq2_xxs(W, cols, row_ids, out):
     nb = cols // QK_K
     rb = nb * IQ2_XXS_BYTES
     for i in range(row_ids.size):
-        row = W[row_ids[i] * rb:(row_ids[i] + 1) * rb]
+        row = W[row_ids[i] * rb : (row_ids[i] + 1) * rb]
         ws = np.empty(QK_K, np.int16)
         for b in range(nb):
             o = b * IQ2_XXS_BYTES
@@ -443,6 +463,7 @@ def dequantize_iq2_xxs(W, cols, row_ids, out):
 
 
 # ---- IQ2_XS: d, 32 x u16 (9-bit grid index, 7-bit sign index), scales[8] ---
+
 
 @njit(**INLINE)
 def _scale16(blk, so, s):
@@ -482,7 +503,7 @@ def matmul_iq2_xs(W, starts, rows, group_rows, cols, qs, d, extra, out, order, s
                 x, dx = xs[t0 + t], d[t0 + t]
                 for r in range(r0, r0 + n_rows):
                     at = row_start(starts, r, group_rows, rb)
-                    row = W[at:at + rb]
+                    row = W[at : at + rb]
                     out[t, r] = _IQ2_XS_ROW(row, x, dx, nb, order)
         return
     if TILES:  # 16-row tiles (where vpdpbusd runs), a group's last one partial
@@ -497,7 +518,7 @@ def matmul_iq2_xs(W, starts, rows, group_rows, cols, qs, d, extra, out, order, s
         dw = np.empty(nb, np.float32)
         for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
             at = row_start(starts, r, group_rows, rb)
-            row = W[at:at + rb]
+            row = W[at : at + rb]
             for b in range(nb):
                 o = b * IQ2_XS_BYTES
                 prefetch_bytes(row, o + PREFETCH_AHEAD, IQ2_XS_BYTES)
@@ -519,7 +540,7 @@ def dequantize_iq2_xs(W, cols, row_ids, out):
     nb = cols // QK_K
     rb = nb * IQ2_XS_BYTES
     for i in range(row_ids.size):
-        row = W[row_ids[i] * rb:(row_ids[i] + 1) * rb]
+        row = W[row_ids[i] * rb : (row_ids[i] + 1) * rb]
         ws = np.empty(QK_K, np.int16)
         for b in range(nb):
             o = b * IQ2_XS_BYTES
@@ -532,6 +553,7 @@ def dequantize_iq2_xs(W, cols, row_ids, out):
 
 
 # ---- IQ2_S: d, qs[32] grid low bits, signs[32], qh[8], scales[8] ------------
+
 
 @njit(**INLINE)
 def _decode_iq2_s(blk, o, ws, wo, scaled):
@@ -569,7 +591,7 @@ def matmul_iq2_s(W, starts, rows, group_rows, cols, qs, d, extra, out, order, st
                 x, dx = xs[t0 + t], d[t0 + t]
                 for r in range(r0, r0 + n_rows):
                     at = row_start(starts, r, group_rows, rb)
-                    row = W[at:at + rb]
+                    row = W[at : at + rb]
                     out[t, r] = _IQ2_S_ROW(row, x, dx, nb, order)
         return
     if TILES:  # 16-row tiles (where vpdpbusd runs), a group's last one partial
@@ -584,7 +606,7 @@ def matmul_iq2_s(W, starts, rows, group_rows, cols, qs, d, extra, out, order, st
         dw = np.empty(nb, np.float32)
         for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
             at = row_start(starts, r, group_rows, rb)
-            row = W[at:at + rb]
+            row = W[at : at + rb]
             for b in range(nb):
                 o = b * IQ2_S_BYTES
                 prefetch_bytes(row, o + PREFETCH_AHEAD, IQ2_S_BYTES)
@@ -606,7 +628,7 @@ def dequantize_iq2_s(W, cols, row_ids, out):
     nb = cols // QK_K
     rb = nb * IQ2_S_BYTES
     for i in range(row_ids.size):
-        row = W[row_ids[i] * rb:(row_ids[i] + 1) * rb]
+        row = W[row_ids[i] * rb : (row_ids[i] + 1) * rb]
         ws = np.empty(QK_K, np.int16)
         for b in range(nb):
             o = b * IQ2_S_BYTES
@@ -619,6 +641,7 @@ def dequantize_iq2_s(W, cols, row_ids, out):
 
 
 # ---- IQ3_XXS: d, qs[64] grid indices (4 values each), 8 x u32 signs+scale ---
+
 
 @njit(**INLINE)
 def _scale_iq3_xxs(blk, o, ib):
@@ -661,7 +684,7 @@ def matmul_iq3_xxs(W, starts, rows, group_rows, cols, qs, d, extra, out, order, 
                 x, dx = xs[t0 + t], d[t0 + t]
                 for r in range(r0, r0 + n_rows):
                     at = row_start(starts, r, group_rows, rb)
-                    row = W[at:at + rb]
+                    row = W[at : at + rb]
                     out[t, r] = _IQ3_XXS_ROW(row, x, dx, nb, order)
         return
     if TILES:  # 16-row tiles (where vpdpbusd runs), a group's last one partial
@@ -676,7 +699,7 @@ def matmul_iq3_xxs(W, starts, rows, group_rows, cols, qs, d, extra, out, order, 
         dw = np.empty(nb, np.float32)
         for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
             at = row_start(starts, r, group_rows, rb)
-            row = W[at:at + rb]
+            row = W[at : at + rb]
             for b in range(nb):
                 o = b * IQ3_XXS_BYTES
                 prefetch_bytes(row, o + PREFETCH_AHEAD, IQ3_XXS_BYTES)
@@ -698,7 +721,7 @@ def dequantize_iq3_xxs(W, cols, row_ids, out):
     nb = cols // QK_K
     rb = nb * IQ3_XXS_BYTES
     for i in range(row_ids.size):
-        row = W[row_ids[i] * rb:(row_ids[i] + 1) * rb]
+        row = W[row_ids[i] * rb : (row_ids[i] + 1) * rb]
         ws = np.empty(QK_K, np.int16)
         for b in range(nb):
             o = b * IQ3_XXS_BYTES
@@ -711,6 +734,7 @@ def dequantize_iq3_xxs(W, cols, row_ids, out):
 
 
 # ---- IQ3_S: d, qs[64], qh[8] (9th index bits), signs[32], scales[4] ---------
+
 
 @njit(**INLINE)
 def _decode_iq3_s(blk, o, ws, wo, scaled):
@@ -750,7 +774,7 @@ def matmul_iq3_s(W, starts, rows, group_rows, cols, qs, d, extra, out, order, st
                 x, dx = xs[t0 + t], d[t0 + t]
                 for r in range(r0, r0 + n_rows):
                     at = row_start(starts, r, group_rows, rb)
-                    row = W[at:at + rb]
+                    row = W[at : at + rb]
                     out[t, r] = _IQ3_S_ROW(row, x, dx, nb, order)
         return
     if TILES:  # 16-row tiles (where vpdpbusd runs), a group's last one partial
@@ -765,7 +789,7 @@ def matmul_iq3_s(W, starts, rows, group_rows, cols, qs, d, extra, out, order, st
         dw = np.empty(nb, np.float32)
         for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
             at = row_start(starts, r, group_rows, rb)
-            row = W[at:at + rb]
+            row = W[at : at + rb]
             for b in range(nb):
                 o = b * IQ3_S_BYTES
                 prefetch_bytes(row, o + PREFETCH_AHEAD, IQ3_S_BYTES)
@@ -787,7 +811,7 @@ def dequantize_iq3_s(W, cols, row_ids, out):
     nb = cols // QK_K
     rb = nb * IQ3_S_BYTES
     for i in range(row_ids.size):
-        row = W[row_ids[i] * rb:(row_ids[i] + 1) * rb]
+        row = W[row_ids[i] * rb : (row_ids[i] + 1) * rb]
         ws = np.empty(QK_K, np.int16)
         for b in range(nb):
             o = b * IQ3_S_BYTES
@@ -800,6 +824,7 @@ def dequantize_iq3_s(W, cols, row_ids, out):
 
 
 # ---- IQ1_S: d, qs[32] grid low bits, qh u16[8] (3x3 index bits, scale, delta sign)
+
 
 @njit(**INLINE)
 def _qh_iq1_s(blk, o, ib):
@@ -842,7 +867,7 @@ def matmul_iq1_s(W, starts, rows, group_rows, cols, qs, d, extra, out, order, st
                 x, dx, bsums = xs[t0 + t], d[t0 + t], extra[t0 + t]
                 for r in range(r0, r0 + n_rows):
                     at = row_start(starts, r, group_rows, rb)
-                    row = W[at:at + rb]
+                    row = W[at : at + rb]
                     acc = np.float32(0.0)
                     for b in range(nb):
                         o = b * IQ1_S_BYTES
@@ -858,7 +883,7 @@ def matmul_iq1_s(W, starts, rows, group_rows, cols, qs, d, extra, out, order, st
         shift = np.empty(nb * 8, np.int32)
         for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
             at = row_start(starts, r, group_rows, rb)
-            row = W[at:at + rb]
+            row = W[at : at + rb]
             for b in range(nb):
                 o = b * IQ1_S_BYTES
                 prefetch_bytes(row, o + PREFETCH_AHEAD, IQ1_S_BYTES)
@@ -888,7 +913,7 @@ def dequantize_iq1_s(W, cols, row_ids, out):
     nb = cols // QK_K
     rb = nb * IQ1_S_BYTES
     for i in range(row_ids.size):
-        row = W[row_ids[i] * rb:(row_ids[i] + 1) * rb]
+        row = W[row_ids[i] * rb : (row_ids[i] + 1) * rb]
         ws = np.empty(QK_K, np.int16)
         for b in range(nb):
             o = b * IQ1_S_BYTES
@@ -904,6 +929,7 @@ def dequantize_iq1_s(W, cols, row_ids, out):
 
 # ---- IQ1_M: qs[32], qh[16] (3 index bits + delta sign per 8), scales u16[4]
 # (3-bit scales per 16 values; the f16 d lives in the scales' top nibbles) ---
+
 
 @njit(**INLINE)
 def _d_iq1_m(blk, o):
@@ -948,7 +974,7 @@ def matmul_iq1_m(W, starts, rows, group_rows, cols, qs, d, extra, out, order, st
                 x, dx, bsums = xs[t0 + t], d[t0 + t], extra[t0 + t]
                 for r in range(r0, r0 + n_rows):
                     at = row_start(starts, r, group_rows, rb)
-                    row = W[at:at + rb]
+                    row = W[at : at + rb]
                     acc = np.float32(0.0)
                     for b in range(nb):
                         prefetch_bytes(row, b * IQ1_M_BYTES + PREFETCH_AHEAD, IQ1_M_BYTES)
@@ -963,7 +989,7 @@ def matmul_iq1_m(W, starts, rows, group_rows, cols, qs, d, extra, out, order, st
         shifts = np.empty(cols, np.int16)
         for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
             at = row_start(starts, r, group_rows, rb)
-            row = W[at:at + rb]
+            row = W[at : at + rb]
             for b in range(nb):
                 o = b * IQ1_M_BYTES
                 prefetch_bytes(row, o + PREFETCH_AHEAD, IQ1_M_BYTES)
@@ -992,7 +1018,7 @@ def dequantize_iq1_m(W, cols, row_ids, out):
     nb = cols // QK_K
     rb = nb * IQ1_M_BYTES
     for i in range(row_ids.size):
-        row = W[row_ids[i] * rb:(row_ids[i] + 1) * rb]
+        row = W[row_ids[i] * rb : (row_ids[i] + 1) * rb]
         ws = np.empty(QK_K, np.int16)
         for b in range(nb):
             o = b * IQ1_M_BYTES

@@ -10,6 +10,7 @@ values four at a time for 16 rows at once (simd.TILES); else each row into int16
 their integer sub-block scale, dotted with every token.  ggml's vec_dot spreads the float step over 8
 lanes, not reproduced (docs/kernels.md).  Kernel signatures as in legacy.py.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -78,8 +79,7 @@ def _scales_mins_k4(blk, o):
     mins_lo = b & low6
     scales_hi = (c & low4) | (((a >> 6) & low2) << 4)
     mins_hi = ((c >> 4) & low4) | (((b >> 6) & low2) << 4)
-    return (np.uint64(scales_lo) | (np.uint64(scales_hi) << 32),
-            np.uint64(mins_lo) | (np.uint64(mins_hi) << 32))
+    return (np.uint64(scales_lo) | (np.uint64(scales_hi) << 32), np.uint64(mins_lo) | (np.uint64(mins_hi) << 32))
 
 
 @njit(**INLINE)
@@ -226,6 +226,7 @@ def _sum_mins_k4(bsums, bo, mins):
 
 # ---- Q2_K: scales[16] (lo nibble scale, hi nibble min), qs[64], d, dmin -----
 
+
 # Top-level on purpose: numba caches factory-made parallel kernels per process only (docs/kernels.md).
 @njit(**PARALLEL)
 def matmul_q2_k(W, starts, rows, group_rows, cols, qs, d, extra, out, order, straight):
@@ -242,7 +243,7 @@ def matmul_q2_k(W, starts, rows, group_rows, cols, qs, d, extra, out, order, str
                 x, dx, bsums = qs[t0 + t], d[t0 + t], extra[t0 + t]
                 for r in range(r0, r0 + n_rows):
                     at = row_start(starts, r, group_rows, rb)
-                    row = W[at:at + rb]
+                    row = W[at : at + rb]
                     out[t, r] = _q2_k_straight_dot(row, x, dx, bsums, nb, order)
         return
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
@@ -251,7 +252,7 @@ def matmul_q2_k(W, starts, rows, group_rows, cols, qs, d, extra, out, order, str
         dmin = np.empty(nb, np.float32)
         for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
             at = row_start(starts, r, group_rows, rb)
-            row = W[at:at + rb]
+            row = W[at : at + rb]
             for b in range(nb):
                 o = b * Q2_K_BYTES
                 prefetch_bytes(row, o + PREFETCH_AHEAD, Q2_K_BYTES)
@@ -321,7 +322,7 @@ def dequantize_q2_k(W, cols, row_ids, out):
     nb = cols // QK_K
     rb = nb * Q2_K_BYTES
     for i in range(row_ids.size):
-        row = W[row_ids[i] * rb:(row_ids[i] + 1) * rb]
+        row = W[row_ids[i] * rb : (row_ids[i] + 1) * rb]
         wq = np.empty(QK_K, np.int8)
         for b in range(nb):
             o = b * Q2_K_BYTES
@@ -336,6 +337,7 @@ def dequantize_q2_k(W, cols, row_ids, out):
 
 
 # ---- Q3_K: hmask[32], qs[64], scales[12] (6-bit, -32), d -------------------
+
 
 @njit(**INLINE)
 def _scales_q3_k(blk, o, sc):
@@ -376,7 +378,7 @@ def matmul_q3_k(W, starts, rows, group_rows, cols, qs, d, extra, out, order, str
                 x, dx, bsums = qs[t0 + t], d[t0 + t], extra[t0 + t]
                 for r in range(r0, r0 + n_rows):
                     at = row_start(starts, r, group_rows, rb)
-                    row = W[at:at + rb]
+                    row = W[at : at + rb]
                     acc = np.float32(0.0)
                     for b in range(nb):
                         o = b * Q3_K_BYTES
@@ -391,7 +393,7 @@ def matmul_q3_k(W, starts, rows, group_rows, cols, qs, d, extra, out, order, str
         dw = np.empty(nb, np.float32)
         for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
             at = row_start(starts, r, group_rows, rb)
-            row = W[at:at + rb]
+            row = W[at : at + rb]
             for b in range(nb):
                 o = b * Q3_K_BYTES
                 prefetch_bytes(row, o + PREFETCH_AHEAD, Q3_K_BYTES)
@@ -414,7 +416,7 @@ def dequantize_q3_k(W, cols, row_ids, out):
     nb = cols // QK_K
     rb = nb * Q3_K_BYTES
     for i in range(row_ids.size):
-        row = W[row_ids[i] * rb:(row_ids[i] + 1) * rb]
+        row = W[row_ids[i] * rb : (row_ids[i] + 1) * rb]
         wq = np.empty(QK_K, np.int8)
         sc = np.empty(16, np.int32)
         for b in range(nb):
@@ -429,6 +431,7 @@ def dequantize_q3_k(W, cols, row_ids, out):
 
 
 # ---- Q4_K: d, dmin, scales[12], qs[128] ------------------------------------
+
 
 # Top-level on purpose: numba caches factory-made parallel kernels per process only (docs/kernels.md).
 @njit(**PARALLEL)
@@ -446,17 +449,23 @@ def matmul_q4_k(W, starts, rows, group_rows, cols, qs, d, extra, out, order, str
             r0, n_rows, g = chunk_rows(task, group_rows, ROWS_PER_TASK)
             t0 = g * n_tok
             for t in range(0, n_tok - 1, 2):  # token pairs share each block's unpacking
-                x1, x2, dx1, dx2, bsums1, bsums2 = qs[t0 + t], qs[t0 + t + 1], d[t0 + t], d[t0 + t + 1], \
-                    extra[t0 + t], extra[t0 + t + 1]
+                x1, x2, dx1, dx2, bsums1, bsums2 = (
+                    qs[t0 + t],
+                    qs[t0 + t + 1],
+                    d[t0 + t],
+                    d[t0 + t + 1],
+                    extra[t0 + t],
+                    extra[t0 + t + 1],
+                )
                 for r in range(r0, r0 + n_rows):
                     at = row_start(starts, r, group_rows, rb)
-                    out[t, r], out[t + 1, r] = _q4_k_gemv_dot2(W[at:at + rb], x1, x2, dx1, dx2, bsums1, bsums2, nb)
+                    out[t, r], out[t + 1, r] = _q4_k_gemv_dot2(W[at : at + rb], x1, x2, dx1, dx2, bsums1, bsums2, nb)
             if n_tok % 2:  # each token's activation rows viewed once per task, not per row
                 t = n_tok - 1
                 x, dx, bsums = qs[t0 + t], d[t0 + t], extra[t0 + t]
                 for r in range(r0, r0 + n_rows):
                     at = row_start(starts, r, group_rows, rb)
-                    out[t, r] = _q4_k_gemv_dot(W[at:at + rb], x, dx, bsums, nb)
+                    out[t, r] = _q4_k_gemv_dot(W[at : at + rb], x, dx, bsums, nb)
         return
     if TILES:  # 16-row tiles (where vpdpbusd runs), a group's last one partial
         for tile in prange(chunk_count(rows, group_rows, TILE_ROWS)):
@@ -472,7 +481,7 @@ def matmul_q4_k(W, starts, rows, group_rows, cols, qs, d, extra, out, order, str
         mins = np.empty(nb, np.uint64)
         for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
             at = row_start(starts, r, group_rows, rb)
-            row = W[at:at + rb]
+            row = W[at : at + rb]
             for b in range(nb):
                 o = b * Q4_K_BYTES
                 prefetch_bytes(row, o + PREFETCH_AHEAD, Q4_K_BYTES)
@@ -501,6 +510,7 @@ def _k4_tile_matmul(block_bytes, layout):
     tile layout; inside one group of rows, whose tokens are t0 .. t0 + n_tok - 1) a block at a time
     through a 16-row tile (simd.q4_k_tile16_dot): the first gemm_tokens tokens rounded as ggml's
     repacked gemm, the rest by `order` (its repacked gemv where that is the gemm's)."""
+
     @njit(**INLINE)
     def tile_matmul(W, at0, r0, n_rows, rb, nb, qs, d, extra, out, t0, n_tok, order, gemm_tokens):
         tile = np.empty(4096, np.uint8)
@@ -523,11 +533,25 @@ def _k4_tile_matmul(block_bytes, layout):
                     mins[(j // 2) * 2 * TILE_ROWS + 2 * i + j % 2] = _byte(mn, j)
             layout(W, o, rb, n_rows, tile, 0)
             for t in range(n_tok):
-                q4_k_tile16_dot(tile, qs[t0 + t], b * QK_K, scales, mins, extra[t0 + t], b * 16, dw, dmin, d[t0 + t, b],
-                                acc, t * 2 * TILE_ROWS, ORDER_GEMM if t < gemm_tokens else rest)
+                q4_k_tile16_dot(
+                    tile,
+                    qs[t0 + t],
+                    b * QK_K,
+                    scales,
+                    mins,
+                    extra[t0 + t],
+                    b * 16,
+                    dw,
+                    dmin,
+                    d[t0 + t, b],
+                    acc,
+                    t * 2 * TILE_ROWS,
+                    ORDER_GEMM if t < gemm_tokens else rest,
+                )
         for t in range(n_tok):
             for i in range(n_rows):
                 out[t, r0 + i] = acc[t * 2 * TILE_ROWS + i] - acc[t * 2 * TILE_ROWS + TILE_ROWS + i]
+
     return tile_matmul
 
 
@@ -547,8 +571,9 @@ def _repacked_q4_k_dot(ws, x, dx, bsums, dw, dmin, mins, nb, gemm):
             for h in range(4):
                 isum = dot64(ws, b * QK_K + h * 64, x, b * QK_K + h * 64)
                 o = b * 16 + 4 * h
-                summ = ((bsums[o] + bsums[o + 1]) * _byte(mins[b], 2 * h)
-                        + (bsums[o + 2] + bsums[o + 3]) * _byte(mins[b], 2 * h + 1))
+                summ = (bsums[o] + bsums[o + 1]) * _byte(mins[b], 2 * h) + (bsums[o + 2] + bsums[o + 3]) * _byte(
+                    mins[b], 2 * h + 1
+                )
                 acc = fma32(np.float32(isum), scale, acc)
                 acc_min = fma32(np.float32(summ), scale_min, acc_min)
         else:
@@ -599,7 +624,7 @@ def dequantize_q4_k(W, cols, row_ids, out):
     nb = cols // QK_K
     rb = nb * Q4_K_BYTES
     for i in range(row_ids.size):
-        row = W[row_ids[i] * rb:(row_ids[i] + 1) * rb]
+        row = W[row_ids[i] * rb : (row_ids[i] + 1) * rb]
         wq = np.empty(QK_K, np.int8)
         for b in range(nb):
             o = b * Q4_K_BYTES
@@ -615,6 +640,7 @@ def dequantize_q4_k(W, cols, row_ids, out):
 
 
 # ---- Q5_K: d, dmin, scales[12], qh[32], qs[128] ----------------------------
+
 
 @njit(**INLINE)
 def _decode_q5_k(blk, o, wq):
@@ -645,7 +671,7 @@ def matmul_q5_k(W, starts, rows, group_rows, cols, qs, d, extra, out, order, str
                 x, dx, bsums = qs[t0 + t], d[t0 + t], extra[t0 + t]
                 for r in range(r0, r0 + n_rows):
                     at = row_start(starts, r, group_rows, rb)
-                    row = W[at:at + rb]
+                    row = W[at : at + rb]
                     acc = np.float32(0.0)
                     for b in range(nb):
                         o = b * Q5_K_BYTES
@@ -671,7 +697,7 @@ def matmul_q5_k(W, starts, rows, group_rows, cols, qs, d, extra, out, order, str
         mins = np.empty(nb, np.uint64)
         for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
             at = row_start(starts, r, group_rows, rb)
-            row = W[at:at + rb]
+            row = W[at : at + rb]
             for b in range(nb):
                 o = b * Q5_K_BYTES
                 prefetch_bytes(row, o + PREFETCH_AHEAD, Q5_K_BYTES)
@@ -697,7 +723,7 @@ def dequantize_q5_k(W, cols, row_ids, out):
     nb = cols // QK_K
     rb = nb * Q5_K_BYTES
     for i in range(row_ids.size):
-        row = W[row_ids[i] * rb:(row_ids[i] + 1) * rb]
+        row = W[row_ids[i] * rb : (row_ids[i] + 1) * rb]
         wq = np.empty(QK_K, np.int8)
         for b in range(nb):
             o = b * Q5_K_BYTES
@@ -713,6 +739,7 @@ def dequantize_q5_k(W, cols, row_ids, out):
 
 
 # ---- Q6_K: ql[128], qh[64], scales[16] int8, d; value = q6 - 32 -------------
+
 
 @njit(**INLINE)
 def _decode_q6_k(blk, o, wq):
@@ -741,7 +768,7 @@ def matmul_q6_k(W, starts, rows, group_rows, cols, qs, d, extra, out, order, str
                 x, dx, bsums = qs[t0 + t], d[t0 + t], extra[t0 + t]
                 for r in range(r0, r0 + n_rows):
                     at = row_start(starts, r, group_rows, rb)
-                    row = W[at:at + rb]
+                    row = W[at : at + rb]
                     acc = np.float32(0.0)
                     for b in range(nb):
                         o = b * Q6_K_BYTES
@@ -762,7 +789,7 @@ def matmul_q6_k(W, starts, rows, group_rows, cols, qs, d, extra, out, order, str
         dw = np.empty(nb, np.float32)
         for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
             at = row_start(starts, r, group_rows, rb)
-            row = W[at:at + rb]
+            row = W[at : at + rb]
             for b in range(nb):
                 o = b * Q6_K_BYTES
                 prefetch_bytes(row, o + PREFETCH_AHEAD, Q6_K_BYTES)
@@ -798,8 +825,9 @@ def _q6_k_tile_matmul(W, at0, r0, n_rows, rb, nb, qs, d, extra, out, t0, n_tok, 
                 scales[j * TILE_ROWS + i] = np.int8(W[at + 192 + j])
         q6_k_tile16(W, o, rb, n_rows, tile, 0)
         for t in range(n_tok):
-            q6_k_tile16_dot(tile, qs[t0 + t], b * QK_K, scales, extra[t0 + t], b * 16, dw, d[t0 + t, b], acc,
-                            t * TILE_ROWS, tiled)
+            q6_k_tile16_dot(
+                tile, qs[t0 + t], b * QK_K, scales, extra[t0 + t], b * 16, dw, d[t0 + t, b], acc, t * TILE_ROWS, tiled
+            )
     for t in range(n_tok):
         for i in range(n_rows):
             out[t, r0 + i] = acc[t * TILE_ROWS + i]
@@ -810,7 +838,7 @@ def dequantize_q6_k(W, cols, row_ids, out):
     nb = cols // QK_K
     rb = nb * Q6_K_BYTES
     for i in range(row_ids.size):
-        row = W[row_ids[i] * rb:(row_ids[i] + 1) * rb]
+        row = W[row_ids[i] * rb : (row_ids[i] + 1) * rb]
         wq = np.empty(QK_K, np.int8)
         for b in range(nb):
             o = b * Q6_K_BYTES

@@ -18,6 +18,7 @@ than from a row decoded once for all tokens (kernels.KERNELS sets it by token co
 kernels with one route, such as these, ignore it).  dequantize_X(W, cols, row_ids, out) writes
 out[i] = row row_ids[i] in float32, matching gguf.quants.dequantize exactly.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -40,7 +41,8 @@ from ._jit import INLINE, PARALLEL, ROWS_PER_TASK, SERIAL, chunk_count, chunk_ro
 from .simd import lanes_dot, rows_dot8
 
 _Q4_0_LANES, _Q4_1_LANES, _Q5_0_LANES, _Q5_1_LANES, _Q8_0_LANES = (
-    lanes_dot[k] for k in ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0"))
+    lanes_dot[k] for k in ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0")
+)
 _Q4_0_ROWS8 = rows_dot8["q4_0"]
 
 
@@ -61,6 +63,7 @@ def _minus(w, offset):
 # The decoders below work on eight values per uint64 (SWAR): the byte-wise
 # version of these loops is not vectorized by LLVM and ran at ~1 value/cycle.
 # Values 0..15 of a block are the low nibbles of its 16 bytes, 16..31 the high.
+
 
 @njit(**INLINE)
 def _decode_q4(blk, o, offset, w64, wo):
@@ -86,6 +89,7 @@ def _decode_q5(blk, o, offset, w64, wo):
 
 # ---- Q4_0: d f16, 16 bytes of nibbles; value = nibble - 8 ------------------
 
+
 # Top-level on purpose: numba caches factory-made parallel kernels per process only (docs/kernels.md).
 @njit(**PARALLEL)
 def matmul_q4_0(W, starts, rows, group_rows, cols, qs, d, extra, out, order, straight):
@@ -109,7 +113,7 @@ def matmul_q4_0(W, starts, rows, group_rows, cols, qs, d, extra, out, order, str
             x, dx = qs[t0 + t], d[t0 + t]
             for r in range(r0, r0 + n_rows):
                 at = row_start(starts, r, group_rows, rb)
-                row = W[at:at + rb]
+                row = W[at : at + rb]
                 out[t, r] = _Q4_0_LANES(row, x, dx, dx, nb)
 
 
@@ -118,7 +122,7 @@ def dequantize_q4_0(W, cols, row_ids, out):
     nb = cols // QK4_0
     rb = nb * Q4_0_BYTES
     for i in range(row_ids.size):
-        row = W[row_ids[i] * rb:(row_ids[i] + 1) * rb]
+        row = W[row_ids[i] * rb : (row_ids[i] + 1) * rb]
         wq = np.empty(QK4_0, np.int8)
         w64 = wq.view(np.uint64)
         for b in range(nb):
@@ -130,6 +134,7 @@ def dequantize_q4_0(W, cols, row_ids, out):
 
 
 # ---- Q4_1: d f16, m f16, nibbles; value = d * nibble + m --------------------
+
 
 # Top-level on purpose: numba caches factory-made parallel kernels per process only (docs/kernels.md).
 @njit(**PARALLEL)
@@ -144,7 +149,7 @@ def matmul_q4_1(W, starts, rows, group_rows, cols, qs, d, extra, out, order, str
             x, dx, bsums = qs[t0 + t], d[t0 + t], extra[t0 + t]
             for r in range(r0, r0 + n_rows):
                 at = row_start(starts, r, group_rows, rb)
-                row = W[at:at + rb]
+                row = W[at : at + rb]
                 out[t, r] = _Q4_1_LANES(row, x, dx, bsums, nb)
 
 
@@ -153,7 +158,7 @@ def dequantize_q4_1(W, cols, row_ids, out):
     nb = cols // QK4_1
     rb = nb * Q4_1_BYTES
     for i in range(row_ids.size):
-        row = W[row_ids[i] * rb:(row_ids[i] + 1) * rb]
+        row = W[row_ids[i] * rb : (row_ids[i] + 1) * rb]
         wq = np.empty(QK4_1, np.int8)
         w64 = wq.view(np.uint64)
         for b in range(nb):
@@ -166,6 +171,7 @@ def dequantize_q4_1(W, cols, row_ids, out):
 
 
 # ---- Q5_0: d f16, qh u32 (5th bits), nibbles; value = q5 - 16 ---------------
+
 
 # Top-level on purpose: numba caches factory-made parallel kernels per process only (docs/kernels.md).
 @njit(**PARALLEL)
@@ -180,7 +186,7 @@ def matmul_q5_0(W, starts, rows, group_rows, cols, qs, d, extra, out, order, str
             x, dx = qs[t0 + t], d[t0 + t]
             for r in range(r0, r0 + n_rows):
                 at = row_start(starts, r, group_rows, rb)
-                row = W[at:at + rb]
+                row = W[at : at + rb]
                 out[t, r] = _Q5_0_LANES(row, x, dx, dx, nb)
 
 
@@ -189,7 +195,7 @@ def dequantize_q5_0(W, cols, row_ids, out):
     nb = cols // QK5_0
     rb = nb * Q5_0_BYTES
     for i in range(row_ids.size):
-        row = W[row_ids[i] * rb:(row_ids[i] + 1) * rb]
+        row = W[row_ids[i] * rb : (row_ids[i] + 1) * rb]
         wq = np.empty(QK5_0, np.int8)
         w64 = wq.view(np.uint64)
         for b in range(nb):
@@ -201,6 +207,7 @@ def dequantize_q5_0(W, cols, row_ids, out):
 
 
 # ---- Q5_1: d f16, m f16, qh u32, nibbles; value = d * q5 + m ----------------
+
 
 # Top-level on purpose: numba caches factory-made parallel kernels per process only (docs/kernels.md).
 @njit(**PARALLEL)
@@ -215,7 +222,7 @@ def matmul_q5_1(W, starts, rows, group_rows, cols, qs, d, extra, out, order, str
             x, dx, bsums = qs[t0 + t], d[t0 + t], extra[t0 + t]
             for r in range(r0, r0 + n_rows):
                 at = row_start(starts, r, group_rows, rb)
-                row = W[at:at + rb]
+                row = W[at : at + rb]
                 out[t, r] = _Q5_1_LANES(row, x, dx, bsums, nb)
 
 
@@ -224,7 +231,7 @@ def dequantize_q5_1(W, cols, row_ids, out):
     nb = cols // QK5_1
     rb = nb * Q5_1_BYTES
     for i in range(row_ids.size):
-        row = W[row_ids[i] * rb:(row_ids[i] + 1) * rb]
+        row = W[row_ids[i] * rb : (row_ids[i] + 1) * rb]
         wq = np.empty(QK5_1, np.int8)
         w64 = wq.view(np.uint64)
         for b in range(nb):
@@ -237,6 +244,7 @@ def dequantize_q5_1(W, cols, row_ids, out):
 
 
 # ---- Q8_0: d f16, 32 int8 ---------------------------------------------------
+
 
 # Top-level on purpose: numba caches factory-made parallel kernels per process only (docs/kernels.md).
 @njit(**PARALLEL)
@@ -251,7 +259,7 @@ def matmul_q8_0(W, starts, rows, group_rows, cols, qs, d, extra, out, order, str
             x, dx = qs[t0 + t], d[t0 + t]
             for r in range(r0, r0 + n_rows):
                 at = row_start(starts, r, group_rows, rb)
-                row = W[at:at + rb]
+                row = W[at : at + rb]
                 out[t, r] = _Q8_0_LANES(row, x, dx, dx, nb)
 
 
@@ -260,7 +268,7 @@ def dequantize_q8_0(W, cols, row_ids, out):
     nb = cols // QK8_0
     rb = nb * Q8_0_BYTES
     for i in range(row_ids.size):
-        row = W[row_ids[i] * rb:(row_ids[i] + 1) * rb]
+        row = W[row_ids[i] * rb : (row_ids[i] + 1) * rb]
         for b in range(nb):
             o = b * Q8_0_BYTES
             dw = f16_to_f32(row[o], row[o + 1])

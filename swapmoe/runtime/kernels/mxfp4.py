@@ -3,6 +3,7 @@
     sumf += (d_x * e8m0_half(e)) * (sumi_lo + sumi_hi)      (ggml quants.c)
 Kernel signatures as in legacy.py.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -41,7 +42,7 @@ def matmul_mxfp4(W, starts, rows, group_rows, cols, qs, d, extra, out, order, st
             x, dx = qs[t0 + t], d[t0 + t]
             for r in range(r0, r0 + n_rows):
                 at = row_start(starts, r, group_rows, rb)
-                row = W[at:at + rb]
+                row = W[at : at + rb]
                 out[t, r] = _ROW(row, x, dx, nb, order)
 
 
@@ -50,7 +51,7 @@ def dequantize_mxfp4(W, cols, row_ids, out):
     nb = cols // QK_MXFP4
     rb = nb * MXFP4_BYTES
     for i in range(row_ids.size):
-        row = W[row_ids[i] * rb:(row_ids[i] + 1) * rb]
+        row = W[row_ids[i] * rb : (row_ids[i] + 1) * rb]
         for b in range(nb):
             o = b * MXFP4_BYTES
             scale = E8M0_HALF[row[o]]

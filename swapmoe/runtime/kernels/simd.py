@@ -20,6 +20,7 @@ pmaddubsw saturates its int16 pair sums; no use here reaches that: the unsigned 
 most 127 with the activation in -127..127 (signs moved onto it, see _signed_grid_isum), or at
 most 63 with any int8 activation (2 * 63 * 128 = 16128 < 32767).
 """
+
 from __future__ import annotations
 
 import functools
@@ -65,8 +66,15 @@ TARGETS = (GENERIC, AVX2, AVX512, VBMI)  # a CPU that runs one runs those before
 # the IQ grid types' VBMI generators with the grid entries gathered from memory instead of permuted
 # out of registers (same instructions otherwise): a variant of VBMI, not a further target
 VBMI_GATHER = "avx512vbmi-gather"
-TARGET = (VBMI if {"avx512f", "avx512bw", "avx512vbmi", "avx512bitalg", "gfni"} <= _FEATURES  # Ice Lake, Zen 4 on
-          else AVX512 if {"avx512f", "avx512bw"} <= _FEATURES else AVX2 if "avx2" in _FEATURES else GENERIC)
+TARGET = (
+    VBMI
+    if {"avx512f", "avx512bw", "avx512vbmi", "avx512bitalg", "gfni"} <= _FEATURES  # Ice Lake, Zen 4 on
+    else AVX512
+    if {"avx512f", "avx512bw"} <= _FEATURES
+    else AVX2
+    if "avx2" in _FEATURES
+    else GENERIC
+)
 # half -> float in one instruction: F16C on x86, base ARMv8 (elsewhere LLVM would call a runtime helper)
 HW_HALF = "f16c" in _FEATURES or platform.machine().lower() in ("aarch64", "arm64")
 
@@ -100,7 +108,7 @@ def _for_this_cpu(generators: dict):
     the IQ grid types on CPUs with fast gathers: their gathering variant)."""
     if GATHER_GRIDS and VBMI_GATHER in generators:
         return generators[VBMI_GATHER]
-    return next(generators[t] for t in reversed(TARGETS[:TARGETS.index(TARGET) + 1]) if t in generators)
+    return next(generators[t] for t in reversed(TARGETS[: TARGETS.index(TARGET) + 1]) if t in generators)
 
 
 def _vec(t, n):
@@ -160,8 +168,15 @@ PREFETCH_AHEAD = 2048
 def _prefetch(builder, ptr, offset):
     """Prefetch the line holding ptr[offset] into every cache level, for reading (a hint: never
     faults, past the end of the array included)."""
-    _call(builder, "llvm.prefetch.p0", ir.VoidType(), builder.gep(ptr, [offset]),
-          ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1))
+    _call(
+        builder,
+        "llvm.prefetch.p0",
+        ir.VoidType(),
+        builder.gep(ptr, [offset]),
+        ir.Constant(I32, 0),
+        ir.Constant(I32, 3),
+        ir.Constant(I32, 1),
+    )
 
 
 @intrinsic
@@ -179,8 +194,8 @@ def prefetch_bytes(typingctx, w, start, n):
         with cgutils.for_range(builder, lines) as loop:
             _prefetch(builder, w_ptr, builder.add(start, builder.mul(loop.index, ir.Constant(n.type, 64))))
         return context.get_dummy_value()
-    return sig, codegen
 
+    return sig, codegen
 
 
 @intrinsic
@@ -196,7 +211,9 @@ def store_bytes(typingctx, out, o, word):
         at = builder.bitcast(builder.gep(out_ptr, [args[1]]), args[2].type.as_pointer())
         builder.store(args[2], at, align=1)
         return context.get_dummy_value()
+
     return sig, codegen
+
 
 def _block_sums(context, builder, aryty, ary, offset):
     """The 16 Q8_K block sums ary[offset:offset+16] (int32) as <16 x i32>."""
@@ -299,7 +316,9 @@ def _q4_k_isum(target: str):
 
         def codegen(context, builder, signature, args):
             return _nibble_blocks_isum(context, builder, signature, args, target)
+
         return sig, codegen
+
     return q4_k_isum
 
 
@@ -313,7 +332,9 @@ def _q5_k_isum(target: str):
 
         def codegen(context, builder, signature, args):
             return _nibble_blocks_isum(context, builder, signature, args, target)
+
         return sig, codegen
+
     return q5_k_isum
 
 
@@ -332,8 +353,11 @@ def _groups16_isum(context, builder, target, xt, x, xo, quants, scales):
     if target == AVX512:  # values 32c .. +32 beside 128 + 32c .. +32 (Q2_K cuts them so from 64 bytes)
         for c in range(4):
             u = _concat(builder, quants[0][c], quants[1][c])
-            xv = _concat(builder, _load_bytes(context, builder, xt, x, _add_offset(builder, xo, 32 * c), 32),
-                         _load_bytes(context, builder, xt, x, _add_offset(builder, xo, 128 + 32 * c), 32))
+            xv = _concat(
+                builder,
+                _load_bytes(context, builder, xt, x, _add_offset(builder, xo, 32 * c), 32),
+                _load_bytes(context, builder, xt, x, _add_offset(builder, xo, 128 + 32 * c), 32),
+            )
             groups = [8 * (lane // 16) + 2 * c + lane % 16 // 8 for lane in range(32)]
             part = _madd(builder, u, xv, _pick(builder, scales, groups))
             total = part if total is None else builder.add(total, part)
@@ -387,6 +411,7 @@ def _q6_k_block_isum(context, builder, signature, args, target):
 def _block_sums_intrinsic(block_isum, target: str, doc: str):
     """An intrinsic (w, wo, x, xo, bsums, bo) -> int32 for a K-quant block that takes the Q8_K
     block sums bsums[bo:bo+16] (int32), its code from block_isum for `target`."""
+
     @intrinsic
     def block_sums_isum(typingctx, w, wo, x, xo, bsums, bo):
         if w.dtype != types.uint8 or x.dtype != types.int8 or bsums.dtype != types.int32:
@@ -395,15 +420,24 @@ def _block_sums_intrinsic(block_isum, target: str, doc: str):
 
         def codegen(context, builder, signature, args):
             return block_isum(context, builder, signature, args, target)
+
         return sig, codegen
+
     block_sums_isum.__doc__ = doc
     return block_sums_isum
 
 
-Q6_K_ISUM = {target: _block_sums_intrinsic(_q6_k_block_isum, target, """Exact int32 sum of a Q6_K
+Q6_K_ISUM = {
+    target: _block_sums_intrinsic(
+        _q6_k_block_isum,
+        target,
+        """Exact int32 sum of a Q6_K
     super-block's 256 quants (q - 32) times their int8 scale (16 values each) times the int8
     activation: the block's ql, qh and scales at w[wo:wo+208], activations x[xo:xo+256] with their
-    Q8_K block sums bsums[bo:bo+16].""") for target in (GENERIC, AVX2, AVX512)}
+    Q8_K block sums bsums[bo:bo+16].""",
+    )
+    for target in (GENERIC, AVX2, AVX512)
+}
 q6_k_isum = _for_this_cpu(Q6_K_ISUM)
 
 
@@ -437,7 +471,9 @@ def _q2_k_isum(target: str):
 
         def codegen(context, builder, signature, args):
             return _q2_k_block_isum(context, builder, signature, args, target)
+
         return sig, codegen
+
     return q2_k_isum
 
 
@@ -459,8 +495,9 @@ def _q3_k_block_isum(context, builder, signature, args, target):
     tops = _pick(builder, tops, [j % 4 for j in range(16)])
     shifts = ir.Constant(_vec(I8, 16), [2 * (j // 4) for j in range(16)])
     high = builder.and_(builder.lshr(tops, shifts), _splat(I8, 16, 3))
-    scales = builder.sext(builder.sub(builder.or_(low, builder.shl(high, _splat(I8, 16, 4))), _splat(I8, 16, 32)),
-                          _vec(I16, 16))
+    scales = builder.sext(
+        builder.sub(builder.or_(low, builder.shl(high, _splat(I8, 16, 4))), _splat(I8, 16, 32)), _vec(I16, 16)
+    )
     hmask = _load_bytes(context, builder, wt, w, wo, 32)
     quants = []
     for h in range(2):
@@ -475,10 +512,17 @@ def _q3_k_block_isum(context, builder, signature, args, target):
     return _minus_offset(context, builder, total, bt, bsums, bo, scales, 4, target)
 
 
-Q3_K_ISUM = {target: _block_sums_intrinsic(_q3_k_block_isum, target, """Exact int32 sum of a Q3_K
+Q3_K_ISUM = {
+    target: _block_sums_intrinsic(
+        _q3_k_block_isum,
+        target,
+        """Exact int32 sum of a Q3_K
     super-block's 256 values (u - 4) times their 6-bit scale (16 values each) times the int8
     activation x[xo:xo+256] with its Q8_K block sums bsums[bo:bo+16]; the block starts at
-    w[wo].""") for target in (GENERIC, AVX2, AVX512)}
+    w[wo].""",
+    )
+    for target in (GENERIC, AVX2, AVX512)
+}
 q3_k_isum = _for_this_cpu(Q3_K_ISUM)
 
 
@@ -536,8 +580,10 @@ def _byte_at(builder, ptr, offset, k, ty):
 def _sign_indices(builder, aux):
     """The four 7-bit sign indices of a u32 (bits 0..27) as i64."""
     i64 = ir.IntType(64)
-    return [builder.zext(builder.and_(builder.lshr(aux, ir.Constant(I32, 7 * l)), ir.Constant(I32, 127)), i64)
-            for l in range(4)]
+    return [
+        builder.zext(builder.and_(builder.lshr(aux, ir.Constant(I32, 7 * l)), ir.Constant(I32, 127)), i64)
+        for l in range(4)
+    ]
 
 
 def _u32_at(builder, ptr, offset, k):
@@ -557,6 +603,7 @@ def _iq2_xxs_block_isum(context, builder, signature, args, target):
             grid = [_byte_at(builder, w_ptr, wo, 2 + 8 * ib + l, i64) for l in range(4)]
             scale = _odd_scale(builder, builder.lshr(aux, ir.Constant(I32, 28)))
             yield _gather(builder, g_ptr, grid), _gather(builder, s_ptr, _sign_indices(builder, aux)), scale, scale
+
     return _signed_grid_isum(context, builder, target, signature.args[2], x, xo, sub_blocks())
 
 
@@ -573,6 +620,7 @@ def _iq3_xxs_block_isum(context, builder, signature, args, target):
             grid = [_byte_at(builder, w_ptr, wo, 2 + 8 * ib + l, i64) for l in range(8)]
             scale = _odd_scale(builder, builder.lshr(aux, ir.Constant(I32, 28)))
             yield _gather(builder, g_ptr, grid), _gather(builder, s_ptr, _sign_indices(builder, aux)), scale, scale
+
     return _signed_grid_isum(context, builder, target, signature.args[2], x, xo, sub_blocks())
 
 
@@ -585,15 +633,23 @@ def _iq2_xs_block_isum(context, builder, signature, args, target):
 
     def sub_blocks():
         for ib in range(8):
-            codes = [builder.zext(builder.or_(_byte_at(builder, w_ptr, wo, 2 + 8 * ib + 2 * l, I32),
-                                              builder.shl(_byte_at(builder, w_ptr, wo, 3 + 8 * ib + 2 * l, I32),
-                                                          ir.Constant(I32, 8))), i64) for l in range(4)]
+            codes = [
+                builder.zext(
+                    builder.or_(
+                        _byte_at(builder, w_ptr, wo, 2 + 8 * ib + 2 * l, I32),
+                        builder.shl(_byte_at(builder, w_ptr, wo, 3 + 8 * ib + 2 * l, I32), ir.Constant(I32, 8)),
+                    ),
+                    i64,
+                )
+                for l in range(4)
+            ]
             grid = [builder.and_(c, ir.Constant(i64, 511)) for c in codes]
             signs = [builder.lshr(c, ir.Constant(i64, 9)) for c in codes]
             byte = _byte_at(builder, w_ptr, wo, 66 + ib, I32)
             scale_a = _odd_scale(builder, builder.and_(byte, ir.Constant(I32, 15)))
             scale_b = _odd_scale(builder, builder.lshr(byte, ir.Constant(I32, 4)))
             yield _gather(builder, g_ptr, grid), _gather(builder, s_ptr, signs), scale_a, scale_b
+
     return _signed_grid_isum(context, builder, target, signature.args[2], x, xo, sub_blocks())
 
 
@@ -609,13 +665,20 @@ def _iq3_s_block_isum(context, builder, signature, args, target):
     def sub_blocks():
         for ib in range(8):
             qh = _byte_at(builder, w_ptr, wo, 66 + ib, i64)
-            grid = [builder.or_(_byte_at(builder, w_ptr, wo, 2 + 8 * ib + j, i64),
-                                builder.shl(builder.and_(builder.lshr(qh, ir.Constant(i64, j)), ir.Constant(i64, 1)),
-                                            ir.Constant(i64, 8))) for j in range(8)]
+            grid = [
+                builder.or_(
+                    _byte_at(builder, w_ptr, wo, 2 + 8 * ib + j, i64),
+                    builder.shl(
+                        builder.and_(builder.lshr(qh, ir.Constant(i64, j)), ir.Constant(i64, 1)), ir.Constant(i64, 8)
+                    ),
+                )
+                for j in range(8)
+            ]
             signs = [_byte_at(builder, w_ptr, wo, 74 + 4 * ib + l, i64) for l in range(4)]
             byte = _byte_at(builder, w_ptr, wo, 106 + ib // 2, I32)
             scale = _odd_scale(builder, _field(builder, byte, 4 * (ib % 2), 15))
             yield _gather(builder, g_ptr, grid), _gather(builder, s_ptr, signs), scale, scale
+
     return _signed_grid_isum(context, builder, target, signature.args[2], x, xo, sub_blocks())
 
 
@@ -630,13 +693,19 @@ def _iq2_s_block_isum(context, builder, signature, args, target):
     def sub_blocks():
         for ib in range(8):
             qh = _byte_at(builder, w_ptr, wo, 66 + ib, i64)
-            grid = [builder.or_(_byte_at(builder, w_ptr, wo, 2 + 4 * ib + l, i64),
-                                builder.shl(_field(builder, qh, 2 * l, 3), ir.Constant(i64, 8))) for l in range(4)]
+            grid = [
+                builder.or_(
+                    _byte_at(builder, w_ptr, wo, 2 + 4 * ib + l, i64),
+                    builder.shl(_field(builder, qh, 2 * l, 3), ir.Constant(i64, 8)),
+                )
+                for l in range(4)
+            ]
             signs = [_byte_at(builder, w_ptr, wo, 34 + 4 * ib + l, i64) for l in range(4)]
             byte = _byte_at(builder, w_ptr, wo, 74 + ib, I32)
             scale_a = _odd_scale(builder, builder.and_(byte, ir.Constant(I32, 15)))
             scale_b = _odd_scale(builder, builder.lshr(byte, ir.Constant(I32, 4)))
             yield _gather(builder, g_ptr, grid), _gather(builder, s_ptr, signs), scale_a, scale_b
+
     return _signed_grid_isum(context, builder, target, signature.args[2], x, xo, sub_blocks())
 
 
@@ -651,12 +720,20 @@ def _iq1_s_block_isum(context, builder, signature, args, target):
     weights = ir.Constant(_vec(I32, 8), None)
     sub_blocks = []
     for ib in range(8):
-        qh = builder.or_(_byte_at(builder, w_ptr, wo, 34 + 2 * ib, i64),
-                         builder.shl(_byte_at(builder, w_ptr, wo, 35 + 2 * ib, i64), ir.Constant(i64, 8)))
+        qh = builder.or_(
+            _byte_at(builder, w_ptr, wo, 34 + 2 * ib, i64),
+            builder.shl(_byte_at(builder, w_ptr, wo, 35 + 2 * ib, i64), ir.Constant(i64, 8)),
+        )
         delta = builder.lshr(builder.and_(qh, ir.Constant(i64, 0x8000)), ir.Constant(i64, 4))
-        indices = [builder.or_(builder.or_(_byte_at(builder, w_ptr, wo, 2 + 4 * ib + l, i64), delta),
-                               builder.shl(builder.and_(builder.lshr(qh, ir.Constant(i64, 3 * l)), ir.Constant(i64, 7)),
-                                           ir.Constant(i64, 8))) for l in range(4)]
+        indices = [
+            builder.or_(
+                builder.or_(_byte_at(builder, w_ptr, wo, 2 + 4 * ib + l, i64), delta),
+                builder.shl(
+                    builder.and_(builder.lshr(qh, ir.Constant(i64, 3 * l)), ir.Constant(i64, 7)), ir.Constant(i64, 8)
+                ),
+            )
+            for l in range(4)
+        ]
         scale = _odd_scale(builder, builder.trunc(_field(builder, qh, 12, 7), I32))
         weights = builder.insert_element(weights, builder.zext(scale, I32), ir.Constant(I32, ib))
         sub_blocks.append((_gather(builder, g_ptr, indices), None, scale, scale))
@@ -674,11 +751,19 @@ def _iq1_m_block_isum(context, builder, signature, args, target):
     wo, x, xo, grid, bsums, bo = args[1:7]
     w_ptr, g_ptr = _data(context, builder, signature, args, 0, 4)
     i64 = ir.IntType(64)
-    words = [builder.or_(_byte_at(builder, w_ptr, wo, 48 + 2 * k, I32),
-                         builder.shl(_byte_at(builder, w_ptr, wo, 49 + 2 * k, I32), ir.Constant(I32, 8)))
-             for k in range(4)]
-    scales = [_odd_scale(builder, builder.and_(builder.lshr(words[j // 4], ir.Constant(I32, 3 * (j % 4))),
-                                               ir.Constant(I32, 7))) for j in range(16)]
+    words = [
+        builder.or_(
+            _byte_at(builder, w_ptr, wo, 48 + 2 * k, I32),
+            builder.shl(_byte_at(builder, w_ptr, wo, 49 + 2 * k, I32), ir.Constant(I32, 8)),
+        )
+        for k in range(4)
+    ]
+    scales = [
+        _odd_scale(
+            builder, builder.and_(builder.lshr(words[j // 4], ir.Constant(I32, 3 * (j % 4))), ir.Constant(I32, 7))
+        )
+        for j in range(16)
+    ]
     sub_blocks = []
     for ib in range(8):
         indices = []
@@ -722,7 +807,9 @@ def _iq1_isum(name: str, delta: str, block_isum, target: str):
 
         def codegen(context, builder, signature, args):
             return block_isum(context, builder, signature, args, target)
+
         return sig, codegen
+
     iq1_isum.__doc__ = IQ1_ISUM_DOC.format(name=name, delta=delta)
     return iq1_isum
 
@@ -736,7 +823,9 @@ def _grid_isum(name: str, block_isum, target: str):
 
         def codegen(context, builder, signature, args):
             return block_isum(context, builder, signature, args, target)
+
         return sig, codegen
+
     grid_isum.__doc__ = f"""Exact int32 sum of an {name} super-block's 256 values times their odd sub-block
     scale (2s + 1) times the int8 activation x[xo:xo+256] (each > -128, as Q8_K's are); the block
     starts at w[wo]; `grid`: the type's grid as one unsigned integer entry per index; `signs`:
@@ -768,14 +857,22 @@ REORDERED = TARGET == VBMI
 # position i of a reordered block holds value ORDER[i] of the block
 GROUP_MAJOR_ORDER = np.array([32 * k + 8 * j + i for j in range(4) for k in range(8) for i in range(8)])
 # IQ2_XXS: byte b of qword k of chunk c holds value 4 (b // 4) + c of group b % 4 of sub-block k
-IQ2_XXS_ORDER = np.array([32 * k + 8 * (b % 4) + 4 * (b // 4) + c for c in range(4) for k in range(8)
-                          for b in range(8)])
+IQ2_XXS_ORDER = np.array(
+    [32 * k + 8 * (b % 4) + 4 * (b // 4) + c for c in range(4) for k in range(8) for b in range(8)]
+)
 # IQ3_XXS: byte j of qword k of chunk c holds value c of entry j (four values) of sub-block k
 IQ3_ORDER = np.array([32 * k + 4 * j + c for c in range(4) for k in range(8) for j in range(8)])
 # two IQ2_XXS blocks (512 values) at once: byte b of qword k of chunk 4h + c holds value 4h + c of
 # group b % 4 of sub-block k of the first block (b < 4) or of the second
-IQ2_XXS_PAIR_ORDER = np.array([256 * (b // 4) + 32 * k + 8 * (b % 4) + 4 * h + c for h in range(2) for c in range(4)
-                               for k in range(8) for b in range(8)])
+IQ2_XXS_PAIR_ORDER = np.array(
+    [
+        256 * (b // 4) + 32 * k + 8 * (b % 4) + 4 * h + c
+        for h in range(2)
+        for c in range(4)
+        for k in range(8)
+        for b in range(8)
+    ]
+)
 
 
 def _reorder(order):
@@ -792,7 +889,9 @@ def _reorder(order):
             at = builder.bitcast(builder.gep(dst_ptr, [args[3]]), v.type.as_pointer())
             builder.store(_shuffle(builder, v, v, [int(i) for i in order]), at, align=1)
             return context.get_dummy_value()
+
         return sig, codegen
+
     return reorder
 
 
@@ -814,8 +913,7 @@ def _multishift(builder, data, offsets):
 def _words_from_bytes(builder, v, positions):
     """<32 x i16> whose word w is the byte v[positions[w]] zero-extended."""
     zero = ir.Constant(v.type, None)
-    return builder.bitcast(_shuffle(builder, v, zero, [k for p in positions for k in (p, v.type.count)]),
-                           _vec(I16, 32))
+    return builder.bitcast(_shuffle(builder, v, zero, [k for p in positions for k in (p, v.type.count)]), _vec(I16, 32))
 
 
 def _high_index_bits(builder, v, positions, shifts, mask):
@@ -844,15 +942,28 @@ def _odd_scales(builder, v, shifts):
 
 def _vnni_dots(builder, acc, u, x):
     """acc + per int32 lane the sum of four products u8 * s8 of <64 x i8> u (unsigned), x (vpdpbusd)."""
-    return _call(builder, "llvm.x86.avx512.vpdpbusd.512", _vec(I32, 16), acc,
-                 builder.bitcast(u, _vec(I32, 16)), builder.bitcast(x, _vec(I32, 16)))
+    return _call(
+        builder,
+        "llvm.x86.avx512.vpdpbusd.512",
+        _vec(I32, 16),
+        acc,
+        builder.bitcast(u, _vec(I32, 16)),
+        builder.bitcast(x, _vec(I32, 16)),
+    )
 
 
 def _gathered(builder, grid_ptr, indices):
     """grid[indices] as <64 x i8>: <8 x i64> indices into a table of 8-byte entries (vpgatherqq)."""
-    entries = _call(builder, "llvm.x86.avx512.mask.gather.qpq.512", _vec(I64, 8), ir.Constant(_vec(I64, 8), None),
-                    builder.bitcast(grid_ptr, I8.as_pointer()), indices, ir.Constant(_vec(ir.IntType(1), 8), [1] * 8),
-                    ir.Constant(I32, 8))
+    entries = _call(
+        builder,
+        "llvm.x86.avx512.mask.gather.qpq.512",
+        _vec(I64, 8),
+        ir.Constant(_vec(I64, 8), None),
+        builder.bitcast(grid_ptr, I8.as_pointer()),
+        indices,
+        ir.Constant(_vec(ir.IntType(1), 8), [1] * 8),
+        ir.Constant(I32, 8),
+    )
     return builder.bitcast(entries, _vec(I8, 64))
 
 
@@ -872,8 +983,13 @@ def _group_major_isum(context, builder, xt, x, xo, magnitudes, signs, groups, si
         for j in chunks:
             xv = _load_bytes(context, builder, xt, x, _add_offset(builder, xo, 64 * j), 64)
             if signs is not None:
-                negative = _call(builder, "llvm.x86.avx512.vpshufbitqmb.512", _vec(ir.IntType(1), 64), signs,
-                                 _bytes([sign_bit(j, i % 8) for i in range(64)]))
+                negative = _call(
+                    builder,
+                    "llvm.x86.avx512.vpshufbitqmb.512",
+                    _vec(ir.IntType(1), 64),
+                    signs,
+                    _bytes([sign_bit(j, i % 8) for i in range(64)]),
+                )
                 xv = builder.select(negative, builder.sub(zero, xv), xv)
             acc = _vnni_dots(builder, acc, magnitudes(j), xv)
         high = builder.bitcast(builder.lshr(builder.bitcast(acc, _vec(I64, 8)), low_dword), _vec(I32, 16))
@@ -908,7 +1024,7 @@ class _Grid:
         table, selects on the higher index bits."""
         slices = []
         for s in range(0, self.codes.size, 64):
-            lo, hi = (ir.Constant(_vec(I16, 32), [int(c) for c in self.codes[s + h:s + h + 32]]) for h in (0, 32))
+            lo, hi = (ir.Constant(_vec(I16, 32), [int(c) for c in self.codes[s + h : s + h + 32]]) for h in (0, 32))
             slices.append(_call(builder, "llvm.x86.avx512.vpermi2var.hi.512", _vec(I16, 32), lo, index_words, hi))
         bit = 64
         while len(slices) > 1:
@@ -927,8 +1043,13 @@ class _Grid:
         if target == VBMI_GATHER:
             return lambda j: _gathered(builder, grid_ptr, chunk_indices(j))
         codes = self.lookup(builder, index_words(list(range(32))))
-        return lambda j: _call(builder, "llvm.x86.avx512.permvar.qi.512", _vec(I8, 64), _bytes(self.values),
-                               _multishift(builder, codes, [16 * j + 2 * i for i in range(8)]))
+        return lambda j: _call(
+            builder,
+            "llvm.x86.avx512.permvar.qi.512",
+            _vec(I8, 64),
+            _bytes(self.values),
+            _multishift(builder, codes, [16 * j + 2 * i for i in range(8)]),
+        )
 
 
 _IQ2_XXS_GRID, _IQ2_XS_GRID, _IQ2_S_GRID = _Grid(gq.IQ2_XXS), _Grid(gq.IQ2_XS), _Grid(gq.IQ2_S)
@@ -992,9 +1113,25 @@ def _iq2_xxs_magnitudes(builder, codes, c):
 def _code_bytes(builder, indices, table, ninth=None):
     """<8 x i64>: byte i = table[indices byte i] (table: 256 bytes; two vpermi2b and a select), or
     table[indices byte i + 256 * ninth[i]] (table: 512 bytes, ninth: <64 x i1>; four and three)."""
-    halves = [builder.select(builder.icmp_signed("<", indices, _splat(I8, 64, 0)), *reversed(
-        [_call(builder, "llvm.x86.avx512.vpermi2var.qi.512", _vec(I8, 64), _bytes(table[h:h + 64]), indices,
-               _bytes(table[h + 64:h + 128])) for h in (base, base + 128)])) for base in range(0, len(table), 256)]
+    halves = [
+        builder.select(
+            builder.icmp_signed("<", indices, _splat(I8, 64, 0)),
+            *reversed(
+                [
+                    _call(
+                        builder,
+                        "llvm.x86.avx512.vpermi2var.qi.512",
+                        _vec(I8, 64),
+                        _bytes(table[h : h + 64]),
+                        indices,
+                        _bytes(table[h + 64 : h + 128]),
+                    )
+                    for h in (base, base + 128)
+                ]
+            ),
+        )
+        for base in range(0, len(table), 256)
+    ]
     return builder.bitcast(halves[0] if ninth is None else builder.select(ninth, halves[1], halves[0]), _vec(I64, 8))
 
 
@@ -1010,8 +1147,17 @@ def _iq2_xxs_vbmi(context, builder, signature, args, target):
     codes = builder.or_(builder.and_(low, low_half), builder.shl(high, shift))
     signs = _parity_signs(builder, q, _IQ2_XXS_SIGN_GROUPS)
     scales = _odd_scales(builder, builder.bitcast(q, _vec(I64, 8)), 60)
-    return _group_major_isum(context, builder, xt, x, xo, lambda c: _iq2_xxs_magnitudes(builder, codes, c), signs,
-                             [(range(4), None, scales)], sign_bit=lambda c, b: 8 * (b % 4) + 4 * (b // 4) + c)
+    return _group_major_isum(
+        context,
+        builder,
+        xt,
+        x,
+        xo,
+        lambda c: _iq2_xxs_magnitudes(builder, codes, c),
+        signs,
+        [(range(4), None, scales)],
+        sign_bit=lambda c, b: 8 * (b % 4) + 4 * (b // 4) + c,
+    )
 
 
 @intrinsic
@@ -1022,8 +1168,9 @@ def _iq2_xxs_pair_isum(typingctx, w, wo, x, xo):
 
     def codegen(context, builder, signature, args):
         wt, xt, w, wo, x, xo = signature.args[0], signature.args[2], *args
-        blocks = [_load_bytes(context, builder, wt, w, _add_offset(builder, wo, 2 + IQ2_XXS_BYTES * i), 64)
-                  for i in range(2)]
+        blocks = [
+            _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 2 + IQ2_XXS_BYTES * i), 64) for i in range(2)
+        ]
         first, second = (builder.bitcast(q, _vec(I64, 8)) for q in blocks)
         low_half, shift = _splat(I64, 8, 0xFFFFFFFF), _splat(I64, 8, 32)
         # qword k, bytes 0..3: the grid indices of the first block's sub-block k, bytes 4..7: the second's
@@ -1032,8 +1179,10 @@ def _iq2_xxs_pair_isum(typingctx, w, wo, x, xo):
         # qword k, byte j: group j's sign byte in the first block's sub-block k, byte 4 + j: the second's
         sign_indices = [_multishift(builder, q, _IQ2_XXS_SIGN_GROUPS * 2) for q in blocks]
         signs = _gf2_affine(builder, builder.select(second_half, *reversed(sign_indices)), _PARITY_ROWS)
-        nibbles = builder.or_(builder.lshr(first, _splat(I64, 8, 60)),  # dword 2k: the first block's scale s
-                              builder.and_(builder.lshr(second, _splat(I64, 8, 28)), _splat(I64, 8, 0xF << 32)))
+        nibbles = builder.or_(
+            builder.lshr(first, _splat(I64, 8, 60)),  # dword 2k: the first block's scale s
+            builder.and_(builder.lshr(second, _splat(I64, 8, 28)), _splat(I64, 8, 0xF << 32)),
+        )
         scales = builder.or_(builder.shl(nibbles, _splat(I64, 8, 1)), _splat(I64, 8, 0x100000001))  # 2s + 1
         zero = _splat(I8, 64, 0)
         sums = []
@@ -1042,8 +1191,13 @@ def _iq2_xxs_pair_isum(typingctx, w, wo, x, xo):
             acc = ir.Constant(_vec(I32, 16), None)
             for c in range(4):  # chunk 4 half + c: value 4 half + c of each entry
                 xv = _load_bytes(context, builder, xt, x, _add_offset(builder, xo, 64 * (4 * half + c)), 64)
-                negative = _call(builder, "llvm.x86.avx512.vpshufbitqmb.512", _vec(ir.IntType(1), 64), signs,
-                                 _bytes([8 * (i % 8) + 4 * half + c for i in range(64)]))
+                negative = _call(
+                    builder,
+                    "llvm.x86.avx512.vpshufbitqmb.512",
+                    _vec(ir.IntType(1), 64),
+                    signs,
+                    _bytes([8 * (i % 8) + 4 * half + c for i in range(64)]),
+                )
                 xv = builder.select(negative, builder.sub(zero, xv), xv)
                 acc = _vnni_dots(builder, acc, _iq2_xxs_magnitudes(builder, codes, c), xv)
             sums.append(acc)
@@ -1052,8 +1206,10 @@ def _iq2_xxs_pair_isum(typingctx, w, wo, x, xo):
         for width in (8, 4, 2):
             v = builder.add(_shuffle(builder, v, v, range(width)), _shuffle(builder, v, v, range(width, 2 * width)))
         totals = builder.sitofp(v, _vec(ir.FloatType(), 2))
-        return context.make_tuple(builder, signature.return_type,
-                                  [builder.extract_element(totals, ir.Constant(I32, i)) for i in range(2)])
+        return context.make_tuple(
+            builder, signature.return_type, [builder.extract_element(totals, ir.Constant(I32, i)) for i in range(2)]
+        )
+
     return sig, codegen
 
 
@@ -1087,13 +1243,23 @@ def _iq3_xxs_vbmi(context, builder, signature, args, target):
     wt, xt, w, wo, x, xo = signature.args[0], signature.args[2], *args[:4]
     q = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 2), 64)
     words = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 66), 32)
-    spaced = _qwords(builder, words, ir.Constant(words.type, None), [[4 * k + b for b in range(4)] + [32] * 4
-                                                                     for k in range(8)])
+    spaced = _qwords(
+        builder, words, ir.Constant(words.type, None), [[4 * k + b for b in range(4)] + [32] * 4 for k in range(8)]
+    )
     nibbles = [builder.bitcast(_code_bytes(builder, q, table), _vec(I16, 32)) for table in _IQ3_XXS_NIBBLES]
     signs = _parity_signs(builder, builder.bitcast(spaced, _vec(I8, 64)), [0, 7, 14, 21])
     scales = _odd_scales(builder, spaced, 28)
-    return _group_major_isum(context, builder, xt, x, xo, _nibble_levels(builder, nibbles, _IQ3_XXS_LEVELS), signs,
-                             [(range(4), None, scales)], sign_bit=lambda c, j: 8 * (j // 2) + 4 * (j % 2) + c)
+    return _group_major_isum(
+        context,
+        builder,
+        xt,
+        x,
+        xo,
+        _nibble_levels(builder, nibbles, _IQ3_XXS_LEVELS),
+        signs,
+        [(range(4), None, scales)],
+        sign_bit=lambda c, j: 8 * (j // 2) + 4 * (j % 2) + c,
+    )
 
 
 def _nibble_levels(builder, nibbles, levels):
@@ -1105,6 +1271,7 @@ def _nibble_levels(builder, nibbles, levels):
     def magnitudes(c):
         codes = nibbles[c // 2] if c % 2 == 0 else builder.lshr(nibbles[c // 2], _splat(I16, 32, 4))
         return _call(builder, "llvm.x86.avx512.pshuf.b.512", _vec(I8, 64), table, builder.bitcast(codes, _vec(I8, 64)))
+
     return magnitudes
 
 
@@ -1116,13 +1283,24 @@ def _iq2_xs_vbmi(context, builder, signature, args, target):
     q64 = builder.bitcast(q, _vec(I64, 8))
     entries = builder.bitcast(q, _vec(I16, 32))
     magnitudes = _IQ2_XS_GRID.magnitudes(
-        builder, g_ptr, target, lambda j: builder.and_(builder.lshr(q64, _splat(I64, 8, 16 * j)), _splat(I64, 8, 511)),
-        lambda order: builder.and_(_shuffle(builder, entries, entries, order), _splat(I16, 32, 511)))
+        builder,
+        g_ptr,
+        target,
+        lambda j: builder.and_(builder.lshr(q64, _splat(I64, 8, 16 * j)), _splat(I64, 8, 511)),
+        lambda order: builder.and_(_shuffle(builder, entries, entries, order), _splat(I16, 32, 511)),
+    )
     signs = _parity_signs(builder, q, [9, 25, 41, 57])
     packed = builder.zext(_load_bytes(context, builder, wt, w, _add_offset(builder, wo, 66), 8), _vec(I64, 8))
-    return _group_major_isum(context, builder, xt, x, xo, magnitudes, signs,
-                             [(range(2), None, _odd_scales(builder, packed, 0)),
-                              (range(2, 4), None, _odd_scales(builder, packed, 4))])
+    return _group_major_isum(
+        context,
+        builder,
+        xt,
+        x,
+        xo,
+        magnitudes,
+        signs,
+        [(range(2), None, _odd_scales(builder, packed, 0)), (range(2, 4), None, _odd_scales(builder, packed, 4))],
+    )
 
 
 def _iq2_s_vbmi(context, builder, signature, args, target):
@@ -1143,12 +1321,20 @@ def _iq2_s_vbmi(context, builder, signature, args, target):
     def index_words(order):
         high = _high_index_bits(builder, tail, [e // 4 for e in order], [2 * (e % 4) for e in order], 0x300)
         return builder.or_(_words_from_bytes(builder, q, order), high)
+
     magnitudes = _IQ2_S_GRID.magnitudes(builder, g_ptr, target, chunk_indices, index_words)
     signs = _sign_bytes(builder, q, [32 + g for g in range(32)])
     scales = _byte_qwords(builder, tail, range(8, 16))
-    return _group_major_isum(context, builder, xt, x, xo, magnitudes, signs,
-                             [(range(2), None, _odd_scales(builder, scales, 0)),
-                              (range(2, 4), None, _odd_scales(builder, scales, 4))])
+    return _group_major_isum(
+        context,
+        builder,
+        xt,
+        x,
+        xo,
+        magnitudes,
+        signs,
+        [(range(2), None, _odd_scales(builder, scales, 0)), (range(2, 4), None, _odd_scales(builder, scales, 4))],
+    )
 
 
 _IQ3_S_LEVELS, _IQ3_S_NIBBLES = _nibble_codes(gq.IQ3_S)  # levels 1, 3, .., 15
@@ -1164,14 +1350,24 @@ def _iq3_s_vbmi(context, builder, signature, args, target):
     wt, xt, w, wo, x, xo = signature.args[0], signature.args[2], *args[:4]
     q = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 2), 64)
     rest = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 46), 64)
-    ninth = builder.bitcast(_load_bytes(context, builder, wt, w, _add_offset(builder, wo, 66), 8),
-                            _vec(ir.IntType(1), 64))
+    ninth = builder.bitcast(
+        _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 66), 8), _vec(ir.IntType(1), 64)
+    )
     nibbles = [builder.bitcast(_code_bytes(builder, q, table, ninth), _vec(I16, 32)) for table in _IQ3_S_NIBBLES]
     signs = _sign_bytes(builder, rest, [28 + g for g in range(32)])
     scale_nibbles = _byte_qwords(builder, rest, [60 + k // 2 for k in range(8)])  # sub-block k's: nibble k % 2
     scales = _odd_scales(builder, scale_nibbles, [4 * (k % 2) for k in range(8)])
-    return _group_major_isum(context, builder, xt, x, xo, _nibble_levels(builder, nibbles, _IQ3_S_LEVELS), signs,
-                             [(range(4), None, scales)], sign_bit=lambda c, j: 8 * (j // 2) + 4 * (j % 2) + c)
+    return _group_major_isum(
+        context,
+        builder,
+        xt,
+        x,
+        xo,
+        _nibble_levels(builder, nibbles, _IQ3_S_LEVELS),
+        signs,
+        [(range(4), None, scales)],
+        sign_bit=lambda c, j: 8 * (j // 2) + 4 * (j % 2) + c,
+    )
 
 
 def _grid_generators(name, block_isum, vbmi_block_isum, gathering=False):
@@ -1207,10 +1403,18 @@ def _iq1_vbmi_isum(context, builder, signature, args, v, index_bits, delta, grou
         fields = _multishift(builder, v8, [8 * j, 32 + index_bits * j] + [0] * 6)
         index = builder.and_(builder.bitcast(fields, v.type), mask)
         return index if delta is None else builder.or_(index, delta)
+
     sums = _block_sums(context, builder, signature.args[5], args[5], args[6])
-    return _group_major_isum(context, builder, signature.args[2], args[2], args[3],
-                             lambda j: _gathered(builder, g_ptr, indices(j)), None,
-                             groups(builder.mul(sums, _splat(I32, 16, -9))))
+    return _group_major_isum(
+        context,
+        builder,
+        signature.args[2],
+        args[2],
+        args[3],
+        lambda j: _gathered(builder, g_ptr, indices(j)),
+        None,
+        groups(builder.mul(sums, _splat(I32, 16, -9))),
+    )
 
 
 def _iq1_s_vbmi(context, builder, signature, args, target):
@@ -1220,8 +1424,12 @@ def _iq1_s_vbmi(context, builder, signature, args, target):
     wt, w, wo = signature.args[0], args[0], args[1]
     qs = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 2), 32)
     qh = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 34), 16)
-    v = _qwords(builder, qs, _concat(builder, qh, qh), [[4 * k + b for b in range(4)] + [32 + 2 * k, 33 + 2 * k] * 2
-                                                         for k in range(8)])
+    v = _qwords(
+        builder,
+        qs,
+        _concat(builder, qh, qh),
+        [[4 * k + b for b in range(4)] + [32 + 2 * k, 33 + 2 * k] * 2 for k in range(8)],
+    )
     delta = builder.and_(builder.lshr(v, _splat(I64, 8, 47 - 11)), _splat(I64, 8, 0x800))
     scale = builder.or_(builder.and_(builder.lshr(v, _splat(I64, 8, 43)), _splat(I64, 8, 0xE)), _splat(I64, 8, 1))
     return _iq1_vbmi_isum(context, builder, signature, args, v, 3, delta, lambda start: [(range(4), start, scale)])
@@ -1234,26 +1442,47 @@ def _iq1_m_vbmi(context, builder, signature, args, target):
     wt, w, wo = signature.args[0], args[0], args[1]
     head = _load_bytes(context, builder, wt, w, wo, 32)  # qs
     tail = _load_bytes(context, builder, wt, w, _add_offset(builder, wo, 24), 32)  # block bytes 24..55
-    v = _qwords(builder, head, tail, [[4 * k + b for b in range(4)] + [40 + 2 * k, 41 + 2 * k, 56 + 2 * (k // 2),
-                                                                     57 + 2 * (k // 2)] for k in range(8)])
-    fields = _multishift(builder, builder.bitcast(v, _vec(I8, 64)),
-                         [o + 6 * (k % 2) for k in range(8) for o in (48, 0, 0, 0, 51, 0, 0, 0)])
-    odd = builder.or_(builder.shl(builder.and_(builder.bitcast(fields, _vec(I32, 16)), _splat(I32, 16, 7)),
-                                  _splat(I32, 16, 1)), _splat(I32, 16, 1))
+    v = _qwords(
+        builder,
+        head,
+        tail,
+        [
+            [4 * k + b for b in range(4)] + [40 + 2 * k, 41 + 2 * k, 56 + 2 * (k // 2), 57 + 2 * (k // 2)]
+            for k in range(8)
+        ],
+    )
+    fields = _multishift(
+        builder,
+        builder.bitcast(v, _vec(I8, 64)),
+        [o + 6 * (k % 2) for k in range(8) for o in (48, 0, 0, 0, 51, 0, 0, 0)],
+    )
+    odd = builder.or_(
+        builder.shl(builder.and_(builder.bitcast(fields, _vec(I32, 16)), _splat(I32, 16, 7)), _splat(I32, 16, 1)),
+        _splat(I32, 16, 1),
+    )
     scales = builder.bitcast(odd, v.type)  # qword k: half 0's scale, half 1's in the high dword
 
     def groups(start):  # start's qword k: halves 0 and 1 of sub-block k
         start = builder.bitcast(start, v.type)
-        return [(range(2), builder.and_(start, _splat(I64, 8, 0xFFFFFFFF)), scales),
-                (range(2, 4), builder.lshr(start, _splat(I64, 8, 32)), builder.lshr(scales, _splat(I64, 8, 32)))]
+        return [
+            (range(2), builder.and_(start, _splat(I64, 8, 0xFFFFFFFF)), scales),
+            (range(2, 4), builder.lshr(start, _splat(I64, 8, 32)), builder.lshr(scales, _splat(I64, 8, 32))),
+        ]
+
     return _iq1_vbmi_isum(context, builder, signature, args, v, 4, None, groups)
 
 
-IQ1_S_ISUM = {**{t: _iq1_isum("IQ1_S", "sub-block (qh bit 15)", _iq1_s_block_isum, t) for t in (GENERIC, AVX2, AVX512)},
-              VBMI: _iq1_isum("IQ1_S", "sub-block (qh bit 15)", _iq1_s_vbmi, VBMI)}
-IQ1_M_ISUM = {**{t: _iq1_isum("IQ1_M", "8-value group (bit 3 of its qh nibble)", _iq1_m_block_isum, t)
-                 for t in (GENERIC, AVX2, AVX512)},
-              VBMI: _iq1_isum("IQ1_M", "8-value group (bit 3 of its qh nibble)", _iq1_m_vbmi, VBMI)}
+IQ1_S_ISUM = {
+    **{t: _iq1_isum("IQ1_S", "sub-block (qh bit 15)", _iq1_s_block_isum, t) for t in (GENERIC, AVX2, AVX512)},
+    VBMI: _iq1_isum("IQ1_S", "sub-block (qh bit 15)", _iq1_s_vbmi, VBMI),
+}
+IQ1_M_ISUM = {
+    **{
+        t: _iq1_isum("IQ1_M", "8-value group (bit 3 of its qh nibble)", _iq1_m_block_isum, t)
+        for t in (GENERIC, AVX2, AVX512)
+    },
+    VBMI: _iq1_isum("IQ1_M", "8-value group (bit 3 of its qh nibble)", _iq1_m_vbmi, VBMI),
+}
 iq1_s_isum, iq1_m_isum = _for_this_cpu(IQ1_S_ISUM), _for_this_cpu(IQ1_M_ISUM)
 
 
@@ -1271,6 +1500,7 @@ def iq1_m_scale_bits(typingctx, w, wo):
         low = builder.lshr(_shuffle(builder, v, v, [25, 29]), _splat(I8, 2, 4))  # words 0, 2: bits 12..15
         high = builder.and_(_shuffle(builder, v, v, [27, 31]), _splat(I8, 2, 0xF0))  # words 1, 3
         return builder.bitcast(builder.or_(low, high), I16)
+
     return sig, codegen
 
 
@@ -1304,6 +1534,7 @@ def _nibble_table_block_dot(context, builder, signature, args, target):
 def _table_intrinsic(block_dot, target: str, doc: str):
     """An intrinsic (w, wo, x, xo, table) -> int32 whose values are table[nibble] (table: int8
     [16]), its code from block_dot for `target`."""
+
     @intrinsic
     def table_dot(typingctx, w, wo, x, xo, table):
         if w.dtype != types.uint8 or x.dtype != types.int8 or table.dtype != types.int8:
@@ -1312,15 +1543,24 @@ def _table_intrinsic(block_dot, target: str, doc: str):
 
         def codegen(context, builder, signature, args):
             return block_dot(context, builder, signature, args, target)
+
         return sig, codegen
+
     table_dot.__doc__ = doc
     return table_dot
 
 
-NIBBLE_TABLE_DOT = {target: _table_intrinsic(_nibble_table_block_dot, target, """Exact int32 dot of a 32-value
+NIBBLE_TABLE_DOT = {
+    target: _table_intrinsic(
+        _nibble_table_block_dot,
+        target,
+        """Exact int32 dot of a 32-value
     block whose values are table[nibble] (IQ4_NL, IQ4_XS, MXFP4: table int8 [16], |value| <= 127)
     with the int8 activation x[xo:xo+32] (each > -128, as Q8_0's are); the 16 nibble bytes at
-    w[wo].""") for target in (GENERIC, AVX2, AVX512)}
+    w[wo].""",
+    )
+    for target in (GENERIC, AVX2, AVX512)
+}
 nibble_table_dot = _for_this_cpu(NIBBLE_TABLE_DOT)
 
 
@@ -1329,12 +1569,15 @@ def _iq4_xs_scales(context, builder, wt, w, wo):
     nibbles of w[wo+4:wo+8] (sub-block 2k: low nibble of byte k), the high two from the u16 at
     w[wo+2] (bits 2ib, 2ib + 1), minus 32."""
     low = builder.zext(_load_bytes(context, builder, wt, w, _add_offset(builder, wo, 4), 4), _vec(I16, 4))
-    low = builder.lshr(_shuffle(builder, low, low, [ib // 2 for ib in range(8)]),
-                       ir.Constant(_vec(I16, 8), [4 * (ib % 2) for ib in range(8)]))
+    low = builder.lshr(
+        _shuffle(builder, low, low, [ib // 2 for ib in range(8)]),
+        ir.Constant(_vec(I16, 8), [4 * (ib % 2) for ib in range(8)]),
+    )
     high = builder.bitcast(_load_bytes(context, builder, wt, w, _add_offset(builder, wo, 2), 2), _vec(I16, 1))
     high = builder.lshr(_shuffle(builder, high, high, [0] * 8), ir.Constant(_vec(I16, 8), [2 * ib for ib in range(8)]))
-    six = builder.or_(builder.and_(low, _splat(I16, 8, 15)),
-                      builder.shl(builder.and_(high, _splat(I16, 8, 3)), _splat(I16, 8, 4)))
+    six = builder.or_(
+        builder.and_(low, _splat(I16, 8, 15)), builder.shl(builder.and_(high, _splat(I16, 8, 3)), _splat(I16, 8, 4))
+    )
     return builder.sub(six, _splat(I16, 8, 32))
 
 
@@ -1350,8 +1593,13 @@ def _iq4_xs_block_isum(context, builder, signature, args, target):
     if target != AVX512:  # one 32-value dot per sub-block (_nibble_table_block_dot)
         total = ir.Constant(I32, 0)
         for ib in range(8):
-            dot = _nibble_table_block_dot(context, builder, signature, [
-                w, _add_offset(builder, wo, 8 + 16 * ib), x, _add_offset(builder, xo, 32 * ib), table], target)
+            dot = _nibble_table_block_dot(
+                context,
+                builder,
+                signature,
+                [w, _add_offset(builder, wo, 8 + 16 * ib), x, _add_offset(builder, xo, 32 * ib), table],
+                target,
+            )
             scale = builder.sext(builder.extract_element(scales, ir.Constant(I32, ib)), I32)
             total = builder.add(total, builder.mul(scale, dot))
         return total
@@ -1377,14 +1625,22 @@ def _iq4_xs_block_isum(context, builder, signature, args, target):
     return _reduce_add(builder, total)
 
 
-IQ4_XS_ISUM = {target: _table_intrinsic(_iq4_xs_block_isum, target, """Exact int32 sum of an IQ4_XS
+IQ4_XS_ISUM = {
+    target: _table_intrinsic(
+        _iq4_xs_block_isum,
+        target,
+        """Exact int32 sum of an IQ4_XS
     super-block's 256 values table[nibble] times their signed 6-bit sub-block scale times the int8
     activation x[xo:xo+256] (each > -128, as Q8_K's are); the block (fp16 d, scales, 128 nibble
-    bytes) starts at w[wo].""") for target in (GENERIC, AVX2, AVX512)}
+    bytes) starts at w[wo].""",
+    )
+    for target in (GENERIC, AVX2, AVX512)
+}
 iq4_xs_isum = _for_this_cpu(IQ4_XS_ISUM)
 
 
 # ---- decoded rows: int16 weights . int8 activation ----------------------------------------------
+
 
 def _words_dot(context, builder, signature, args, target, span):
     """Exact int32 sum of ws[wo:wo+span] (int16) times x[xo:xo+span] (int8): x86 in pmaddwd steps
@@ -1398,8 +1654,9 @@ def _words_dot(context, builder, signature, args, target, span):
     n = {GENERIC: span, AVX2: 16, AVX512: 32}[target]
     total = None
     for k in range(0, span, n):
-        w = builder.load(builder.bitcast(builder.gep(w_ptr, [_add_offset(builder, wo, k)]), _vec(I16, n).as_pointer()),
-                         align=2)
+        w = builder.load(
+            builder.bitcast(builder.gep(w_ptr, [_add_offset(builder, wo, k)]), _vec(I16, n).as_pointer()), align=2
+        )
         xv = builder.sext(_load_bytes(context, builder, xt, x, _add_offset(builder, xo, k), n), _vec(I16, n))
         if target == GENERIC:
             part = builder.mul(builder.sext(w, _vec(I32, n)), builder.sext(xv, _vec(I32, n)))
@@ -1419,15 +1676,20 @@ def _words_dot_intrinsic(span: int, target: str):
 
         def codegen(context, builder, signature, args):
             return _words_dot(context, builder, signature, args, target, span)
+
         return sig, codegen
-    words_dot.__doc__ = (f"Exact int32 dot of int16 weights ws[wo:wo+{span}] (a decoded row: quant x integer "
-                         f"sub-block scale) with the int8 activation x[xo:xo+{span}] (both contiguous).")
+
+    words_dot.__doc__ = (
+        f"Exact int32 dot of int16 weights ws[wo:wo+{span}] (a decoded row: quant x integer "
+        f"sub-block scale) with the int8 activation x[xo:xo+{span}] (both contiguous)."
+    )
     return words_dot
 
 
 # per span of values (256: a super-block; 64 and 128: the steps of ggml's repacked Q4_K/Q2_K gemm)
-WORDS_DOT = {span: {target: _words_dot_intrinsic(span, target) for target in (GENERIC, AVX2, AVX512)}
-             for span in (64, 128, 256)}
+WORDS_DOT = {
+    span: {target: _words_dot_intrinsic(span, target) for target in (GENERIC, AVX2, AVX512)} for span in (64, 128, 256)
+}
 dot64, dot128, dot256 = (_for_this_cpu(WORDS_DOT[span]) for span in (64, 128, 256))
 
 
@@ -1466,15 +1728,25 @@ def _tile_io(context, builder, signature, args, target):
             words = ir.Constant(_vec(I32, 16), None)
             for i in range(16):
                 at = builder.gep(base, [builder.extract_element(rows, ir.Constant(I32, i))])
-                words = builder.insert_element(words, builder.load(builder.bitcast(at, I32.as_pointer()), align=1),
-                                               ir.Constant(I32, i))
+                words = builder.insert_element(
+                    words, builder.load(builder.bitcast(at, I32.as_pointer()), align=1), ir.Constant(I32, i)
+                )
             return words
-        return _call(builder, "llvm.x86.avx512.mask.gather.dpi.512", _vec(I32, 16), ir.Constant(_vec(I32, 16), None),
-                     base, rows, ir.Constant(_vec(ir.IntType(1), 16), [1] * 16), ir.Constant(I32, 1))
+        return _call(
+            builder,
+            "llvm.x86.avx512.mask.gather.dpi.512",
+            _vec(I32, 16),
+            ir.Constant(_vec(I32, 16), None),
+            base,
+            rows,
+            ir.Constant(_vec(ir.IntType(1), 16), [1] * 16),
+            ir.Constant(I32, 1),
+        )
 
     def store(v, dwords):
         at = builder.gep(out_ptr, [_add_offset(builder, oo, 64 * v)])
         builder.store(dwords, builder.bitcast(at, _vec(I32, 16).as_pointer()), align=1)
+
     return gather, store
 
 
@@ -1544,23 +1816,30 @@ def _q6_k_tile16(context, builder, signature, args, target):
 
 def _q4_k_tile16_dot(context, builder, signature, args, target):
     tile, x, xo, scales, mins, bsums, bo, dw, dmin, dx, acc, ao, order = args
-    t_ptr, s_ptr, m_ptr, b_ptr, dw_ptr, dmin_ptr, acc_ptr = _data(context, builder, signature, args,
-                                                                  0, 3, 4, 5, 7, 8, 10)
+    t_ptr, s_ptr, m_ptr, b_ptr, dw_ptr, dmin_ptr, acc_ptr = _data(
+        context, builder, signature, args, 0, 3, 4, 5, 7, 8, 10
+    )
     xt = signature.args[1]
     isums, summs = [], []
     for h in range(4):  # 64-value steps: sub-blocks 2h, 2h + 1
         isum = None
         for s in range(2):
-            sums = _tile_sums(context, builder, target, t_ptr, xt, x, _add_offset(builder, xo, 64 * h + 32 * s),
-                              8 * (2 * h + s), 8)
+            sums = _tile_sums(
+                context, builder, target, t_ptr, xt, x, _add_offset(builder, xo, 64 * h + 32 * s), 8 * (2 * h + s), 8
+            )
             part = builder.mul(sums, _vector_at(builder, s_ptr, ir.Constant(I32, 16 * (2 * h + s)), _vec(I32, 16)))
             isum = part if isum is None else builder.add(isum, part)
         isums.append(isum)
         # the mins: words (m[2h], m[2h+1]) per row times the token's two block-sum pairs
-        pair = [builder.add(*(builder.load(builder.gep(b_ptr, [_add_offset(builder, bo, 4 * h + 2 * e + i)]))
-                              for i in range(2))) for e in range(2)]
-        packed = builder.or_(builder.and_(pair[0], ir.Constant(I32, 0xFFFF)),
-                             builder.shl(pair[1], ir.Constant(I32, 16)))
+        pair = [
+            builder.add(
+                *(builder.load(builder.gep(b_ptr, [_add_offset(builder, bo, 4 * h + 2 * e + i)])) for i in range(2))
+            )
+            for e in range(2)
+        ]
+        packed = builder.or_(
+            builder.and_(pair[0], ir.Constant(I32, 0xFFFF)), builder.shl(pair[1], ir.Constant(I32, 16))
+        )
         words = builder.bitcast(_broadcast(builder, packed, 16), _vec(I16, 32))
         m = _vector_at(builder, m_ptr, ir.Constant(I32, 32 * h), _vec(I16, 32))
         if target == GENERIC:
@@ -1575,8 +1854,9 @@ def _q4_k_tile16_dot(context, builder, signature, args, target):
     dxs = _broadcast(builder, dx, 16)
     scale = builder.fmul(_vector_at(builder, dw_ptr, zero, f16x), dxs)
     scale_min = builder.fmul(_vector_at(builder, dmin_ptr, zero, f16x), dxs)
-    at, at_min = (builder.bitcast(builder.gep(acc_ptr, [_add_offset(builder, ao, k)]), f16x.as_pointer())
-                  for k in (0, 16))
+    at, at_min = (
+        builder.bitcast(builder.gep(acc_ptr, [_add_offset(builder, ao, k)]), f16x.as_pointer()) for k in (0, 16)
+    )
 
     isum, summ = (functools.reduce(builder.add, parts) for parts in (isums, summs))
     fisum, fsumm = builder.sitofp(isum, f16x), builder.sitofp(summ, f16x)
@@ -1624,8 +1904,9 @@ def _scaled_tile16_dot(context, builder, signature, args, target, shift):
     t_ptr, s_ptr, b_ptr, dw_ptr, acc_ptr = _data(context, builder, signature, args, 0, 3, 4, 6, 8)
     isum = None
     for j in range(16):  # 16-value sub-blocks: (u - 2^shift) . x = u . x - 2^shift * (its Q8_K block sum)
-        sums = _tile_sums(context, builder, target, t_ptr, signature.args[1], x, _add_offset(builder, xo, 16 * j),
-                          4 * j, 4)
+        sums = _tile_sums(
+            context, builder, target, t_ptr, signature.args[1], x, _add_offset(builder, xo, 16 * j), 4 * j, 4
+        )
         offset = builder.shl(builder.load(builder.gep(b_ptr, [_add_offset(builder, bo, j)])), ir.Constant(I32, shift))
         centred = builder.sub(sums, _broadcast(builder, offset, 16))
         part = builder.mul(centred, _vector_at(builder, s_ptr, ir.Constant(I32, 16 * j), _vec(I32, 16)))
@@ -1637,9 +1918,11 @@ def _scaled_tile16_dot(context, builder, signature, args, target, shift):
     dws = _vector_at(builder, dw_ptr, ir.Constant(I32, 0), f16x)
     dxs = _broadcast(builder, dx, 16)
     block = builder.sitofp(isum, f16x)
-    stepped = builder.select(_broadcast(builder, tiled, 16),
-                             builder.call(fma, [builder.fmul(block, dws), dxs, total]),  # ggml's tiled matmul
-                             builder.fadd(total, builder.fmul(builder.fmul(dws, dxs), block)))  # vec_dot
+    stepped = builder.select(
+        _broadcast(builder, tiled, 16),
+        builder.call(fma, [builder.fmul(block, dws), dxs, total]),  # ggml's tiled matmul
+        builder.fadd(total, builder.fmul(builder.fmul(dws, dxs), block)),
+    )  # vec_dot
     builder.store(stepped, at, align=4)
     return context.get_dummy_value()
 
@@ -1653,7 +1936,9 @@ def _tile16_intrinsic(layout, target: str, doc: str):
 
         def codegen(context, builder, signature, args):
             return layout(context, builder, signature, args, target)
+
         return sig, codegen
+
     tile16.__doc__ = doc
     return tile16
 
@@ -1670,29 +1955,45 @@ def _q4_k_tile16_dot_intrinsic(target: str):
         layout; x[xo:xo+256]: the token's int8 values, bsums[bo:bo+16] their block sums; scales:
         int32 [8 sub-blocks][16 rows]; mins: int16 [4 steps][16 rows][2 sub-blocks]; dw, dmin:
         float32 [16]; dx: float32."""
-        if tile.dtype != types.uint8 or x.dtype != types.int8 or scales.dtype != types.int32 \
-                or mins.dtype != types.int16 or bsums.dtype != types.int32 or acc.dtype != types.float32 \
-                or not isinstance(order, types.Integer):
+        if (
+            tile.dtype != types.uint8
+            or x.dtype != types.int8
+            or scales.dtype != types.int32
+            or mins.dtype != types.int16
+            or bsums.dtype != types.int32
+            or acc.dtype != types.float32
+            or not isinstance(order, types.Integer)
+        ):
             return None
         sig = types.none(tile, x, xo, scales, mins, bsums, bo, dw, dmin, dx, acc, ao, order)
 
         def codegen(context, builder, signature, args):
             return _q4_k_tile16_dot(context, builder, signature, args, target)
+
         return sig, codegen
+
     return q4_k_tile16_dot
 
 
 def _scaled_tile16_dot_intrinsic(target: str, name: str, shift: int):
     @intrinsic
     def scaled_tile16_dot(typingctx, tile, x, xo, scales, bsums, bo, dw, dx, acc, ao, tiled):
-        if tile.dtype != types.uint8 or x.dtype != types.int8 or scales.dtype != types.int32 \
-                or bsums.dtype != types.int32 or acc.dtype != types.float32 or not isinstance(tiled, types.Boolean):
+        if (
+            tile.dtype != types.uint8
+            or x.dtype != types.int8
+            or scales.dtype != types.int32
+            or bsums.dtype != types.int32
+            or acc.dtype != types.float32
+            or not isinstance(tiled, types.Boolean)
+        ):
             return None
         sig = types.none(tile, x, xo, scales, bsums, bo, dw, dx, acc, ao, tiled)
 
         def codegen(context, builder, signature, args):
             return _scaled_tile16_dot(context, builder, signature, args, target, shift)
+
         return sig, codegen
+
     scaled_tile16_dot.__doc__ = f"""One block of a 16-row {name} tile against one token: acc[ao + i] takes
     row i's exact block sum isum (of (u - {1 << shift}) * integer scale of its 16 values *
     activation) as ggml's tiled matmul rounds it, fma(isum * dw[i], dx, acc) (tiled true), or as
@@ -1712,18 +2013,46 @@ def _int8_tile16(context, builder, signature, args, target):
 
 
 TILE_TARGETS = (GENERIC, VBMI)
-Q4_K_TILE16 = {target: _tile16_intrinsic(_q4_k_tile16, target, """Lay out the quants of one Q4_K block of 16
+Q4_K_TILE16 = {
+    target: _tile16_intrinsic(
+        _q4_k_tile16,
+        target,
+        """Lay out the quants of one Q4_K block of 16
     rows (the blocks at w[wo + i * stride] for row i < n_rows; the rest repeat the last) as a tile at
-    out[oo:oo+4096] for q4_k_tile16_dot.""") for target in TILE_TARGETS}
-Q5_K_TILE16 = {target: _tile16_intrinsic(_q5_k_tile16, target, """Lay out the quants of one Q5_K block of 16
+    out[oo:oo+4096] for q4_k_tile16_dot.""",
+    )
+    for target in TILE_TARGETS
+}
+Q5_K_TILE16 = {
+    target: _tile16_intrinsic(
+        _q5_k_tile16,
+        target,
+        """Lay out the quants of one Q5_K block of 16
     rows (the blocks at w[wo + i * stride] for row i) as a tile at out[oo:oo+4096] for
-    q4_k_tile16_dot.""") for target in TILE_TARGETS}
-Q6_K_TILE16 = {target: _tile16_intrinsic(_q6_k_tile16, target, """Lay out the quants of one Q6_K block of 16
+    q4_k_tile16_dot.""",
+    )
+    for target in TILE_TARGETS
+}
+Q6_K_TILE16 = {
+    target: _tile16_intrinsic(
+        _q6_k_tile16,
+        target,
+        """Lay out the quants of one Q6_K block of 16
     rows (ql, qh: the 192 bytes at w[wo + i * stride] for row i) as a tile at out[oo:oo+4096] for
-    q6_k_tile16_dot.""") for target in TILE_TARGETS}
-INT8_TILE16 = {target: _tile16_intrinsic(_int8_tile16, target, """Lay out 256 int8 values of each of 16 rows
+    q6_k_tile16_dot.""",
+    )
+    for target in TILE_TARGETS
+}
+INT8_TILE16 = {
+    target: _tile16_intrinsic(
+        _int8_tile16,
+        target,
+        """Lay out 256 int8 values of each of 16 rows
     (decoded weights at w[wo + i * stride] for row i) as a tile at out[oo:oo+4096] for
-    int8_tile16_dot.""") for target in TILE_TARGETS}
+    int8_tile16_dot.""",
+    )
+    for target in TILE_TARGETS
+}
 Q4_K_TILE16_DOT = {target: _q4_k_tile16_dot_intrinsic(target) for target in TILE_TARGETS}
 Q6_K_TILE16_DOT = {target: _scaled_tile16_dot_intrinsic(target, "Q6_K", 5) for target in TILE_TARGETS}
 INT8_TILE16_DOT = {target: _scaled_tile16_dot_intrinsic(target, "int8", 7) for target in TILE_TARGETS}
@@ -1770,8 +2099,9 @@ def _legacy_quads(builder, w, xv, kind, target):
     """<8 x i32>: lane l = sum of w[i] * x[i] over values 4l .. 4l+3 of a 32-value block."""
     signed = kind in ("q8_0", "q4_0", "q5_0")
     if target == GENERIC:
-        products = builder.mul((builder.sext if signed else builder.zext)(w, _vec(I32, 32)),
-                               builder.sext(xv, _vec(I32, 32)))
+        products = builder.mul(
+            (builder.sext if signed else builder.zext)(w, _vec(I32, 32)), builder.sext(xv, _vec(I32, 32))
+        )
         quads = None
         for j in range(4):
             part = _pick(builder, products, [4 * lane + j for lane in range(8)])
@@ -1786,8 +2116,10 @@ def _legacy_quads(builder, w, xv, kind, target):
 def _tree_sum8(builder, v):
     """ggml's horizontal sum of 8 floats: ((v0+v4)+(v2+v6)) + ((v1+v5)+(v3+v7))."""
     e = [builder.extract_element(v, ir.Constant(I32, i)) for i in range(8)]
-    return builder.fadd(builder.fadd(builder.fadd(e[0], e[4]), builder.fadd(e[2], e[6])),
-                        builder.fadd(builder.fadd(e[1], e[5]), builder.fadd(e[3], e[7])))
+    return builder.fadd(
+        builder.fadd(builder.fadd(e[0], e[4]), builder.fadd(e[2], e[6])),
+        builder.fadd(builder.fadd(e[1], e[5]), builder.fadd(e[3], e[7])),
+    )
 
 
 def _legacy_dot(context, builder, signature, args, kind, target):
@@ -1804,8 +2136,11 @@ def _legacy_dot(context, builder, signature, args, kind, target):
     fma8 = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v8f, [v8f] * 3), "llvm.fma.v8f32")
     fma1 = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f32, [f32] * 3), "llvm.fma.f32")
     half = lambda o: context.compile_internal(  # noqa: E731
-        builder, _half_at_scalar, types.float32(types.uint8, types.uint8),
-        [builder.load(builder.gep(row_ptr, [o])), builder.load(builder.gep(row_ptr, [_add_offset(builder, o, 1)]))])
+        builder,
+        _half_at_scalar,
+        types.float32(types.uint8, types.uint8),
+        [builder.load(builder.gep(row_ptr, [o])), builder.load(builder.gep(row_ptr, [_add_offset(builder, o, 1)]))],
+    )
     with cgutils.for_range(builder, nb) as loop:
         b = loop.index
         o = builder.mul(b, ir.Constant(b.type, size))
@@ -1888,29 +2223,58 @@ def _rows_dot(context, builder, signature, args, kind, target):
         block_at = builder.mul(b, ir.Constant(b.type, size))
         offsets = [builder.add(start, block_at) for start in starts]
         for o in offsets:  # read, keep in all cache levels, data (never faults, past the end included)
-            builder.call(prefetch, [builder.gep(w_ptr, [_add_offset(builder, o, 256)]),
-                                    ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1)])
+            builder.call(
+                prefetch,
+                [
+                    builder.gep(w_ptr, [_add_offset(builder, o, 256)]),
+                    ir.Constant(I32, 0),
+                    ir.Constant(I32, 3),
+                    ir.Constant(I32, 1),
+                ],
+            )
         x_at = builder.gep(x_ptr, [builder.mul(b, ir.Constant(b.type, 32))])
         xv = builder.load(builder.bitcast(x_at, _vec(I8, 32).as_pointer()), align=1)
         if table is not None:
-            quads = [_table_values_quads(builder, builder.load(builder.bitcast(
-                builder.gep(w_ptr, [_add_offset(builder, o, quants_at)]), _vec(I8, 16).as_pointer()), align=1),
-                xv, table, target) for o in offsets]
+            quads = [
+                _table_values_quads(
+                    builder,
+                    builder.load(
+                        builder.bitcast(
+                            builder.gep(w_ptr, [_add_offset(builder, o, quants_at)]), _vec(I8, 16).as_pointer()
+                        ),
+                        align=1,
+                    ),
+                    xv,
+                    table,
+                    target,
+                )
+                for o in offsets
+            ]
         elif target == GENERIC:
-            quads = [_legacy_quads(builder, _legacy_values(context, builder, w_ptr, o, kind), xv, kind, target)
-                     for o in offsets]
+            quads = [
+                _legacy_quads(builder, _legacy_values(context, builder, w_ptr, o, kind), xv, kind, target)
+                for o in offsets
+            ]
         else:
             x_quads = builder.mul(_madd(builder, _splat(I8, 32, 1), xv, _splat(I16, 16, 1)), _splat(I32, 8, 8))
-            quads = [builder.sub(_madd(builder, _legacy_values(context, builder, w_ptr, o, kind, False), xv,
-                                       _splat(I16, 16, 1)), x_quads) for o in offsets]
+            quads = [
+                builder.sub(
+                    _madd(builder, _legacy_values(context, builder, w_ptr, o, kind, False), xv, _splat(I16, 16, 1)),
+                    x_quads,
+                )
+                for o in offsets
+            ]
         if e8m0:  # 0.5 * 2^(e - 127) = 2^(e - 128): exponent field e - 1, subnormal below e = 2
             e = ir.Constant(v8i, None)
             for r, o in enumerate(offsets):
                 byte = builder.zext(builder.load(builder.gep(w_ptr, [o])), I32)
                 e = builder.insert_element(e, byte, ir.Constant(I32, r))
             normal = builder.shl(builder.sub(e, _splat(I32, 8, 1)), _splat(I32, 8, 23))
-            tiny = builder.select(builder.icmp_unsigned("==", e, _splat(I32, 8, 1)), _splat(I32, 8, 0x00400000),
-                                  _splat(I32, 8, 0x00200000))
+            tiny = builder.select(
+                builder.icmp_unsigned("==", e, _splat(I32, 8, 1)),
+                _splat(I32, 8, 0x00400000),
+                _splat(I32, 8, 0x00200000),
+            )
             dw = builder.bitcast(builder.select(builder.icmp_unsigned(">=", e, _splat(I32, 8, 2)), normal, tiny), v8f)
         else:
             halves = ir.Constant(_vec(I16, 8), None)
@@ -1937,7 +2301,9 @@ def _rows_dot8(kind: str, target: str):
 
         def codegen(context, builder, signature, args):
             return _rows_dot(context, builder, signature, args, kind, target)
+
         return sig, codegen
+
     return rows_dot8
 
 
@@ -1957,7 +2323,9 @@ def _legacy_row_dot(kind: str, target: str):
 
         def codegen(context, builder, signature, args):
             return _legacy_dot(context, builder, signature, args, kind, target)
+
         return sig, codegen
+
     return legacy_row_dot
 
 
@@ -1968,6 +2336,7 @@ rows_dot8 = {kind: _for_this_cpu(generators) for kind, generators in ROWS_DOT8.i
 
 
 # ---- f32 dot products in ggml's lanes: true FMAs on <16 x float> --------------------------------
+
 
 def _f32_lanes_dot(context, builder, signature, args, chains):
     """a . b as llama.cpp sums it with `chains` accumulators of 16 lanes (1: llamafile's tinyBLAS
@@ -2003,8 +2372,9 @@ def _f32_lanes_dot(context, builder, signature, args, chains):
         return total
     result = cgutils.alloca_once_value(builder, total)
     end = builder.select(builder.icmp_signed("<", n, live), n, live)
-    with cgutils.for_range(builder, builder.select(builder.icmp_signed(">", end, whole), builder.sub(end, whole),
-                                                   ir.Constant(i64, 0))) as loop:
+    with cgutils.for_range(
+        builder, builder.select(builder.icmp_signed(">", end, whole), builder.sub(end, whole), ir.Constant(i64, 0))
+    ) as loop:
         i = builder.add(whole, loop.index)
         product = builder.fmul(builder.load(builder.gep(a_ptr, [i])), builder.load(builder.gep(b_ptr, [i])))
         builder.store(builder.fadd(builder.load(result), product), result)
@@ -2020,7 +2390,9 @@ def _f32_dot_intrinsic(chains: int, doc: str):
 
         def codegen(context, builder, signature, args):
             return _f32_lanes_dot(context, builder, signature, args, chains)
+
         return sig, codegen
+
     f32_dot.__doc__ = doc
     return f32_dot
 
@@ -2057,13 +2429,20 @@ def bf16_pairs_dot(typingctx, w, x, start, stop, stride):
         quarter = builder.fadd(_pick(builder, halves, range(4)), _pick(builder, halves, range(4, 8)))
         e = [builder.extract_element(quarter, ir.Constant(I32, i)) for i in range(4)]
         return builder.fadd(builder.fadd(e[0], e[2]), builder.fadd(e[1], e[3]))
+
     return sig, codegen
 
 
-sgemm_dot = _f32_dot_intrinsic(1, "One element of llamafile's tinyBLAS f32 GEMM: a[:n] . b[:n] in 16 FMA "
-                                  "lanes, then _mm512_reduce_add_ps (a, b: contiguous float32; see _f32_lanes_dot).")
-vec_dot_f32 = _f32_dot_intrinsic(4, "ggml_vec_dot_f32 (AVX-512): a[:n] . b[:n] in 4 x 16 FMA lanes over steps "
-                                    "of 64, folded, reduced, the leftovers added in float (see _f32_lanes_dot).")
+sgemm_dot = _f32_dot_intrinsic(
+    1,
+    "One element of llamafile's tinyBLAS f32 GEMM: a[:n] . b[:n] in 16 FMA "
+    "lanes, then _mm512_reduce_add_ps (a, b: contiguous float32; see _f32_lanes_dot).",
+)
+vec_dot_f32 = _f32_dot_intrinsic(
+    4,
+    "ggml_vec_dot_f32 (AVX-512): a[:n] . b[:n] in 4 x 16 FMA lanes over steps "
+    "of 64, folded, reduced, the leftovers added in float (see _f32_lanes_dot).",
+)
 
 
 @intrinsic
@@ -2075,6 +2454,7 @@ def half_to_float(typingctx, bits):
     def codegen(context, builder, signature, args):
         half = builder.bitcast(builder.trunc(args[0], I16) if args[0].type.width > 16 else args[0], ir.HalfType())
         return builder.fpext(half, ir.FloatType())
+
     return sig, codegen
 
 
@@ -2086,6 +2466,7 @@ def bf16_to_float(typingctx, bits):
     def codegen(context, builder, signature, args):
         bits16 = builder.trunc(args[0], I16) if args[0].type.width > 16 else args[0]
         return builder.bitcast(builder.shl(builder.zext(bits16, I32), ir.Constant(I32, 16)), ir.FloatType())
+
     return sig, codegen
 
 
@@ -2103,6 +2484,7 @@ def pair_sums_dot_bytes(typingctx, v, vo, weights):
         even, odd = _pick(builder, sums, range(0, 16, 2)), _pick(builder, sums, range(1, 16, 2))
         mins = builder.zext(builder.bitcast(w_, _vec(I8, 8)), _vec(I32, 8))
         return _reduce_add(builder, builder.mul(builder.add(even, odd), mins))
+
     return sig, codegen
 
 

@@ -1,4 +1,5 @@
 """One file per architecture; ARCHITECTURES maps `general.architecture` to its model class."""
+
 from __future__ import annotations
 
 from swapmoe.runtime.models.deepseek2 import DeepSeek2

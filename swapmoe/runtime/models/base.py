@@ -26,6 +26,7 @@ and may override:
 Hash-routed layers (DeepSeek-V4) need nothing of their own: `Routing.select` takes their
 experts from the sidecar's token → experts table instead of the router's top-k.
 """
+
 from __future__ import annotations
 
 import enum
@@ -68,6 +69,7 @@ def sliding_window_layers(gguf: GGUFFile, n_layer: int, pattern: int, dense_firs
 @dataclass
 class Hparams:
     """The generic `{arch}.*` keys, with llama.cpp's defaults."""
+
     n_layer: int
     d_model: int
     n_head: int
@@ -102,13 +104,20 @@ class Hparams:
         factor = g.arch_get(Keys.Rope.SCALING_FACTOR, g.arch_get(ROPE_SCALE_LINEAR, 0.0))
         scaling = g.arch_get(Keys.Rope.SCALING_TYPE, "linear")
         return cls(
-            n_layer=n_layer, d_model=d_model, n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim,
+            n_layer=n_layer,
+            d_model=d_model,
+            n_head=n_head,
+            n_head_kv=n_head_kv,
+            head_dim=head_dim,
             v_head_dim=g.arch_get(Keys.Attention.VALUE_LENGTH, head_dim),
             n_expert=g.arch_get(Keys.LLM.EXPERT_COUNT, 0),
             n_expert_used=_per_layer(g.arch_get(Keys.LLM.EXPERT_USED_COUNT, 0), 1)[0],
-            rms_eps=need(Keys.Attention.LAYERNORM_RMS_EPS), n_ctx_train=need(Keys.LLM.CONTEXT_LENGTH),
-            n_rot=g.arch_get(Keys.Rope.DIMENSION_COUNT, head_dim), rope_base=g.arch_get(Keys.Rope.FREQ_BASE, 10000.0),
-            rope_scaling=scaling, rope_freq_scale=1.0 if scaling == "none" or not factor else 1.0 / factor,
+            rms_eps=need(Keys.Attention.LAYERNORM_RMS_EPS),
+            n_ctx_train=need(Keys.LLM.CONTEXT_LENGTH),
+            n_rot=g.arch_get(Keys.Rope.DIMENSION_COUNT, head_dim),
+            rope_base=g.arch_get(Keys.Rope.FREQ_BASE, 10000.0),
+            rope_scaling=scaling,
+            rope_freq_scale=1.0 if scaling == "none" or not factor else 1.0 / factor,
             rope_attn_factor=g.arch_get(Keys.Rope.SCALING_ATTN_FACTOR, 1.0),
             n_ctx_orig=g.arch_get(Keys.Rope.SCALING_ORIG_CTX_LEN, need(Keys.LLM.CONTEXT_LENGTH)),
             n_nextn=n_nextn,
@@ -131,25 +140,39 @@ class Hparams:
 
         def get_mscale(m: float) -> float:
             return 1.0 if f <= 1.0 else 0.1 * m * math.log(f) + 1.0
+
         factor = get_mscale(mscale) / get_mscale(mscale_all_dims) if mscale_all_dims else get_mscale(1.0)
         return factor / (1.0 + 0.1 * math.log(f)) * self.rope_attn_factor
 
-    def rope(self, neox: bool, freq_factors: np.ndarray | None = None, base: float | None = None,
-             attn_factor: float | None = None) -> layers.Rope:
+    def rope(
+        self,
+        neox: bool,
+        freq_factors: np.ndarray | None = None,
+        base: float | None = None,
+        attn_factor: float | None = None,
+    ) -> layers.Rope:
         """RoPE with llama.cpp's context-level YaRN settings; `base` overrides the frequency base
         (sliding-window layers), `attn_factor` the context attn factor."""
-        return layers.Rope(self.n_rot, self.rope_base if base is None else base, neox, self.rope_freq_scale,
-                           1.0 if self.rope_scaling == "yarn" else 0.0,
-                           self.context_attn_factor() if attn_factor is None else attn_factor,
-                           self.n_ctx_orig, freq_factors=freq_factors)
+        return layers.Rope(
+            self.n_rot,
+            self.rope_base if base is None else base,
+            neox,
+            self.rope_freq_scale,
+            1.0 if self.rope_scaling == "yarn" else 0.0,
+            self.context_attn_factor() if attn_factor is None else attn_factor,
+            self.n_ctx_orig,
+            freq_factors=freq_factors,
+        )
 
 
 # --- per-layer weight records ------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Attention:
     """Grouped-query attention: q/k/v/output projections, their optional biases, optional RMS
     norms of q and k, and optional per-head sink logits (gpt-oss)."""
+
     wq: Weight
     wk: Weight
     wv: Weight
@@ -166,6 +189,7 @@ class Attention:
 @dataclass(frozen=True)
 class DenseFFN:
     """down(silu(gate(x)) * up(x)): a dense layer's FFN, or an always-on shared expert."""
+
     gate: Weight
     up: Weight
     down: Weight
@@ -178,6 +202,7 @@ class DenseFFN:
 class MoE:
     """A mixture of experts' non-expert weights; the routed experts themselves stream from the
     expert store."""
+
     router: Weight  # ffn_gate_inp: one logit per expert
     router_bias: np.ndarray | None = None  # added to the logits (gpt-oss)
     selection_bias: np.ndarray | None = None  # exp_probs_b: shifts which experts are chosen, not their weights
@@ -189,6 +214,7 @@ class MoE:
 class Block:
     """One layer: the norm before attention, the attention weights (`Attention`, or a record of
     the architecture's own such as DeepSeek-2's latent attention), the norm before the FFN, the FFN."""
+
     attn_norm: np.ndarray
     attn: Any
     ffn_norm: np.ndarray
@@ -197,6 +223,7 @@ class Block:
 
 class Gating(enum.IntEnum):
     """llama.cpp's expert_gating_func values: how router logits become expert probabilities."""
+
     SOFTMAX = ExpertGatingFuncType.SOFTMAX
     SIGMOID = ExpertGatingFuncType.SIGMOID
     SOFTMAX_WEIGHT = 3  # gpt-oss: the top-k of the raw logits, softmax over those k (gguf-py has no name for it)
@@ -208,6 +235,7 @@ class Router:
     """llama.cpp's build_moe_ffn settings after the router logits: the gating function, whether
     the k weights are renormalised to sum to one, a scale (0 or 1: none), DeepSeek-V3's group
     limit (keep the experts of the best n_groups_used of n_groups groups)."""
+
     gating: Gating
     normalize: bool = False
     scale: float = 0.0
@@ -216,6 +244,7 @@ class Router:
 
 
 # --- loading --------------------------------------------------------------------------------
+
 
 class Weights:
     """Non-expert tensors of a GGUF, by name, as views of the mapped file; and the loaders that
@@ -247,20 +276,31 @@ class Weights:
         """Layer i's GQA weights; biases wherever the file has them."""
         p = f"blk.{i}."
         return Attention(
-            wq=self.matrix(p + "attn_q.weight"), wk=self.matrix(p + "attn_k.weight"),
-            wv=self.matrix(p + "attn_v.weight"), wo=self.matrix(p + "attn_output.weight"),
-            bq=self.optional_vector(p + "attn_q.bias"), bk=self.optional_vector(p + "attn_k.bias"),
-            bv=self.optional_vector(p + "attn_v.bias"), bo=self.optional_vector(p + "attn_output.bias"),
+            wq=self.matrix(p + "attn_q.weight"),
+            wk=self.matrix(p + "attn_k.weight"),
+            wv=self.matrix(p + "attn_v.weight"),
+            wo=self.matrix(p + "attn_output.weight"),
+            bq=self.optional_vector(p + "attn_q.bias"),
+            bk=self.optional_vector(p + "attn_k.bias"),
+            bv=self.optional_vector(p + "attn_v.bias"),
+            bo=self.optional_vector(p + "attn_output.bias"),
             q_norm=self.vector(p + "attn_q_norm.weight") if qk_norm else None,
             k_norm=self.vector(p + "attn_k_norm.weight") if qk_norm else None,
-            sinks=self.vector(p + "attn_sinks.weight") if sinks else None)
+            sinks=self.vector(p + "attn_sinks.weight") if sinks else None,
+        )
 
     def dense_ffn(self, i: int, suffix: str = "") -> DenseFFN:
         """Layer i's ffn_{gate,up,down}{suffix} (suffix "_shexp": the shared expert)."""
         return DenseFFN(*(self.matrix(f"blk.{i}.ffn_{part}{suffix}.weight") for part in ("gate", "up", "down")))
 
-    def moe(self, i: int, router_bias: bool = False, selection_bias: bool = False, shared: bool = False,
-            shared_gate: bool = False) -> MoE:
+    def moe(
+        self,
+        i: int,
+        router_bias: bool = False,
+        selection_bias: bool = False,
+        shared: bool = False,
+        shared_gate: bool = False,
+    ) -> MoE:
         """Layer i's router and, where asked for, its bias, selection bias, shared expert and gate."""
         p = f"blk.{i}."
         return MoE(
@@ -268,7 +308,8 @@ class Weights:
             router_bias=self.vector(p + "ffn_gate_inp.bias") if router_bias else None,
             selection_bias=self.vector(p + "exp_probs_b.bias") if selection_bias else None,
             shared=self.dense_ffn(i, "_shexp") if shared else None,
-            shared_gate=self.matrix(p + "ffn_gate_inp_shexp.weight") if shared_gate else None)
+            shared_gate=self.matrix(p + "ffn_gate_inp_shexp.weight") if shared_gate else None,
+        )
 
     def block(self, i: int, attn: Any, ffn: MoE | DenseFFN, ffn_norm: str = "ffn_norm") -> Block:
         """A layer from its attention and FFN records and its two norms (attn_norm, and `ffn_norm`:
@@ -470,9 +511,16 @@ class Transformer:
         return layers.rms_norm(h, self.output_norm, self.hp.rms_eps)
 
     # --- pieces several architectures use -------------------------------------------------
-    def gqa_attention(self, a: Attention, x: np.ndarray, positions: np.ndarray, cache: layers.KVCache,
-                      qk_norm_per_head: bool = True, window: int | None = None,
-                      rope: layers.Rope | None = None) -> np.ndarray:
+    def gqa_attention(
+        self,
+        a: Attention,
+        x: np.ndarray,
+        positions: np.ndarray,
+        cache: layers.KVCache,
+        qk_norm_per_head: bool = True,
+        window: int | None = None,
+        rope: layers.Rope | None = None,
+    ) -> np.ndarray:
         """Grouped-query attention as llama.cpp builds it: q,k,v (+bias) → attend → output (+bias)."""
         q, k, v = self.project_qkv(a, x)
         out = linear(a.wo, self.attend(a, q, k, v, positions, cache, qk_norm_per_head, window, rope))
@@ -486,9 +534,18 @@ class Transformer:
                 proj += bias
         return q, k, v
 
-    def attend(self, a: Attention, q: np.ndarray, k: np.ndarray, v: np.ndarray, positions: np.ndarray,
-               cache: layers.KVCache, qk_norm_per_head: bool = True, window: int | None = None,
-               rope: layers.Rope | None = None) -> np.ndarray:
+    def attend(
+        self,
+        a: Attention,
+        q: np.ndarray,
+        k: np.ndarray,
+        v: np.ndarray,
+        positions: np.ndarray,
+        cache: layers.KVCache,
+        qk_norm_per_head: bool = True,
+        window: int | None = None,
+        rope: layers.Rope | None = None,
+    ) -> np.ndarray:
         """The heads' attention before the output projection [T, H*dv]: optional RMS norm of q and
         k (per head, or over the whole projection) → RoPE → cache → softmax(q·k/√d) v, with the
         sinks in the denominator if any. `rope` replaces the model's RoPE for this layer
@@ -497,9 +554,18 @@ class Transformer:
         rope = rope or self.rope
         if T_ == 1 and window is None and positions[0] == cache.length:  # decoding: one compiled call
             return layers.attend_one_token(
-                q.reshape(1, hp.n_head, hp.head_dim), k.reshape(1, hp.n_head_kv, hp.head_dim),
-                v.reshape(1, hp.n_head_kv, hp.v_head_dim), cache, rope, 1.0 / math.sqrt(hp.head_dim),
-                a.q_norm, a.k_norm, hp.rms_eps, qk_norm_per_head, a.sinks)
+                q.reshape(1, hp.n_head, hp.head_dim),
+                k.reshape(1, hp.n_head_kv, hp.head_dim),
+                v.reshape(1, hp.n_head_kv, hp.v_head_dim),
+                cache,
+                rope,
+                1.0 / math.sqrt(hp.head_dim),
+                a.q_norm,
+                a.k_norm,
+                hp.rms_eps,
+                qk_norm_per_head,
+                a.sinks,
+            )
         if a.q_norm is not None and not qk_norm_per_head:
             q, k = layers.rms_norm(q, a.q_norm, hp.rms_eps), layers.rms_norm(k, a.k_norm, hp.rms_eps)
         q = q.reshape(T_, hp.n_head, hp.head_dim)
@@ -552,8 +618,9 @@ class Transformer:
         if T_ == 1:  # decoding: every expert reads the same x, converted once
             quantized, (order, n_resident) = {}, self.store.ready_first(layer, used)
             ys = np.empty((len(order), x.shape[1]), np.float32)
-            ys[:n_resident] = self.experts_ffn(layer, [self.store.expert(layer, e) for e in order[:n_resident]], x,
-                                               quantized)
+            ys[:n_resident] = self.experts_ffn(
+                layer, [self.store.expert(layer, e) for e in order[:n_resident]], x, quantized
+            )
             for g in range(n_resident, len(order)):
                 ys[g] = self.expert_ffn(layer, self.store.expert(layer, order[g]), x, quantized)[0]
             return layers.weighted_sum(ys, np.array([order.index(e) for e in ids[0].tolist()]), weights[0])
@@ -567,30 +634,35 @@ class Transformer:
             out = out + per_slot[:, s]
         return out
 
-    def expert_ffn(self, layer: int, expert: Expert, x: np.ndarray,
-                   quantized: dict[int, kernels.QuantizedActivation] | None = None) -> np.ndarray:
+    def expert_ffn(
+        self, layer: int, expert: Expert, x: np.ndarray, quantized: dict[int, kernels.QuantizedActivation] | None = None
+    ) -> np.ndarray:
         """down(act(gate(x), up(x))) of one routed expert, plus its per-expert biases if the file has
         them. A fused gate_up is one matmul whose rows [0, F) are the gate and [F, 2F) the up.
         `quantized`: x's conversions shared by the experts of one token (linear_each)."""
         bias = expert.extras.get
         if expert.gate_up is not None:
             both = _plus(linear_each(x, expert.gate_up, quantized=quantized)[0], bias("gate_up.bias"))
-            gate, up = both[:, :expert.gate_up.rows // 2], both[:, expert.gate_up.rows // 2:]  # (np.split: 10 us)
+            gate, up = both[:, : expert.gate_up.rows // 2], both[:, expert.gate_up.rows // 2 :]  # (np.split: 10 us)
         else:
             gate, up = linear_each(x, expert.gate, expert.up, quantized=quantized)
             gate, up = _plus(gate, bias("gate.bias")), _plus(up, bias("up.bias"))
         return _plus(linear(expert.down, self.expert_activation(layer, gate, up)), bias("down.bias"))
 
-    def experts_ffn(self, layer: int, experts: list[Expert], x: np.ndarray,
-                    quantized: dict[int, kernels.QuantizedActivation]) -> np.ndarray:
+    def experts_ffn(
+        self, layer: int, experts: list[Expert], x: np.ndarray, quantized: dict[int, kernels.QuantizedActivation]
+    ) -> np.ndarray:
         """The rows of expert_ffn(layer, e, x, quantized) for e in experts [G, H], for one token
         x [1, H]: one product per projection for all of them where they can share one
         (_experts_together)."""
         together = self._experts_together(layer, experts, x) if len(experts) > 1 else None
         if together is not None:
             return together
-        return np.concatenate([self.expert_ffn(layer, e, x, quantized) for e in experts]) if experts else \
-            np.empty((0, x.shape[1]), np.float32)
+        return (
+            np.concatenate([self.expert_ffn(layer, e, x, quantized) for e in experts])
+            if experts
+            else np.empty((0, x.shape[1]), np.float32)
+        )
 
     def _experts_together(self, layer: int, experts: list[Expert], x: np.ndarray) -> np.ndarray | None:
         """The experts' outputs [G, H] for one token x, by one kernel call per projection for all
@@ -602,11 +674,11 @@ class Transformer:
             both = linear_apart([e.gate_up for e in experts], x)
             if both is None:
                 return None
-            gate, up = both[:, :both.shape[1] // 2], both[:, both.shape[1] // 2:]
+            gate, up = both[:, : both.shape[1] // 2], both[:, both.shape[1] // 2 :]
         elif all(e.gate is not None and e.up is not None for e in experts):
             both = linear_apart([e.gate for e in experts] + [e.up for e in experts], x)  # gates, then ups
             if both is not None:
-                gate, up = both[:len(experts)], both[len(experts):]
+                gate, up = both[: len(experts)], both[len(experts) :]
             else:  # gate and up of different types: one product each
                 gate, up = linear_apart([e.gate for e in experts], x), linear_apart([e.up for e in experts], x)
                 if gate is None or up is None:
@@ -693,8 +765,12 @@ class _Meeting:
         return [list(rows) for rows in zip(*(np.split(y, ends) for y in products))]
 
 
-_GATES = {Gating.SOFTMAX: layers.softmax, Gating.SIGMOID: layers.sigmoid, Gating.SOFTMAX_WEIGHT: lambda z: z,
-          Gating.SQRT_SOFTPLUS: lambda z: np.sqrt(layers.softplus(z))}
+_GATES = {
+    Gating.SOFTMAX: layers.softmax,
+    Gating.SIGMOID: layers.sigmoid,
+    Gating.SOFTMAX_WEIGHT: lambda z: z,
+    Gating.SQRT_SOFTPLUS: lambda z: np.sqrt(layers.softplus(z)),
+}
 
 
 def _plus(x: np.ndarray, bias: np.ndarray | None) -> np.ndarray:

@@ -18,6 +18,7 @@ keeps the best `expert_group_used_count` of `expert_group_count` groups (ranked 
 best scores), takes the top-k, renormalises the unbiased scores if `expert_weights_norm` and
 multiplies by `expert_weights_scale`. Always-on shared experts are added to the routed sum.
 """
+
 from __future__ import annotations
 
 import math
@@ -40,6 +41,7 @@ class LatentAttention:
     """MLA weights: the query path (a q LoRA q_a → norm → q_b, or one wq in the lite models), the
     shared latent + RoPE key projection kv_a and its norm, the output; and either the absorbed
     per-head k_b / v_b or the legacy kv_b."""
+
     kv_a: Weight
     kv_a_norm: np.ndarray
     wo: Weight
@@ -67,10 +69,13 @@ class DeepSeek2(Transformer):
         gating = self._gating_func()
         if gating not in (Gating.SOFTMAX, Gating.SIGMOID):
             raise SwapmoeError(f"{g.path}: unsupported expert_gating_func {gating}")
-        self.router = Router(Gating(gating), normalize=bool(g.arch_get(Keys.LLM.EXPERT_WEIGHTS_NORM, False)),
-                             scale=g.arch_get(Keys.LLM.EXPERT_WEIGHTS_SCALE, 0.0),
-                             n_groups=g.arch_get(Keys.LLM.EXPERT_GROUP_COUNT, 0),
-                             n_groups_used=g.arch_get(Keys.LLM.EXPERT_GROUP_USED_COUNT, 0))
+        self.router = Router(
+            Gating(gating),
+            normalize=bool(g.arch_get(Keys.LLM.EXPERT_WEIGHTS_NORM, False)),
+            scale=g.arch_get(Keys.LLM.EXPERT_WEIGHTS_SCALE, 0.0),
+            n_groups=g.arch_get(Keys.LLM.EXPERT_GROUP_COUNT, 0),
+            n_groups_used=g.arch_get(Keys.LLM.EXPERT_GROUP_USED_COUNT, 0),
+        )
         self.rope, self.kq_scale = self._rope_and_kq_scale()
 
     def _gating_func(self) -> int:
@@ -100,17 +105,24 @@ class DeepSeek2(Transformer):
     def load_block(self, i):
         w, p = self.w, f"blk.{i}."
         if w.has(p + "attn_q_a.weight"):
-            query = dict(q_a=w.matrix(p + "attn_q_a.weight"), q_a_norm=w.vector(p + "attn_q_a_norm.weight"),
-                         q_b=w.matrix(p + "attn_q_b.weight"))
+            query = dict(
+                q_a=w.matrix(p + "attn_q_a.weight"),
+                q_a_norm=w.vector(p + "attn_q_a_norm.weight"),
+                q_b=w.matrix(p + "attn_q_b.weight"),
+            )
         else:  # lite: no q LoRA
             query = dict(wq=w.matrix(p + "attn_q.weight"))
         if self.mla:
             values = dict(k_b=w.matrix(p + "attn_k_b.weight"), v_b=w.matrix(p + "attn_v_b.weight"))
         else:
             values = dict(kv_b=w.matrix(p + "attn_kv_b.weight"))
-        attn = LatentAttention(kv_a=w.matrix(p + "attn_kv_a_mqa.weight"),
-                               kv_a_norm=w.vector(p + "attn_kv_a_norm.weight"),
-                               wo=w.matrix(p + "attn_output.weight"), **query, **values)
+        attn = LatentAttention(
+            kv_a=w.matrix(p + "attn_kv_a_mqa.weight"),
+            kv_a_norm=w.vector(p + "attn_kv_a_norm.weight"),
+            wo=w.matrix(p + "attn_output.weight"),
+            **query,
+            **values,
+        )
         if i < self.n_dense:
             return w.block(i, attn, w.dense_ffn(i))
         return w.block(i, attn, w.moe(i, selection_bias=w.has(p + "exp_probs_b.bias"), shared=True))
@@ -132,19 +144,23 @@ class DeepSeek2(Transformer):
         latent = layers.rms_norm(kv[:, :c], a.kv_a_norm, eps)
         cos, sin = self.rope.tables(positions)
         k_pe = self.rope.apply(kv[:, None, c:], cos, sin)  # [T, 1, rope], shared by all heads
-        q_pe = self.rope.apply(q[..., self.n_nope:], cos, sin)
-        q_nope = q[..., :self.n_nope]
+        q_pe = self.rope.apply(q[..., self.n_nope :], cos, sin)
+        q_nope = q[..., : self.n_nope]
         if self.mla:
             q_latent = linear_per_group(a.k_b, q_nope)  # [T, H, c]
             keys, _ = cache.append(np.concatenate([latent[:, None, :], k_pe], axis=-1), np.empty((T_, 1, 0), F32))
-            out = layers.attention(np.concatenate([q_latent, q_pe], axis=-1), keys,
-                                   ggml_math.transposed_values(keys[..., :c]), positions,
-                                   self.kq_scale).reshape(T_, hp.n_head, c)
+            out = layers.attention(
+                np.concatenate([q_latent, q_pe], axis=-1),
+                keys,
+                ggml_math.transposed_values(keys[..., :c]),
+                positions,
+                self.kq_scale,
+            ).reshape(T_, hp.n_head, c)
             out = linear_per_group(a.v_b, out).reshape(T_, -1)
         else:
             kv_heads = linear(a.kv_b, latent).reshape(T_, hp.n_head, self.n_nope + self.v_head)
-            k = np.concatenate([kv_heads[..., :self.n_nope], np.broadcast_to(k_pe, (T_, hp.n_head, hp.n_rot))], -1)
-            keys, values = cache.append(k, kv_heads[..., self.n_nope:])
+            k = np.concatenate([kv_heads[..., : self.n_nope], np.broadcast_to(k_pe, (T_, hp.n_head, hp.n_rot))], -1)
+            keys, values = cache.append(k, kv_heads[..., self.n_nope :])
             out = layers.attention(np.concatenate([q_nope, q_pe], axis=-1), keys, values, positions, self.kq_scale)
         return linear(a.wo, out)
 

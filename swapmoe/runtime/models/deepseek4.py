@@ -27,6 +27,7 @@ from a token → experts table (the sidecar holds it) and only weigh them by the
 others add a selection bias and take the top-k. Weights are renormalised and scaled. Routed
 and shared experts use a clamped SwiGLU: silu(min(gate, L)) · clamp(up, -L, L).
 """
+
 from __future__ import annotations
 
 import math
@@ -60,6 +61,7 @@ CLAMP_EPS = 1e-6  # a clamp limit at or below this means no clamp
 @dataclass(frozen=True)
 class HyperMix:
     """hc_{attn,ffn}_{fn,base,scale}: the 24 mixes are fn·rms(streams)·scale + base."""
+
     fn: Weight
     base: np.ndarray
     scale: np.ndarray
@@ -69,6 +71,7 @@ class HyperMix:
 class Compressor:
     """Turns each block of `ratio` positions into one row `width` wide. With `overlap` (CSA and
     the indexer) the projections are 2·width wide: the first half serves the next block."""
+
     kv: Weight
     gate: Weight
     ape: np.ndarray  # [ratio, (1 or 2)·width]: score bias by position within the block
@@ -81,6 +84,7 @@ class Compressor:
 @dataclass(frozen=True)
 class Indexer:
     """The lightning indexer of a CSA layer: its query (from qr), per-head weights, and keys."""
+
     q_b: Weight
     proj: Weight
     compressor: Compressor
@@ -157,21 +161,25 @@ def _settings(g) -> dict:
     n_layer = g.arch_get(Keys.LLM.BLOCK_COUNT)
     ratios = list(g.arch_get(COMPRESS_RATIOS) or [])
     if len(ratios) < n_layer - g.arch_get(Keys.LLM.NEXTN_PREDICT_LAYERS, 0):
-        raise SwapmoeError(f"{g.path}: {g.arch_key(COMPRESS_RATIOS)} has {len(ratios)} entries for "
-                           f"{n_layer} layers")
+        raise SwapmoeError(f"{g.path}: {g.arch_key(COMPRESS_RATIOS)} has {len(ratios)} entries for {n_layer} layers")
     bad = sorted({r for r in ratios if r not in (0, CSA, HCA)})
     if bad:
         raise SwapmoeError(f"{g.path}: compress ratios {bad} are not supported (only 0, {CSA} and {HCA})")
-    return dict(ratios=ratios, window=g.arch_get(Keys.Attention.SLIDING_WINDOW),
-                index_dim=g.arch_get(Keys.Attention.Indexer.KEY_LENGTH, 0))
+    return dict(
+        ratios=ratios,
+        window=g.arch_get(Keys.Attention.SLIDING_WINDOW),
+        index_dim=g.arch_get(Keys.Attention.Indexer.KEY_LENGTH, 0),
+    )
 
 
 class DeepSeek4(Transformer):
     @classmethod
     def cache_bytes(cls, gguf, hp: Hparams, n_ctx: int) -> int:
         s = _settings(gguf)
-        return sum(LayerCache.nbytes(min(s["window"], n_ctx), hp.head_dim, s["ratios"][i], s["index_dim"], n_ctx)
-                   for i in range(hp.n_layer))
+        return sum(
+            LayerCache.nbytes(min(s["window"], n_ctx), hp.head_dim, s["ratios"][i], s["index_dim"], n_ctx)
+            for i in range(hp.n_layer)
+        )
 
     def setup(self):
         g, hp = self.gguf, self.hp
@@ -183,15 +191,22 @@ class DeepSeek4(Transformer):
             raise SwapmoeError(f"{g.path}: {g.arch_key(HC_COUNT)} must be {hyper.HC}")
         gating = g.arch_get(Keys.LLM.EXPERT_GATING_FUNC)
         if gating != Gating.SQRT_SOFTPLUS:
-            raise SwapmoeError(f"{g.path}: deepseek4 expects expert_gating_func {int(Gating.SQRT_SOFTPLUS)} "
-                               f"(sqrt-softplus), not {gating}")
-        self.router = Router(Gating.SQRT_SOFTPLUS, normalize=bool(g.arch_get(Keys.LLM.EXPERT_WEIGHTS_NORM)),
-                             scale=g.arch_get(Keys.LLM.EXPERT_WEIGHTS_SCALE))
+            raise SwapmoeError(
+                f"{g.path}: deepseek4 expects expert_gating_func {int(Gating.SQRT_SOFTPLUS)} "
+                f"(sqrt-softplus), not {gating}"
+            )
+        self.router = Router(
+            Gating.SQRT_SOFTPLUS,
+            normalize=bool(g.arch_get(Keys.LLM.EXPERT_WEIGHTS_NORM)),
+            scale=g.arch_get(Keys.LLM.EXPERT_WEIGHTS_SCALE),
+        )
         self.n_hash = g.arch_get(HASH_LAYER_COUNT, 0)
         tables = sorted(self.routing.hash_tables)
         if tables != list(range(min(self.n_hash, hp.n_layer))):
-            raise SwapmoeError(f"{g.path}: {self.n_hash} hash-routed layers, but the index has tables for "
-                               f"layers {tables or 'none'}; rebuild the index")
+            raise SwapmoeError(
+                f"{g.path}: {self.n_hash} hash-routed layers, but the index has tables for "
+                f"layers {tables or 'none'}; rebuild the index"
+            )
         self.hc_iterations, self.hc_eps = g.arch_get(HC_ITERATIONS), g.arch_get(HC_EPS)
         self.groups = g.arch_get(OUTPUT_GROUPS)
         self.n_index_heads = g.arch_get(Keys.Attention.Indexer.HEAD_COUNT, 0)
@@ -204,24 +219,39 @@ class DeepSeek4(Transformer):
         yarn = hp.rope_scaling == "yarn"
         f = F32(hp.rope_freq_scale)
         self.compress_rope = layers.Rope(
-            hp.n_rot, g.arch_get(COMPRESS_ROPE_BASE), neox=False, freq_scale=hp.rope_freq_scale,
-            ext_factor=1.0 if yarn else 0.0, n_ctx_orig=hp.n_ctx_orig,
-            attn_factor=float(F32(1.0) / (F32(1.0) + F32(0.1) * F32(math.log(F32(1.0) / f)))) if yarn else 1.0)
-        self.hc_head = HyperMix(self.w.matrix("output_hc_fn.weight"), self.w.vector("output_hc_base.weight"),
-                                self.w.vector("output_hc_scale.weight"))
+            hp.n_rot,
+            g.arch_get(COMPRESS_ROPE_BASE),
+            neox=False,
+            freq_scale=hp.rope_freq_scale,
+            ext_factor=1.0 if yarn else 0.0,
+            n_ctx_orig=hp.n_ctx_orig,
+            attn_factor=float(F32(1.0) / (F32(1.0) + F32(0.1) * F32(math.log(F32(1.0) / f)))) if yarn else 1.0,
+        )
+        self.hc_head = HyperMix(
+            self.w.matrix("output_hc_fn.weight"),
+            self.w.vector("output_hc_base.weight"),
+            self.w.vector("output_hc_scale.weight"),
+        )
 
     # --- loading -------------------------------------------------------------------------
     def _mix(self, i: int, half: str) -> HyperMix:
         p = f"blk.{i}.hc_{half}_"
-        return HyperMix(self.w.matrix(p + "fn.weight"), self.w.vector(p + "base.weight"),
-                        self.w.vector(p + "scale.weight"))
+        return HyperMix(
+            self.w.matrix(p + "fn.weight"), self.w.vector(p + "base.weight"), self.w.vector(p + "scale.weight")
+        )
 
     def _compressor(self, prefix: str, ratio: int, rotated: bool = False) -> Compressor:
         w = self.w
         ape = w.matrix(prefix + "ape.weight")
-        return Compressor(w.matrix(prefix + "kv.weight"), w.matrix(prefix + "gate.weight"),
-                          rows_of(ape, np.arange(ape.rows)), w.vector(prefix + "norm.weight"), ratio, ratio == CSA,
-                          rotated)
+        return Compressor(
+            w.matrix(prefix + "kv.weight"),
+            w.matrix(prefix + "gate.weight"),
+            rows_of(ape, np.arange(ape.rows)),
+            w.vector(prefix + "norm.weight"),
+            ratio,
+            ratio == CSA,
+            rotated,
+        )
 
     def load_block(self, i):
         w, p, ratio = self.w, f"blk.{i}.", self.ratios[i]
@@ -229,21 +259,39 @@ class DeepSeek4(Transformer):
         if ratio:
             compressor = self._compressor(p + "attn_compressor_", ratio)
         if ratio == CSA:
-            indexer = Indexer(w.matrix(p + "indexer.attn_q_b.weight"), w.matrix(p + "indexer.proj.weight"),
-                              self._compressor(p + "indexer_compressor_", CSA, rotated=True))
+            indexer = Indexer(
+                w.matrix(p + "indexer.attn_q_b.weight"),
+                w.matrix(p + "indexer.proj.weight"),
+                self._compressor(p + "indexer_compressor_", CSA, rotated=True),
+            )
         attn = CompressedAttention(
-            q_a=w.matrix(p + "attn_q_a.weight"), q_a_norm=w.vector(p + "attn_q_a_norm.weight"),
-            q_b=w.matrix(p + "attn_q_b.weight"), kv=w.matrix(p + "attn_kv.weight"),
-            kv_norm=w.vector(p + "attn_kv_a_norm.weight"), sinks=w.vector(p + "attn_sinks.weight"),
-            out_a=w.matrix(p + "attn_output_a.weight"), out_b=w.matrix(p + "attn_output_b.weight"),
-            ratio=ratio, compressor=compressor, indexer=indexer)
+            q_a=w.matrix(p + "attn_q_a.weight"),
+            q_a_norm=w.vector(p + "attn_q_a_norm.weight"),
+            q_b=w.matrix(p + "attn_q_b.weight"),
+            kv=w.matrix(p + "attn_kv.weight"),
+            kv_norm=w.vector(p + "attn_kv_a_norm.weight"),
+            sinks=w.vector(p + "attn_sinks.weight"),
+            out_a=w.matrix(p + "attn_output_a.weight"),
+            out_b=w.matrix(p + "attn_output_b.weight"),
+            ratio=ratio,
+            compressor=compressor,
+            indexer=indexer,
+        )
         ffn = w.moe(i, selection_bias=i >= self.n_hash, shared=True)
-        return HyperBlock(w.vector(p + "attn_norm.weight"), attn, w.vector(p + "ffn_norm.weight"), ffn,
-                          self._mix(i, "attn"), self._mix(i, "ffn"))
+        return HyperBlock(
+            w.vector(p + "attn_norm.weight"),
+            attn,
+            w.vector(p + "ffn_norm.weight"),
+            ffn,
+            self._mix(i, "attn"),
+            self._mix(i, "ffn"),
+        )
 
     def new_cache(self, n_ctx: int) -> list[LayerCache]:
-        return [LayerCache(min(self.window, n_ctx), self.hp.head_dim, self.ratios[i], self.index_dim, n_ctx)
-                for i in range(self.hp.n_layer)]
+        return [
+            LayerCache(min(self.window, n_ctx), self.hp.head_dim, self.ratios[i], self.index_dim, n_ctx)
+            for i in range(self.hp.n_layer)
+        ]
 
     # --- the forward pass ----------------------------------------------------------------
     def embed(self, tokens):
@@ -272,8 +320,9 @@ class DeepSeek4(Transformer):
         mixes = linear(mix.fn, layers.rms_norm(x.reshape(T_, -1), None, self.hp.rms_eps))
         pre, post = np.empty((T_, hyper.HC), F32), np.empty((T_, hyper.HC), F32)
         comb = np.empty((T_, hyper.HC, hyper.HC), F32)
-        hyper.hc_split(np.ascontiguousarray(mixes), mix.scale, mix.base, F32(self.hc_eps), self.hc_iterations,
-                       pre, post, comb)
+        hyper.hc_split(
+            np.ascontiguousarray(mixes), mix.scale, mix.base, F32(self.hc_eps), self.hc_iterations, pre, post, comb
+        )
         h = np.empty((T_, x.shape[2]), F32)
         hyper.hc_collapse(x, pre, h)
         return h, post, comb
@@ -346,7 +395,7 @@ class DeepSeek4(Transformer):
     def rope_tail(self, rope: layers.Rope, x, cos, sin):
         """x [T, H, d] with RoPE on its last n_rot dims."""
         out = x.copy()
-        out[..., -rope.n_rot:] = rope.apply(np.ascontiguousarray(x[..., -rope.n_rot:]), cos, sin)
+        out[..., -rope.n_rot :] = rope.apply(np.ascontiguousarray(x[..., -rope.n_rot :]), cos, sin)
         return out
 
     def compress(self, c: Compressor, state: CompressorState, kv, score, positions) -> None:
@@ -438,4 +487,3 @@ def _clamped_swiglu(gate, up, limit: float):
         return layers.swiglu(gate, up)
     g = np.minimum(gate, F32(limit))
     return g / (F32(1.0) + layers.expf(-g)) * np.clip(up, F32(-limit), F32(limit))
-

@@ -7,6 +7,7 @@ RoPE base. Then a mixture of experts: the router (with a bias) picks the top-k l
 softmax weighs the experts, and each expert is a clamped SwiGLU with per-expert biases,
 g·σ(1.702·g)·(u + 1) with g = min(gate, 7), u = clamp(up, ±7). The experts ship as MXFP4.
 """
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -40,6 +41,12 @@ class GptOss(Transformer):
 
     def block(self, i, h, positions, cache):
         b, eps, swa = self.blocks[i], self.hp.rms_eps, self.is_swa[i]
-        h = h + self.gqa_attention(b.attn, layers.rms_norm(h, b.attn_norm, eps), positions, cache,
-                                   window=self.window if swa else None, rope=self.swa_rope if swa else self.rope)
+        h = h + self.gqa_attention(
+            b.attn,
+            layers.rms_norm(h, b.attn_norm, eps),
+            positions,
+            cache,
+            window=self.window if swa else None,
+            rope=self.swa_rope if swa else self.rope,
+        )
         return h + self.moe(i, layers.rms_norm(h, b.ffn_norm, eps))

@@ -5,6 +5,7 @@ Q/K rows so this equals Hugging Face's rotate-half — and optional llama3-style
 factors; then SwiGLU experts (softmax, top-k, renormalised), or a dense SwiGLU FFN on
 layers without a router.
 """
+
 from __future__ import annotations
 
 from swapmoe.runtime import layers

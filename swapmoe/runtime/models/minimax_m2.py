@@ -5,6 +5,7 @@ being split into heads; NEOX RoPE on only the first `rope.dimension_count` dims 
 (64 of 128); then SwiGLU experts chosen by sigmoid scores plus a per-expert selection bias
 (`exp_probs_b`), weighted by the unbiased scores renormalised to sum to one.
 """
+
 from __future__ import annotations
 
 from gguf import Keys
@@ -20,8 +21,7 @@ class MiniMaxM2(Transformer):
     def setup(self):
         gating = self.gguf.arch_get(Keys.LLM.EXPERT_GATING_FUNC)
         if gating != Gating.SIGMOID:  # llama.cpp aborts without the key too
-            raise SwapmoeError(f"{self.gguf.path}: minimax-m2 needs expert_gating_func = 2 (sigmoid), "
-                               f"found {gating}")
+            raise SwapmoeError(f"{self.gguf.path}: minimax-m2 needs expert_gating_func = 2 (sigmoid), found {gating}")
         self.rope = self.hp.rope(neox=True)  # n_rot < head_dim: the rest of each head passes through
 
     def load_block(self, i):
@@ -29,6 +29,7 @@ class MiniMaxM2(Transformer):
 
     def block(self, i, h, positions, cache):
         b, eps = self.blocks[i], self.hp.rms_eps
-        h = h + self.gqa_attention(b.attn, layers.rms_norm(h, b.attn_norm, eps), positions, cache,
-                                   qk_norm_per_head=False)
+        h = h + self.gqa_attention(
+            b.attn, layers.rms_norm(h, b.attn_norm, eps), positions, cache, qk_norm_per_head=False
+        )
         return h + self.moe(i, layers.rms_norm(h, b.ffn_norm, eps))

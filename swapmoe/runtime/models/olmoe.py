@@ -4,6 +4,7 @@ Each block: pre-norm attention whose whole q and k projections are RMS-normalise
 being split into heads, NEOX RoPE; then SwiGLU experts with softmax routing, top-k, and
 no renormalisation of the k weights.
 """
+
 from __future__ import annotations
 
 from swapmoe.runtime import layers
@@ -21,6 +22,7 @@ class OLMoE(Transformer):
 
     def block(self, i, h, positions, cache):
         b, eps = self.blocks[i], self.hp.rms_eps
-        h = h + self.gqa_attention(b.attn, layers.rms_norm(h, b.attn_norm, eps), positions, cache,
-                                   qk_norm_per_head=False)
+        h = h + self.gqa_attention(
+            b.attn, layers.rms_norm(h, b.attn_norm, eps), positions, cache, qk_norm_per_head=False
+        )
         return h + self.moe(i, layers.rms_norm(h, b.ffn_norm, eps))

@@ -4,6 +4,7 @@ Each block: pre-norm GQA attention with q/k/v biases and NEOX RoPE; then routed 
 experts (softmax over all, top-k, weights *not* renormalised) plus an always-on shared
 expert scaled by a per-token sigmoid gate.
 """
+
 from __future__ import annotations
 
 from swapmoe.runtime import layers

@@ -19,6 +19,7 @@ FFN: softmax routing over all experts, top-k, weights renormalised; plus a share
 scaled by sigmoid(ffn_gate_inp_shexp · x). The bundled multi-token-prediction block (the last
 `nextn_predict_layers` blocks) is not part of the forward pass and is never loaded.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ RECURRENT_LAYERS = "{arch}.attention.recurrent_layers"  # llama.cpp's key; gguf-
 @dataclass(frozen=True)
 class DeltaNet:
     """A gated DeltaNet layer's weights."""
+
     qkv: Weight  # attn_qkv: the convolution's input, [q | k | v]
     z: Weight  # attn_gate: the output gate
     beta: Weight  # ssm_beta
@@ -52,6 +54,7 @@ class DeltaNet:
 @dataclass(frozen=True)
 class DeltaNetShape:
     """The DeltaNet geometry of a file: which layers are recurrent, and their sizes."""
+
     recurrent: tuple[bool, ...]  # per layer: gated DeltaNet (else gated attention)
     d_conv: int  # ssm.conv_kernel
     head_k: int  # ssm.state_size
@@ -66,9 +69,14 @@ class DeltaNetShape:
             interval = g.arch_get(Keys.LLM.FULL_ATTENTION_INTERVAL, 4)
             flags = [(i + 1) % interval != 0 for i in range(n_layer)]
         n_v = g.arch_get(Keys.SSM.TIME_STEP_RANK)
-        return cls(tuple(bool(f) for f in flags[:n_layer]), g.arch_get(Keys.SSM.CONV_KERNEL),
-                   g.arch_get(Keys.SSM.STATE_SIZE), g.arch_get(Keys.SSM.GROUP_COUNT), n_v,
-                   g.arch_get(Keys.SSM.INNER_SIZE) // n_v)
+        return cls(
+            tuple(bool(f) for f in flags[:n_layer]),
+            g.arch_get(Keys.SSM.CONV_KERNEL),
+            g.arch_get(Keys.SSM.STATE_SIZE),
+            g.arch_get(Keys.SSM.GROUP_COUNT),
+            n_v,
+            g.arch_get(Keys.SSM.INNER_SIZE) // n_v,
+        )
 
     @property
     def conv_dim(self) -> int:
@@ -104,16 +112,23 @@ class Qwen35MoE(Transformer):
     def load_delta_net(self, i) -> DeltaNet:
         w, p = self.w, f"blk.{i}."
         return DeltaNet(
-            qkv=w.matrix(p + "attn_qkv.weight"), z=w.matrix(p + "attn_gate.weight"),
-            beta=w.matrix(p + "ssm_beta.weight"), alpha=w.matrix(p + "ssm_alpha.weight"),
-            dt_bias=w.vector(p + "ssm_dt.bias"), a=w.vector(p + "ssm_a"),
+            qkv=w.matrix(p + "attn_qkv.weight"),
+            z=w.matrix(p + "attn_gate.weight"),
+            beta=w.matrix(p + "ssm_beta.weight"),
+            alpha=w.matrix(p + "ssm_alpha.weight"),
+            dt_bias=w.vector(p + "ssm_dt.bias"),
+            a=w.vector(p + "ssm_a"),
             conv=w.vector(p + "ssm_conv1d.weight").reshape(-1, self.shape.d_conv),
-            norm=w.vector(p + "ssm_norm.weight"), out=w.matrix(p + "ssm_out.weight"))
+            norm=w.vector(p + "ssm_norm.weight"),
+            out=w.matrix(p + "ssm_out.weight"),
+        )
 
     def new_cache(self, n_ctx):
         hp = self.hp
-        return [self.shape.state() if recurrent else layers.KVCache(n_ctx, hp.n_head_kv, hp.head_dim, hp.v_head_dim)
-                for recurrent in self.shape.recurrent]
+        return [
+            self.shape.state() if recurrent else layers.KVCache(n_ctx, hp.n_head_kv, hp.head_dim, hp.v_head_dim)
+            for recurrent in self.shape.recurrent
+        ]
 
     def gated_attention(self, a: Attention, x, positions, cache):
         T_, hp = len(x), self.hp
@@ -144,8 +159,8 @@ class Qwen35MoE(Transformer):
         causal_conv(state.conv, qkv, d.conv, mixed)
         mixed = layers.silu(mixed)
         q = self.k_heads(_l2_norm(mixed[:, :key_dim].reshape(T_, shape.n_k, shape.head_k), eps))
-        k = self.k_heads(_l2_norm(mixed[:, key_dim:2 * key_dim].reshape(T_, shape.n_k, shape.head_k), eps))
-        v = np.ascontiguousarray(mixed[:, 2 * key_dim:].reshape(T_, shape.n_v, shape.head_v))
+        k = self.k_heads(_l2_norm(mixed[:, key_dim : 2 * key_dim].reshape(T_, shape.n_k, shape.head_k), eps))
+        v = np.ascontiguousarray(mixed[:, 2 * key_dim :].reshape(T_, shape.n_v, shape.head_v))
         out = np.empty_like(v)
         gated_delta_rule(state.ssm, q, k, v, np.ascontiguousarray(decay), np.ascontiguousarray(beta), out)
         state.length += T_

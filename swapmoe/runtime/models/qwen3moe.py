@@ -4,6 +4,7 @@ Each block: pre-norm GQA attention whose q and k are RMS-normalised per head bef
 RoPE, then a mixture of SwiGLU experts: softmax over all experts, top-k, the k weights
 renormalised to sum to one.
 """
+
 from __future__ import annotations
 
 from swapmoe.runtime import layers
@@ -21,6 +22,7 @@ class Qwen3MoE(Transformer):
 
     def block(self, i, h, positions, cache):
         b, eps = self.blocks[i], self.hp.rms_eps
-        h = h + self.gqa_attention(b.attn, layers.rms_norm(h, b.attn_norm, eps), positions, cache,
-                                   qk_norm_per_head=True)
+        h = h + self.gqa_attention(
+            b.attn, layers.rms_norm(h, b.attn_norm, eps), positions, cache, qk_norm_per_head=True
+        )
         return h + self.moe(i, layers.rms_norm(h, b.ffn_norm, eps))

@@ -7,6 +7,7 @@ K-head, so q and k are repeated per group (V-head h reads K-head h // (n_v / n_k
 alpha come from one projection, per K-head [beta of its V-heads | alpha of its V-heads]; and
 older files hold q, k, v and z in one projection `ssm_in`, per K-head [q | k | v | z].
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from swapmoe.runtime.models.qwen35moe import Qwen35MoE
 @dataclass(frozen=True)
 class NextDeltaNet:
     """A Qwen3-Next DeltaNet layer's weights: attn_qkv and attn_gate, or the older ssm_in."""
+
     beta_alpha: Weight  # ssm_ba
     dt_bias: np.ndarray
     a: np.ndarray
@@ -39,9 +41,14 @@ class Qwen3Next(Qwen35MoE):
         else:
             inputs = dict(qkv=w.matrix(p + "attn_qkv.weight"), z=w.matrix(p + "attn_gate.weight"))
         return NextDeltaNet(
-            beta_alpha=w.matrix(p + "ssm_ba.weight"), dt_bias=w.vector(p + "ssm_dt.bias"),
-            a=w.vector(p + "ssm_a"), conv=w.vector(p + "ssm_conv1d.weight").reshape(-1, self.shape.d_conv),
-            norm=w.vector(p + "ssm_norm.weight"), out=w.matrix(p + "ssm_out.weight"), **inputs)
+            beta_alpha=w.matrix(p + "ssm_ba.weight"),
+            dt_bias=w.vector(p + "ssm_dt.bias"),
+            a=w.vector(p + "ssm_a"),
+            conv=w.vector(p + "ssm_conv1d.weight").reshape(-1, self.shape.d_conv),
+            norm=w.vector(p + "ssm_norm.weight"),
+            out=w.matrix(p + "ssm_out.weight"),
+            **inputs,
+        )
 
     def delta_inputs(self, d: NextDeltaNet, x):
         T_, shape = len(x), self.shape
@@ -50,8 +57,8 @@ class Qwen3Next(Qwen35MoE):
             hk, group_v = shape.head_k, per_k * shape.head_v
             qkvz, beta_alpha = linear_each(x, d.qkvz, d.beta_alpha)
             qkvz = qkvz.reshape(T_, n_k, 2 * hk + 2 * group_v)
-            q, k = qkvz[..., :hk], qkvz[..., hk:2 * hk]
-            v, z = qkvz[..., 2 * hk:2 * hk + group_v], qkvz[..., 2 * hk + group_v:]
+            q, k = qkvz[..., :hk], qkvz[..., hk : 2 * hk]
+            v, z = qkvz[..., 2 * hk : 2 * hk + group_v], qkvz[..., 2 * hk + group_v :]
             qkv = np.concatenate([q.reshape(T_, -1), k.reshape(T_, -1), v.reshape(T_, -1)], axis=1)
             z = np.ascontiguousarray(z).reshape(T_, -1)
         else:
