@@ -78,7 +78,7 @@ def test_defaults_fit_the_machine():
 
 def _capacity(m) -> int:
     """How many experts the pread engine can hold at once (all slices have the same size)."""
-    ((size, free),) = m.store.engine.free.items()
+    ((size, free),) = m.store.engine.pool.free.items()
     assert len(free) * size == len(free) * m.store._new_entry(0, 0).nbytes <= m.store.budget
     return len(free)
 
@@ -252,8 +252,8 @@ def test_fixation_changes_little_on_prompt_logits(model_path, reference):
 def test_lookahead_prefetches_the_predicted_experts(model_path):
     m = swapmoe.load(model_path, io="mmap", expert_streaming=True, expert_prefetch="lookahead")
     hinted = []
-    engine_prefetch = m.store.engine.prefetch
-    m.store.engine.prefetch = lambda ranges: (hinted.append(list(ranges)), engine_prefetch(ranges))[1]
+    engine_start = m.store.engine.start
+    m.store.engine.start = lambda ranges, nbytes: (hinted.append(list(ranges)), engine_start(ranges, nbytes))[1]
     predicted = []
     predict = m.net.predict_experts
     m.net.predict_experts = lambda i, h: (predicted.append((i, predict(i, h))), predicted[-1][1])[1]
@@ -340,71 +340,3 @@ def test_repacked_file_computes_the_same(model_path, reference, tmp_path, io):
     assert swapmoe.load(model_path, expert_streaming=False).store.expert(0, 0).gate_up is None
     np.testing.assert_array_equal(m.logits(PROMPT), reference[0])
     assert list(m.generate_ids(PROMPT, max_tokens=8, ignore_eos=True)) == reference[1]
-
-
-def test_farthest_first_in_chunks_is_a_full_sort():
-    """The chunked ranking yields the order of one full sort: farthest expected use first, least
-    recently used among equals (many ties and infinities, chunks smaller than the ties)."""
-    from swapmoe.runtime.experts.store import _farthest_first
-
-    rng = np.random.default_rng(5)
-    expected = rng.choice([1.0, 2.5, 7.0, np.inf], size=300)
-    used_at = rng.permutation(300)
-    candidates = np.flatnonzero(rng.random(300) < 0.8)
-    want = candidates[np.lexsort((used_at[candidates], -expected[candidates]))].tolist()
-    for chunk in (1, 7, 64, 1000):
-        assert list(_farthest_first(candidates, expected, used_at, chunk)) == want
-
-
-def test_update_shares_is_the_running_average():
-    """The compiled share update against its numpy statement: an even start on a layer's first
-    visit, then per token (oldest first) every share decays and the token's own experts gain."""
-    from swapmoe.runtime.experts.store import SHARE_WEIGHT, _update_shares
-
-    rng = np.random.default_rng(3)
-    share = np.zeros(32)
-    want = np.full(32, 4 / 32)
-    for tokens in (1, 5, 1, 3):
-        choice = np.array([rng.choice(32, 4, replace=False) for _ in range(tokens)], np.int64)
-        _update_shares(share, choice, SHARE_WEIGHT)
-        for row in choice:
-            want = want * (1.0 - SHARE_WEIGHT)
-            want[row] += SHARE_WEIGHT
-        np.testing.assert_array_equal(share, want)
-
-
-def test_eviction_ranks_are_the_documented_ones():
-    """_eviction_ranks against a numpy statement of the rule: resident experts not read for the
-    current visit, not in use, of the slot size asked for (0: any); expected back after their
-    layer's distance ahead in the cycle plus (1/share - 1) cycles (a guess: share 1; never
-    chosen: infinitely far); the certain ones flagged."""
-    from swapmoe.runtime.experts.store import DEMAND, EXPECTED, PREFETCH, _eviction_ranks
-
-    rng = np.random.default_rng(4)
-    n_layer, n_expert, cycle_length = 5, 16, 4
-    origin = rng.integers(-1, 4, (n_layer, n_expert)).astype(np.int8)
-    nbytes = rng.choice([100, 200], (n_layer, n_expert)).astype(np.int64)
-    share = rng.random((n_layer, n_expert)) * (rng.random((n_layer, n_expert)) < 0.8)
-    cycle = np.array([0, 1, 2, 3, 0], np.int64)  # layer 4 is dense in this cycle's terms: shares layer 0's place
-    used_at = rng.permutation(n_layer * n_expert).reshape(n_layer, n_expert).astype(np.int64)
-    in_use = np.array([0 * n_expert + 3, 2 * n_expert + 7], np.int64)
-    for layer in range(n_layer):
-        for need in (0, 200):
-            flat, expected, last_used, certain = _eviction_ranks(
-                origin, nbytes, need, share, cycle, layer, cycle_length, used_at, in_use
-            )
-            keep = (origin >= 0) & (origin != DEMAND)
-            keep.ravel()[in_use] = False
-            if need:
-                keep &= nbytes == need
-            layers_, experts = np.nonzero(keep)
-            ahead = (cycle[layers_] - cycle[layer]) % cycle_length
-            ahead[ahead == 0] = cycle_length
-            p = np.where(origin[layers_, experts] == PREFETCH, 1.0, share[layers_, experts])
-            with np.errstate(divide="ignore"):
-                want = ahead + cycle_length * (1.0 / p - 1.0)
-            np.testing.assert_array_equal(flat, layers_ * n_expert + experts)
-            np.testing.assert_array_equal(expected, want)
-            np.testing.assert_array_equal(last_used, used_at[layers_, experts])
-            np.testing.assert_array_equal(certain, origin[layers_, experts] == EXPECTED)
-            assert np.isinf(expected).any()

@@ -1,7 +1,7 @@
 """Replay recorded routing traces through expert-cache policies, against Belady's MIN.
 
     python tools/replay_trace.py TRACE... [--budgets MiB,MiB,... | --budget-fractions 0.1,0.25,...]
-        [--policies store,lru,lfu,min] [--keep-recent N|off] [--io mmap|pread]
+        [--policies expected,lru,lfu,min] [--keep-recent N|off] [--io mmap|pread]
         [--sizes auto|header|model] [--model GGUF] [--wide]
 
 A trace (`swapmoe run MODEL --trace FILE`, `swapmoe.load(path, trace=FILE)`, `swapmoe serve
@@ -12,24 +12,25 @@ end_pass() after each pass.  This replays exactly that demand sequence, without 
 reading anything, through each policy at several byte budgets, and prints per policy and budget
 the misses, the bytes read, and those bytes divided by MIN's.
 
-Policies:
-  store     swapmoe's own (the expert whose next use is expected farthest ahead first; see
-            ExpertStore._victims), exactly: the real ExpertStore (swapmoe/runtime/experts/store.py)
-            driven by a do-nothing engine (zero-filled views, no I/O), with the trace's keep_recent
-            (or --keep-recent); its stats.misses and bytes_loaded are reported.
+Every policy runs in the real ExpertStore (swapmoe/runtime/experts/store.py), driven by an engine
+that reads nothing (zero-filled views), with the trace's keep_recent (or --keep-recent; MIN,
+the yardstick, always without); its stats.misses and bytes_loaded are reported. The policies are those the store ships
+(swapmoe/runtime/experts/policy.py, by name):
+  expected  the store's default: the expert whose next use is expected farthest ahead first
+            (ExpectedUse). A replay of a trace with it gives the recorded run's counters.
   lru       least recently used expert first, over all layers.
-  lfu       fewest requests so far first (counted over the whole replay, also while evicted),
+  lfu       fewest uses so far first (counted over the whole replay, also while evicted),
             least recently used first among equals.
-  min       Belady's offline MIN: the resident expert whose next request is farthest in the future
-            (or never comes) first.  Optimal (fewest misses, so fewest bytes) when all experts have
-            the same size; with unequal sizes (e.g. Q4_K_M's Q6_K ffn_down on some layers) it is the
-            usual farthest-next-use heuristic, not a proven optimum, and another policy may read
-            fewer bytes.
+  min       Belady's offline MIN: the resident expert whose next visit that uses it is farthest in
+            the future (or never comes) first. Optimal (fewest misses, so fewest bytes) when all
+            experts have the same size; with unequal sizes (e.g. Q4_K_M's Q6_K ffn_down on some
+            layers) it is the usual farthest-next-use heuristic, not a proven optimum, and another
+            policy may read fewer bytes.
 
-lru..min evict only when a missing expert does not fit, and never an expert of the current visit
-that the visit still has to use, unless the visit's experts do not fit together (a prompt's layer
-may choose more than the budget holds): then they go through one by one, as the store reads them.
-A budget below the largest expert is too small for those policies (the store is still run).
+All of them keep the store's rules: a visit's experts are started together and none of them is
+evicted for another, unless they do not fit together (a prompt's layer may choose more than the
+budget holds): then the rest are read one by one as they are asked for. A budget too small for
+one layer's experts is reported as such.
 
 Sizes: the bytes the store charges for each expert: the sum of its slice's ranges (the mmap engine)
 or its pread slot need (--io pread: ranges widened to 4 KiB for O_DIRECT; the store's pread
@@ -48,11 +49,8 @@ replay's demand sequence is still the one the model made.
 from __future__ import annotations
 
 import argparse
-import heapq
 import json
 import sys
-from collections import OrderedDict
-from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,11 +59,11 @@ from gguf import GGMLQuantizationType
 
 from swapmoe.errors import SwapmoeError
 from swapmoe.repack.index import Range
-from swapmoe.runtime.experts.io import DIRECT_ALIGN, PreadEngine, slot_layout, slot_need, slot_plan
+from swapmoe.runtime.experts.io import DIRECT_ALIGN, SlotPlacement, SlotPool, slot_need, slot_plan
+from swapmoe.runtime.experts.policy import MIN, POLICIES
 from swapmoe.runtime.experts.store import ExpertStore
 
 MiB = 1 << 20
-POLICIES = ("store", "lru", "lfu", "min")
 FRACTIONS = (0.1, 0.25, 0.5)
 
 
@@ -140,45 +138,59 @@ class HeaderIndex:
 
 
 class NullEngine:
-    """MmapEngine's interface without the file: loads are zero-filled views, nothing is read."""
+    """The mmap engine's charges and room (only the store's budget) without the files: nothing is
+    read, the views are zeros."""
 
-    name = "replay"
+    name = "replay-mmap"
+    sized_rooms = False
 
     def __init__(self, largest: int):
         self._zeros = np.zeros(largest, np.uint8)
 
-    def load(self, ranges) -> list[np.ndarray]:
+    def charge(self, ranges) -> int:
+        return sum(n for _, _, n in ranges)
+
+    def has_room(self, nbytes: int) -> bool:
+        return True
+
+    def start(self, ranges, nbytes: int):
+        return ranges
+
+    def finish(self, ranges) -> list[np.ndarray]:
         return [self._zeros[:n] for _, _, n in ranges]
 
-    def prefetch(self, ranges) -> None:
-        pass
-
-    def release(self, ranges) -> None:
+    def release(self, placement) -> None:
         pass
 
     def close(self) -> None:
         pass
 
 
-class NullPreadEngine(PreadEngine):
-    """PreadEngine's slots (the store checks isinstance) without files, memory or threads."""
+class NullSlotEngine(NullEngine):
+    """The pread engine's charges and slots (io.SlotPool, as slot_plan sizes it) without files,
+    memory or threads."""
 
     name = "replay-pread"
+    sized_rooms = True
 
-    def __init__(self, slots: dict[int, int], largest: int):  # no super().__init__: nothing to open
-        _, self.free, _ = slot_layout(slots)
-        self._zeros = np.zeros(largest, np.uint8)
+    def __init__(self, slots: dict[int, int], largest: int):
+        super().__init__(largest)
+        self.pool = SlotPool(slots)
 
-    def read(self, slot: int, ranges) -> Future:
-        done = Future()
-        done.set_result(None)
-        return done
+    def charge(self, ranges) -> int:
+        return slot_need(ranges)
 
-    def views(self, slot: int, ranges) -> list[np.ndarray]:
-        return [self._zeros[:n] for _, _, n in ranges]
+    def has_room(self, nbytes: int) -> bool:
+        return self.pool.has_room(nbytes)
 
-    def close(self) -> None:
-        pass
+    def start(self, ranges, nbytes: int) -> SlotPlacement:
+        return SlotPlacement(self.pool.take(nbytes), nbytes, ranges, None)
+
+    def finish(self, placement: SlotPlacement) -> list[np.ndarray]:
+        return super().finish(placement.ranges)
+
+    def release(self, placement: SlotPlacement) -> None:
+        self.pool.give(placement.slot, placement.need)
 
 
 def model_path(trace: Trace) -> Path | None:
@@ -227,7 +239,7 @@ class Setup:
         if self.io == "mmap":
             return NullEngine(largest)
         # as Model._store sizes the pread pool
-        return NullPreadEngine(slot_plan(list(self.sizes.values()), budget, self.n_expert_used), largest)
+        return NullSlotEngine(slot_plan(list(self.sizes.values()), budget, self.n_expert_used), largest)
 
 
 def setup(
@@ -275,9 +287,18 @@ class Result:
     decode_bytes: int | None = None  # of bytes_read, those read while decoding (a bound on decode speed)
 
 
-def replay_store(trace: Trace, s: Setup, budget: int) -> Result:
-    """The real ExpertStore, fed the calls Transformer.routed_experts and Routing.end_pass make."""
-    store = ExpertStore(s.index, s.engine(budget), budget, s.keep_recent)
+def new_policy(trace: Trace, s: Setup, name: str):
+    """The store's policy of that name, told the trace's future where it needs it (MIN)."""
+    cls = POLICIES[name]
+    shape = (s.index.n_layer, s.index.n_expert, s.index.moe_layers())
+    return cls(*shape, [(layer, ids) for _, layer, ids in trace.visits]) if cls is MIN else cls(*shape)
+
+
+def replay(trace: Trace, s: Setup, budget: int, policy: str) -> Result:
+    """The real ExpertStore with the named policy, fed the calls Transformer.routed_experts and
+    Routing.end_pass make."""
+    keep_recent = None if policy == MIN.name else s.keep_recent  # the yardstick: the fewest reads at the budget
+    store = ExpertStore(s.index, s.engine(budget), budget, keep_recent, new_policy(trace, s, policy))
     previous, before_decode = None, None
     try:
         for (n, layer, ids), choice in zip(trace.visits, trace.choices):
@@ -291,12 +312,12 @@ def replay_store(trace: Trace, s: Setup, budget: int) -> Result:
                 store.expert(layer, e)
         store.end_pass()
     except SwapmoeError as e:
-        return Result("store", budget, requests=store.stats.requests, note=f"raised: {e}")
+        return Result(policy, budget, requests=store.stats.requests, note=f"too small: {e}")
     finally:
         store.close()
     loaded = store.stats.bytes_loaded
     return Result(
-        "store",
+        policy,
         budget,
         store.stats.misses,
         loaded,
@@ -305,145 +326,9 @@ def replay_store(trace: Trace, s: Setup, budget: int) -> Result:
     )
 
 
-class _Lazy:
-    """A min-heap of keys by priority where priorities change: stale entries are skipped on pop."""
-
-    def __init__(self):
-        self.heap, self.now = [], {}
-
-    def set(self, key, priority) -> None:
-        self.now[key] = priority
-        heapq.heappush(self.heap, (priority, key))
-
-    def drop(self, key) -> None:
-        del self.now[key]
-
-    def pop(self, pinned) -> tuple:
-        held = []
-        while True:
-            priority, key = heapq.heappop(self.heap)
-            if self.now.get(key) != priority:
-                continue
-            if key in pinned:
-                held.append((priority, key))
-                continue
-            for entry in held:
-                heapq.heappush(self.heap, entry)
-            return key
-
-
-class Policy:
-    """Residency decisions of one policy: told of every request, asked for victims."""
-
-    def __init__(self, trace: Trace, s: Setup):
-        pass
-
-    def used(self, key, t: int, hit: bool) -> None:
-        raise NotImplementedError
-
-    def victim(self, pinned: set) -> tuple[int, int]:
-        """The resident expert to evict next, never one of `pinned`."""
-        raise NotImplementedError
-
-    def evicted(self, key) -> None:
-        pass
-
-
-class LRU(Policy):
-    def __init__(self, trace, s):
-        self.order: OrderedDict = OrderedDict()
-
-    def used(self, key, t, hit):
-        self.order[key] = None
-        self.order.move_to_end(key)
-
-    def victim(self, pinned):
-        return next(key for key in self.order if key not in pinned)
-
-    def evicted(self, key):
-        del self.order[key]
-
-
-class LFU(Policy):
-    def __init__(self, trace, s):
-        self.count: dict = {}
-        self.heap = _Lazy()
-
-    def used(self, key, t, hit):
-        self.count[key] = self.count.get(key, 0) + 1
-        self.heap.set(key, (self.count[key], t))
-
-    def victim(self, pinned):
-        return self.heap.pop(pinned)
-
-    def evicted(self, key):
-        self.heap.drop(key)
-
-
-class MIN(Policy):
-    def __init__(self, trace, s):
-        keys = [(layer, e) for _, layer, ids in trace.visits for e in ids]
-        self.next_use = [0] * len(keys)
-        seen: dict = {}
-        for t in range(len(keys) - 1, -1, -1):
-            self.next_use[t] = seen.get(keys[t], len(keys))  # len(keys): never again
-            seen[keys[t]] = t
-        self.heap = _Lazy()
-
-    def used(self, key, t, hit):
-        self.heap.set(key, -self.next_use[t])  # farthest next use on top; ties: smallest key
-
-    def victim(self, pinned):
-        return self.heap.pop(pinned)
-
-    def evicted(self, key):
-        self.heap.drop(key)
-
-
-SIMULATED = {"lru": LRU, "lfu": LFU, "min": MIN}
-
-
 def largest_visit(trace: Trace, sizes: dict) -> int:
-    """Bytes of the largest set of experts one layer visit chose: the smallest budget lru..min take."""
+    """Bytes of the largest set of experts one layer visit chose."""
     return max((sum(sizes[(layer, e)] for e in ids) for _, layer, ids in trace.visits), default=0)
-
-
-def replay_policy(trace: Trace, s: Setup, budget: int, name: str) -> Result:
-    sizes = s.sizes
-    need = max(sizes.values(), default=0)
-    if budget < need:
-        return Result(name, budget, requests=trace.requests, note=f"too small: an expert takes {need / MiB:.2f} MiB")
-    policy = SIMULATED[name](trace, s)
-    resident: dict = {}
-    used = misses = read = decode_read = t = 0
-    for n_pass, layer, ids in trace.visits:
-        decoding = trace.phases.get(n_pass) == "decode"
-        pinned = {(layer, e) for e in ids}  # still to be used in this visit
-        for e in ids:
-            key = (layer, e)
-            pinned.discard(key)
-            hit = key in resident
-            if not hit:
-                n = sizes[key]
-                while used + n > budget:
-                    try:
-                        victim = policy.victim(pinned)
-                    except (StopIteration, IndexError):  # the visit alone does not fit: stream it
-                        victim = policy.victim(set())
-                    used -= resident.pop(victim)
-                    policy.evicted(victim)
-                resident[key] = n
-                used += n
-                misses += 1
-                read += n
-                decode_read += n if decoding else 0
-            policy.used(key, t, hit)
-            t += 1
-    return Result(name, budget, misses, read, t, decode_bytes=decode_read)
-
-
-def replay(trace: Trace, s: Setup, budget: int, policy: str) -> Result:
-    return replay_store(trace, s, budget) if policy == "store" else replay_policy(trace, s, budget, policy)
 
 
 # --- budgets and the report -------------------------------------------------------------------
@@ -524,13 +409,7 @@ def report(
                 r = results[b][p]
                 if p == "min":
                     continue
-                cells.append(
-                    f"{ratio(r, b) or 'n/a'} ({r.misses})"
-                    if r.misses is not None
-                    else "too small"
-                    if r.note.startswith("too small")
-                    else "raised"
-                )
+                cells.append(f"{ratio(r, b) or 'n/a'} ({r.misses})" if r.misses is not None else "too small")
             m = mins[b]
             cells.append(f"{m.misses}, {m.bytes_read / MiB:.1f}" if m.misses is not None else "too small")
             print(f"| {_fmt_budget(b, total, recorded)} | " + " | ".join(cells) + " |", file=out)

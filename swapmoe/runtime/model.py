@@ -23,7 +23,7 @@ from swapmoe.repack import index as expert_index
 from swapmoe.runtime import layers
 from swapmoe.runtime.experts import options as streaming_options
 from swapmoe.runtime.experts.io import MmapEngine, PreadEngine, slot_need, slot_plan
-from swapmoe.runtime.experts.store import ExpertStore
+from swapmoe.runtime.experts.store import ExpertStore, StoreSummary
 from swapmoe.runtime.models import ARCHITECTURES
 from swapmoe.runtime.sampling import Sampler, Sampling
 from swapmoe.runtime.tokenizer import Tokenizer
@@ -238,12 +238,12 @@ class Model:
             "wait_seconds",
             "major_faults",
         ):
-            setattr(s, key, now[key] - before[key])
-        s.bytes_read = now["bytes_loaded"] - before["bytes_loaded"]
+            setattr(s, key, getattr(now, key) - getattr(before, key))
+        s.bytes_read = now.bytes_loaded - before.bytes_loaded
         s.storage_read_bytes = _proc_read_bytes() - self._io_before
-        s.resident_expert_bytes = now["resident_bytes"]
-        s.peak_resident_expert_bytes = now["peak_resident_bytes"]
-        s.engine = now["engine"]
+        s.resident_expert_bytes = now.resident_bytes
+        s.peak_resident_expert_bytes = now.peak_resident_bytes
+        s.engine = now.engine
 
     def logits(self, token_ids) -> np.ndarray:
         """float32 [n_tokens, n_vocab]: the logits after every position, in a fresh context."""
@@ -416,12 +416,12 @@ class Model:
             yield tail
 
 
-def _layer_counts(before: dict, now: dict) -> dict[int, tuple[int, int]]:
+def _layer_counts(before: StoreSummary, now: StoreSummary) -> dict[int, tuple[int, int]]:
     """layer -> (hits, requests) between two store summaries."""
     counts = {}
-    for layer in set(now["hits_per_layer"]) | set(now["misses_per_layer"]):
-        hits = now["hits_per_layer"].get(layer, 0) - before["hits_per_layer"].get(layer, 0)
-        misses = now["misses_per_layer"].get(layer, 0) - before["misses_per_layer"].get(layer, 0)
+    for layer in set(now.hits_per_layer) | set(now.misses_per_layer):
+        hits = now.hits_per_layer.get(layer, 0) - before.hits_per_layer.get(layer, 0)
+        misses = now.misses_per_layer.get(layer, 0) - before.misses_per_layer.get(layer, 0)
         if hits + misses:
             counts[int(layer)] = (hits, hits + misses)
     return dict(sorted(counts.items()))

@@ -238,11 +238,11 @@ def create_app(load, name: str, api_key: str | None = None, parallel: int = 1) -
             ),
             ("requests_processing", "gauge", "requests being generated", worker.busy),
             ("requests_deferred", "gauge", "requests waiting in the queue", worker.waiting),
-            ("expert_requests_total", "counter", "experts asked of the expert store", store["requests"]),
-            ("expert_hits_total", "counter", "experts found resident", store["hits"]),
-            ("expert_misses_total", "counter", "experts read from storage", store["misses"]),
-            ("expert_bytes_read_total", "counter", "expert bytes read from storage", store["bytes_loaded"]),
-            ("expert_resident_bytes", "gauge", "bytes of resident experts", store["resident_bytes"]),
+            ("expert_requests_total", "counter", "experts asked of the expert store", store.requests),
+            ("expert_hits_total", "counter", "experts found resident", store.hits),
+            ("expert_misses_total", "counter", "experts read from storage", store.misses),
+            ("expert_bytes_read_total", "counter", "expert bytes read from storage", store.bytes_loaded),
+            ("expert_resident_bytes", "gauge", "bytes of resident experts", store.resident_bytes),
         ]
         text = "".join(
             f"# HELP swapmoe:{name} {doc}\n# TYPE swapmoe:{name} {kind}\nswapmoe:{name} {value}\n"

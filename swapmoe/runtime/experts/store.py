@@ -7,35 +7,30 @@
     store.end_pass()               one forward pass is done: apply keep-recent eviction
 
 Where an expert's bytes are comes from the sidecar index; how they get into RAM is the
-engine's business (io.py); which ones stay is decided here: a byte budget, and optionally
-only the N most recently used experts of each layer.  When the budget is full, the expert
-whose next use is expected farthest ahead goes first (see _victims): each layer's tokens
-keep a running share of how often they choose each expert, so a prompt's last tokens count
-more than its first ones.  Experts certain to be needed soon (a hash-routed layer's experts
+engine's business (io.Engine); how many stay is decided here: a byte budget (and the engine's
+room), and optionally only the N most recently used experts of each layer. Which one goes
+when room is needed is the eviction policy's (policy.py; by default the expert whose next use
+is expected farthest ahead). Experts certain to be needed soon (a hash-routed layer's experts
 for the next token) go last of all.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import resource
 import time
 from collections import OrderedDict, defaultdict
 from collections.abc import Iterator
-from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
-import numba
 import numpy as np
 from gguf import GGMLQuantizationType
 
 from swapmoe.errors import SwapmoeError
-from swapmoe.runtime.experts.io import MmapEngine, PreadEngine, Ranges, slot_need
+from swapmoe.runtime.experts.io import Engine, Ranges
+from swapmoe.runtime.experts.policy import ORIGINS, ExpectedUse, Policy
 from swapmoe.runtime.linear import Weight
-
-SHARE_WEIGHT = 0.1  # weight of a layer's newest token in its experts' running shares (see _victims)
-ORIGINS = ("used", "prefetch", "expected", "demand")  # _Entry.origin, and its code in ExpertStore._origin
-USED, PREFETCH, EXPECTED, DEMAND = range(len(ORIGINS))
 
 
 def _at(view: np.ndarray) -> int:
@@ -70,15 +65,16 @@ class _Part(NamedTuple):
 class _Entry:
     key: tuple[int, int]
     read_ranges: Ranges
-    nbytes: int
-    slot: int = -1  # pread engine
-    pending: Future | None = None
+    nbytes: int  # its charge (Engine.charge)
+    placement: Any = None  # the engine's, from start until release
     expert: Expert | None = None
     origin: str = "demand"  # demand: needed now; prefetch: read on a guess; expected: certain to be needed; used
 
 
 @dataclass
 class StoreStats:
+    """The store's counters since it opened."""
+
     requests: int = 0
     hits: int = 0
     misses: int = 0
@@ -91,48 +87,70 @@ class StoreStats:
     misses_per_layer: dict = field(default_factory=lambda: defaultdict(int))
     peak_resident_bytes: int = 0
 
+
+@dataclass(frozen=True)
+class StoreSummary:
+    """A snapshot of the store (ExpertStore.summary): its counters, what is resident, the major
+    page faults of the process since the store opened, the engine's name. `as_dict()` for JSON."""
+
+    requests: int
+    hits: int
+    misses: int
+    prefetch_issued: int
+    prefetch_used: int
+    bytes_loaded: int
+    evictions: int
+    wait_seconds: float
+    hits_per_layer: dict[int, int]
+    misses_per_layer: dict[int, int]
+    peak_resident_bytes: int
+    resident_bytes: int
+    major_faults: int
+    engine: str
+    policy: str
+
+    @property
+    def prefetch_precision(self) -> float | None:
+        return self.prefetch_used / self.prefetch_issued if self.prefetch_issued else None
+
+    @property
+    def prefetch_recall(self) -> float | None:
+        return self.prefetch_used / self.requests if self.requests else None
+
     def as_dict(self) -> dict:
-        out = {k: v for k, v in self.__dict__.items() if not isinstance(v, dict)}
-        out["prefetch_precision"] = self.prefetch_used / self.prefetch_issued if self.prefetch_issued else None
-        out["prefetch_recall"] = self.prefetch_used / self.requests if self.requests else None
-        out["hits_per_layer"] = dict(self.hits_per_layer)
-        out["misses_per_layer"] = dict(self.misses_per_layer)
+        out = dataclasses.asdict(self)
+        out["prefetch_precision"], out["prefetch_recall"] = self.prefetch_precision, self.prefetch_recall
         return out
 
 
 class ExpertStore:
     def __init__(
-        self, index, engine: MmapEngine | PreadEngine, budget_bytes: int | None = None, keep_recent: int | None = None
+        self,
+        index,
+        engine: Engine,
+        budget_bytes: int | None = None,
+        keep_recent: int | None = None,
+        policy: Policy | None = None,
     ):
-        """index: an ExpertIndex; budget_bytes: resident expert bytes allowed (None: no limit);
-        keep_recent: after each pass keep only this many most recently used experts per layer."""
+        """index: an ExpertIndex; engine: how bytes get into RAM (io.Engine); budget_bytes:
+        resident expert bytes allowed (None: no limit); keep_recent: after each pass keep only this
+        many most recently used experts per layer; policy: which expert goes first when room is
+        needed (default ExpectedUse)."""
         self.index = index
         self.engine = engine
         self.budget = budget_bytes
         self.keep_recent = keep_recent
-        self._slotted = isinstance(engine, PreadEngine)  # room is a free slot of the expert's size
-        self.evicts = budget_bytes is not None or self._slotted  # else all stay once read
+        self.evicts = budget_bytes is not None or engine.sized_rooms  # else all stay once read
+        # told of every event only where it may be asked for a victim
+        self.policy = policy or ExpectedUse(index.n_layer, index.n_expert, index.moe_layers())
         self.stats = StoreStats()
         self.resident_bytes = 0
         self._entries: dict[tuple[int, int], _Entry] = {}
-        # per layer and expert, for ranking victims in one pass: its origin's code (-1: not
-        # resident), its bytes, and when it was last used or read
-        shape = (index.n_layer, index.n_expert)
-        self._origin = np.full(shape, -1, np.int8)
-        self._nbytes = np.zeros(shape, np.int64)
-        self._used_at = np.zeros(shape, np.int64)
-        self._clock = 0
         self._current: tuple[int, int] | None = None  # the expert being computed: never evicted
         self._needed: set[tuple[int, int]] = set()  # asked for by start_reads and not used yet
-        # per layer and expert: the share of the layer's tokens that chose it, newest weighted most
-        self._share = np.zeros((index.n_layer, index.n_expert))
-        self._cycle = np.zeros(index.n_layer, np.int64)  # each MoE layer's place in the layer cycle
-        moe_layers = index.moe_layers()
-        self._cycle[moe_layers] = np.arange(len(moe_layers))
-        self._cycle_length = max(1, len(moe_layers))
         self._guessed: dict[int, set[int]] = defaultdict(set)  # per layer: read on a guess for its next visit
         self._recent: dict[int, OrderedDict[int, None]] = defaultdict(OrderedDict)
-        self._slices: dict[tuple[int, int], tuple[Ranges, int]] = {}  # per expert: its ranges and bytes
+        self._slices: dict[tuple[int, int], tuple[Ranges, int]] = {}  # per expert: its ranges and charge
         self._layouts: dict[tuple[int, int], list[_Part]] = {}  # per expert: see _layout
         self._majflt_start = resource.getrusage(resource.RUSAGE_SELF).ru_majflt
 
@@ -145,7 +163,7 @@ class ExpertStore:
             if not in_range or not index.part_length[layer, expert].any():
                 raise SwapmoeError(f"no routed expert {expert} in layer {layer}")
             ranges = [(r.file, r.offset, r.length) for r in index.slice(layer, expert)]
-            self._slices[key] = ranges, slot_need(ranges) if self._slotted else sum(n for _, _, n in ranges)
+            self._slices[key] = ranges, self.engine.charge(ranges)
         return _Entry(key, *self._slices[key])
 
     def _build_expert(self, entry: _Entry, range_views: list[np.ndarray]) -> Expert:
@@ -214,53 +232,31 @@ class ExpertStore:
 
     # --- residency --------------------------------------------------------------------------
     def _victims(self, layer: int, need: int) -> Iterator[tuple[int, int]]:
-        """Evictable experts while `layer` is being served and an expert of `need` bytes waits for
-        room (with the pread engine, only those whose slot it can take), the best victim first:
-        the one whose next use is expected farthest ahead.  An expert of layer l chosen by a share
-        p of l's tokens is expected back at l's next visit with probability p, so after about 1/p
-        visits of l: (l's distance ahead in the layer cycle) + (1/p - 1) cycles of layer visits.
-        The least recently used first among equals.  An expert read on a guess is expected at its
-        layer's next visit (until that visit, which judges it by its share if it did not choose
-        it); experts certain to be needed soon (origin "expected") come after all others, in the
-        same order among themselves.
-
-        Replayed on recorded traces (tools/replay_trace.py), this reads 9-31 % less than LRU where
-        the budget holds a fifth of the experts or less, 0-21 % less with more; after a prompt it
-        keeps the experts of the prompt's last tokens, which decoding chooses again."""
+        """Evictable experts while `layer` is being served and an expert of charge `need` waits for
+        room, best victim first (the policy's order; never the expert being computed nor one
+        start_reads asked for that is not used yet)."""
         n_expert = self.index.n_expert
         in_use = self._needed if self._current is None else self._needed | {self._current}
-        flat, expected, used_at, certain = _eviction_ranks(
-            self._origin,
-            self._nbytes,
-            need if self._slotted else 0,
-            self._share,
-            self._cycle,
-            layer,
-            self._cycle_length,
-            self._used_at,
-            np.array([k[0] * n_expert + k[1] for k in in_use], np.int64),
-        )
-        for group in (~certain, certain):
-            for i in _farthest_first(np.flatnonzero(group), expected, used_at):
-                yield divmod(int(flat[i]), n_expert)
+        pinned = np.array([k[0] * n_expert + k[1] for k in in_use], np.int64)
+        yield from self.policy.victims(layer, need if self.engine.sized_rooms else 0, pinned)
 
     def _over(self, nbytes: int) -> bool:
-        """Would `nbytes` more exceed the budget (or find no free slot)?"""
-        if self._slotted and not self.engine.room(nbytes):
+        """Would `nbytes` more exceed the budget (or find no room in the engine)?"""
+        if not self.engine.has_room(nbytes):
             return True
         return self.budget is not None and self.resident_bytes + nbytes > self.budget
 
     def _make_room(self, nbytes: int, layer: int, victims: dict | None = None) -> None:
-        """Evict unpinned experts (in _victims order) until `nbytes` more fit the budget (and a slot
-        is free). `victims`: rankings made earlier in the same start_reads, by bytes needed; its
-        admissions change no other expert's rank, so one ranking serves them all."""
+        """Evict unpinned experts (in _victims order) until `nbytes` more fit the budget (and the
+        engine has room). `victims`: rankings made earlier in the same start_reads, by bytes needed;
+        its admissions change no other expert's rank, so one ranking serves them all."""
         if not self._over(nbytes):
             return
-        ranking = (
-            self._victims(layer, nbytes)
-            if victims is None
-            else victims.setdefault(nbytes, self._victims(layer, nbytes))
-        )
+        ranking = None if victims is None else victims.get(nbytes)
+        if ranking is None:
+            ranking = self._victims(layer, nbytes)
+            if victims is not None:
+                victims[nbytes] = ranking
         for key in ranking:
             self._evict(key)
             if not self._over(nbytes):
@@ -270,31 +266,21 @@ class ExpertStore:
 
     def _evict(self, key: tuple[int, int]) -> None:
         entry = self._entries.pop(key)
-        if entry.pending is not None:
-            entry.pending.result()  # never reuse a slot a read is still filling
-        if self._slotted:
-            self.engine.give(entry.slot, entry.nbytes)
-        else:
-            self.engine.release(entry.read_ranges)
-        self._origin[key] = -1
+        self.engine.release(entry.placement)
+        if self.evicts:
+            self.policy.evicted(key)
         self.resident_bytes -= entry.nbytes
         self.stats.evictions += 1
 
-    def _admit(self, layer: int, expert: int, origin: str, wait: bool, victims: dict | None = None) -> _Entry:
-        """Make room for an expert and start reading it (wait=True: and finish reading it)."""
+    def _admit(self, layer: int, expert: int, origin: str, victims: dict | None = None) -> _Entry:
+        """Make room for an expert and start reading it."""
         entry = self._new_entry(layer, expert)
         self._make_room(entry.nbytes, layer, victims)
-        if self._slotted:
-            entry.slot = self.engine.take(entry.nbytes)
-            entry.pending = self.engine.read(entry.slot, entry.read_ranges)
-        elif wait:
-            entry.expert = self._build_expert(entry, self.engine.load(entry.read_ranges))
-        else:
-            self.engine.prefetch(entry.read_ranges)
+        entry.placement = self.engine.start(entry.read_ranges, entry.nbytes)
+        entry.origin = origin
         self._entries[entry.key] = entry
-        self._mark(entry, origin)
-        self._nbytes[entry.key] = entry.nbytes
-        self._touch(entry.key)
+        if self.evicts:
+            self.policy.admitted(entry.key, ORIGINS.index(origin), entry.nbytes)
         self.resident_bytes += entry.nbytes
         self.stats.bytes_loaded += entry.nbytes
         self.stats.peak_resident_bytes = max(self.stats.peak_resident_bytes, self.resident_bytes)
@@ -302,21 +288,13 @@ class ExpertStore:
 
     def _mark(self, entry: _Entry, origin: str) -> None:
         entry.origin = origin
-        self._origin[entry.key] = ORIGINS.index(origin)
-
-    def _touch(self, key: tuple[int, int]) -> None:
-        self._clock += 1
-        self._used_at[key] = self._clock
+        if self.evicts:
+            self.policy.marked(entry.key, ORIGINS.index(origin))
 
     def _ready(self, entry: _Entry) -> Expert:
         if entry.expert is None:
             start = time.perf_counter()
-            if self._slotted:
-                entry.pending.result()
-                entry.pending = None
-                views = self.engine.views(entry.slot, entry.read_ranges)
-            else:
-                views = self.engine.load(entry.read_ranges)
+            views = self.engine.finish(entry.placement)
             self.stats.wait_seconds += time.perf_counter() - start
             entry.expert = self._build_expert(entry, views)
         return entry.expert
@@ -330,7 +308,7 @@ class ExpertStore:
         choice = np.asarray(ids, dtype=np.int64)
         choice = choice.reshape(-1, choice.shape[-1]) if choice.ndim > 1 else choice[None]
         if self.evicts:
-            self._count(layer, choice)
+            self.policy.chosen(layer, choice)
         # the resident ones are needed now too: never evict them to make room for the others
         ids = sorted(set(choice.ravel().tolist()))
         self._needed = {(layer, e) for e in ids}
@@ -343,14 +321,10 @@ class ExpertStore:
             key = (layer, e)
             if key not in self._entries:
                 try:
-                    self._admit(*key, origin="demand", wait=False, victims=victims)
+                    self._admit(*key, origin="demand", victims=victims)
                 except SwapmoeError:  # the rest will be read one by one as they are asked for
                     break
         return ids
-
-    def _count(self, layer: int, choice: np.ndarray) -> None:
-        """Update layer's running expert shares with its tokens' choices (rows), oldest first."""
-        _update_shares(self._share[layer], choice, SHARE_WEIGHT)
 
     def ready_first(self, layer: int, ids) -> tuple[list[int], int]:
         """`ids` (after start_reads) in the order to compute them, and how many of them lead that
@@ -373,7 +347,7 @@ class ExpertStore:
         entry = self._entries.get(key)
         self.stats.requests += 1
         if entry is None:
-            entry = self._admit(*key, origin="demand", wait=True)
+            entry = self._admit(*key, origin="demand")
         if entry.origin == "demand":
             self.stats.misses += 1
             self.stats.misses_per_layer[layer] += 1
@@ -381,11 +355,11 @@ class ExpertStore:
             self.stats.hits += 1
             self.stats.hits_per_layer[layer] += 1
             self.stats.prefetch_used += entry.origin in ("prefetch", "expected")
-        self._mark(entry, "used")
+        entry.origin = "used"
+        if self.evicts:
+            self.policy.used(key)
         self._needed.discard(key)
         self._current = key
-        if self.evicts:
-            self._touch(key)
         if self.keep_recent is not None:
             recent = self._recent[layer]
             recent[key[1]] = None
@@ -402,7 +376,7 @@ class ExpertStore:
             if not evict and self._over(self._new_entry(*key).nbytes):
                 return
             try:
-                self._admit(*key, origin="expected" if certain else "prefetch", wait=False)
+                self._admit(*key, origin="expected" if certain else "prefetch")
             except SwapmoeError:  # no room without evicting what is in use: skip the hint
                 return
             self._guessed[layer].add(key[1])
@@ -423,78 +397,19 @@ class ExpertStore:
         for layer in self.index.moe_layers():
             for expert in range(self.index.n_expert):
                 if (layer, expert) not in self._entries:
-                    self._ready(self._admit(layer, expert, origin="used", wait=True))
+                    self._ready(self._admit(layer, expert, origin="used"))
 
-    def summary(self) -> dict:
-        out = self.stats.as_dict()
-        out["resident_bytes"] = self.resident_bytes
-        out["major_faults"] = resource.getrusage(resource.RUSAGE_SELF).ru_majflt - self._majflt_start
-        out["engine"] = self.engine.name
-        return out
+    def summary(self) -> StoreSummary:
+        s = self.stats
+        return StoreSummary(
+            s.requests, s.hits, s.misses, s.prefetch_issued, s.prefetch_used, s.bytes_loaded, s.evictions,
+            s.wait_seconds, dict(s.hits_per_layer), dict(s.misses_per_layer), s.peak_resident_bytes,
+            self.resident_bytes, resource.getrusage(resource.RUSAGE_SELF).ru_majflt - self._majflt_start,
+            self.engine.name, self.policy.name,
+        )  # fmt: skip
 
     def close(self) -> None:
-        for entry in self._entries.values():
-            if entry.pending is not None:
-                entry.pending.result()
         self.engine.close()
-
-
-@numba.njit(cache=True, nogil=True)
-def _update_shares(share: np.ndarray, choice: np.ndarray, weight: float) -> None:
-    """Each row of `choice` (a token's experts, oldest first) decays every share by (1 - weight)
-    and adds `weight` to its own experts'. A layer's first visit starts from an even share."""
-    if not share.any():
-        share[:] = choice.shape[1] / share.size
-    for row in choice:
-        share *= 1.0 - weight
-        for e in row:
-            share[e] += weight
-
-
-@numba.njit(cache=True, nogil=True, error_model="numpy")
-def _eviction_ranks(origin, nbytes, need, share, cycle, layer, cycle_length, used_at, pinned):
-    """The evictable experts while `layer` is served (resident, not read for the current visit and
-    not yet used, not `pinned`, of `need` bytes unless need is 0), as flat layer*n_expert+expert
-    indices, with their expected distance to the next use in layer visits (see
-    ExpertStore._victims), when each was last used, and whether it is certain to be needed soon."""
-    n_layer, n_expert = origin.shape
-    held = np.zeros(origin.size, np.bool_)
-    held[pinned] = True
-    flat = np.empty(origin.size, np.int64)
-    expected = np.empty(origin.size)
-    last_used = np.empty(origin.size, np.int64)
-    certain = np.empty(origin.size, np.bool_)
-    n = 0
-    for other in range(n_layer):
-        ahead = (cycle[other] - cycle[layer]) % cycle_length
-        if ahead == 0:
-            ahead = cycle_length
-        for e in range(n_expert):
-            o = origin[other, e]
-            if o < 0 or o == DEMAND or held[other * n_expert + e] or (need != 0 and nbytes[other, e] != need):
-                continue
-            p = 1.0 if o == PREFETCH else share[other, e]
-            flat[n] = other * n_expert + e
-            expected[n] = ahead + cycle_length * (1.0 / p - 1.0)
-            last_used[n] = used_at[other, e]
-            certain[n] = o == EXPECTED
-            n += 1
-    return flat[:n], expected[:n], last_used[:n], certain[:n]
-
-
-def _farthest_first(
-    candidates: np.ndarray, expected: np.ndarray, used_at: np.ndarray, chunk: int = 64
-) -> Iterator[int]:
-    """`candidates` (indices into expected and used_at) by expected next use, farthest first, the
-    least recently used first among equals. Sorted a chunk at a time: an eviction usually needs
-    the first few of thousands of resident experts."""
-    while len(candidates):
-        if len(candidates) > chunk:
-            cut = np.partition(expected[candidates], len(candidates) - chunk)[len(candidates) - chunk]
-            top, candidates = candidates[expected[candidates] >= cut], candidates[expected[candidates] < cut]
-        else:
-            top, candidates = candidates, candidates[:0]
-        yield from top[np.lexsort((used_at[top], -expected[top]))].tolist()
 
 
 def _ints(ids) -> list[int]:
