@@ -19,6 +19,7 @@ from swapmoe.inspect import summarize
 from swapmoe.runtime import layers
 from swapmoe.runtime.compare import kl_divergence
 from swapmoe.runtime.models.base import sliding_window_layers
+from swapmoe.runtime.routing import Routing, RoutingPolicy
 
 from conftest import DATA, open_model, sha256_file, unzstd
 
@@ -34,15 +35,15 @@ VARIANTS = json.loads((GOLDEN / "variants.json").read_text())["cases"] if (GOLDE
 
 def check_against(model, ref, limit: float, n_greedy: int) -> None:
     tokens = ref["tokens"]
-    cache = model.new_cache(len(tokens) + n_greedy)
-    logits = model.forward(tokens, cache, all_logits=True)
+    cache, routing = model.new_cache(len(tokens) + n_greedy), Routing(model.store, RoutingPolicy())
+    logits = model.forward(tokens, cache, routing, all_logits=True)
     kl = kl_divergence(ref["logits"], logits)
     assert kl.mean() <= limit, f"mean KL {kl.mean():.2e} (max {kl.max():.2e})"
     assert np.mean(logits.argmax(-1) == ref["logits"].argmax(-1)) >= 0.98
     ids, last = [], logits[-1]
     for _ in range(n_greedy):
         ids.append(int(np.argmax(last)))
-        last = model.forward(np.array([ids[-1]]), cache)[-1]
+        last = model.forward(np.array([ids[-1]]), cache, routing)[-1]
     assert ids == ref["greedy"][:n_greedy].tolist()
 
 

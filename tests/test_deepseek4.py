@@ -97,9 +97,10 @@ def test_compressed_rows_one_per_completed_block(synth_model):
     assert set(ratios) == {0, 4, 128}
     cache = m.net.new_cache(300)
     ids = np.arange(300) % m.net.n_vocab
-    m.net.forward(ids[:130], cache)  # a block of 128 completes in the prompt
-    m.net.forward(ids[130:131], cache)
-    m.net.forward(ids[131:132], cache)  # a block of 4 completes at position 131, in a decode step
+    routing = m.new_routing()
+    m.net.forward(ids[:130], cache, routing)  # a block of 128 completes in the prompt
+    m.net.forward(ids[130:131], cache, routing)
+    m.net.forward(ids[131:132], cache, routing)  # a block of 4 completes at position 131, in a decode step
     for layer, ratio in enumerate(ratios):
         c = cache[layer]
         assert c.length == 132 and len(c.raw) == m.net.window

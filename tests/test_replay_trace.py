@@ -27,7 +27,7 @@ def record(path: Path, n_tokens: int, sampled: bool, **options) -> dict:
     sampling = {"temperature": 0.8, "seed": 3} if sampled else {}
     for _ in model.generate("import os\n\ndef main(", max_tokens=n_tokens, ignore_eos=True, **sampling):
         pass
-    model.net.routing.trace.file.close()
+    model.close()
     return {
         "misses": model.stats.misses,
         "bytes_read": model.stats.bytes_read,

@@ -14,7 +14,7 @@ import swapmoe
 from swapmoe.errors import SwapmoeError
 from swapmoe.runtime.experts.options import StreamingOptions, plan
 from swapmoe.runtime.models import base
-from swapmoe.runtime.models.base import Routing
+from swapmoe.runtime.routing import Routing
 
 PROMPT = [5, 60, 7, 300, 41, 42, 9, 120, 200, 11, 3, 77]
 
@@ -214,12 +214,14 @@ def test_resident_experts_computed_together_are_the_same(model_path, tmp_path, m
 
 def test_keep_recent_evicts_older_experts(model_path):
     m = swapmoe.load(model_path, io="mmap", expert_streaming=True, expert_keep_recent=2)
-    list(m.generate_ids(PROMPT, max_tokens=5, ignore_eos=True))
+    seq = m.start(PROMPT, max_tokens=5, ignore_eos=True)
+    while not seq.finished:
+        m.advance([seq])
     for layer in m.index.moe_layers():
         resident = [key for key in m.store._entries if key[0] == layer]
         assert len(resident) <= 2
         # the survivors are the last experts that layer used
-        last = np.unique(m.net.routing._last[layer]).tolist()
+        last = np.unique(seq.routing._last[layer]).tolist()
         assert sorted(e for _, e in resident) == sorted(last)
 
 
@@ -230,7 +232,7 @@ def test_fixation_pins_ids_for_the_window(model_path, monkeypatch):
 
     def spy(routing, layer, selection, k):
         ids = select(routing, layer, selection, k)
-        seen.append((routing._decoding, layer, tuple(ids[0]) if len(ids) == 1 else None))
+        seen.append((routing.decoding, layer, tuple(ids[0]) if len(ids) == 1 else None))
         return ids
 
     monkeypatch.setattr(Routing, "select", spy)
@@ -256,7 +258,7 @@ def test_lookahead_prefetches_the_predicted_experts(model_path):
     m.store.engine.start = lambda ranges, nbytes: (hinted.append(list(ranges)), engine_start(ranges, nbytes))[1]
     predicted = []
     predict = m.net.predict_experts
-    m.net.predict_experts = lambda i, h: (predicted.append((i, predict(i, h))), predicted[-1][1])[1]
+    m.net.predict_experts = lambda i, h, routing: (predicted.append((i, predict(i, h, routing))), predicted[-1][1])[1]
     list(m.generate_ids(PROMPT, max_tokens=3, ignore_eos=True))
     assert predicted and all(i >= 1 for i, _ in predicted)  # layer 0 has nothing before it
     # every hinted range is exactly an index slice of a predicted expert of that layer

@@ -19,14 +19,15 @@ import numpy as np
 
 import swapmoe
 from swapmoe.runtime.compare import log_softmax
+from swapmoe.runtime.routing import Routing, RoutingPolicy
 
 
 def decode_logits(model, tokens: list[int], n_prompt: int, fixation: int) -> np.ndarray:
     net = model.net
-    net.routing.fixation = fixation
+    routing = Routing(model.store, RoutingPolicy(fixation=fixation))
     cache = net.new_cache(len(tokens))
-    net.forward(np.array(tokens[:n_prompt]), cache)
-    return np.stack([net.forward(np.array([t]), cache)[-1] for t in tokens[n_prompt:]])
+    net.forward(np.array(tokens[:n_prompt]), cache, routing)
+    return np.stack([net.forward(np.array([t]), cache, routing)[-1] for t in tokens[n_prompt:]])
 
 
 def main():

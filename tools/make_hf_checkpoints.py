@@ -87,6 +87,7 @@ from swapmoe.runtime.compare import kl_divergence
 from swapmoe.runtime.experts.io import MmapEngine
 from swapmoe.runtime.experts.store import ExpertStore
 from swapmoe.runtime.models import ARCHITECTURES
+from swapmoe.runtime.routing import Routing, RoutingPolicy
 
 TOOLS = Path(__file__).resolve().parent
 VOCAB = 384
@@ -601,12 +602,12 @@ def agreement(ref_logits: np.ndarray, logits: np.ndarray) -> str:
 
 def compare(path: Path, ref: dict, llama_one_by_one: np.ndarray) -> str:
     model, tokens = open_model(path), ref["tokens"]
-    cache = model.new_cache(len(tokens) + GREEDY)
-    logits = model.forward(tokens, cache, all_logits=True)
+    cache, routing = model.new_cache(len(tokens) + GREEDY), Routing(model.store, RoutingPolicy())
+    logits = model.forward(tokens, cache, routing, all_logits=True)
     ids, last = [], logits[-1]
     for _ in range(GREEDY):
         ids.append(int(np.argmax(last)))
-        last = model.forward(np.array([ids[-1]]), cache)[-1]
+        last = model.forward(np.array([ids[-1]]), cache, routing)[-1]
     agree = next((i for i, (a, b) in enumerate(zip(ids, ref["greedy"].tolist())) if a != b), GREEDY)
     return (
         f"{agreement(ref['logits'], logits)}, greedy {agree}/{GREEDY} before the first difference "

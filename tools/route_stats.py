@@ -88,7 +88,7 @@ def route_stats(model_path, decode: int = 32, greedy: bool = False, prompt: str 
 
     model = swapmoe.load(model_path, **load)
     recorder = Recorder()
-    model._routing.trace = recorder  # every sequence's routing forks this one
+    model.trace = recorder  # every sequence's routing reports to it
     sampling = (
         {"temperature": 0.0} if greedy else {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "seed": 0}
     )

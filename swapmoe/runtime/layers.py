@@ -154,6 +154,19 @@ class KVCache:
         self.length += n
         return self.k[: self.length], self.vt
 
+    def trim(self, n: int) -> bool:
+        """Keep the first n positions (what lies past them is overwritten as new ones come)."""
+        if n > self.length:
+            return False
+        self.length = n
+        return True
+
+    def checkpoint(self) -> None:
+        """Nothing to copy: trim returns to any earlier position."""
+
+    def restore(self, checkpoint: None) -> None:
+        pass
+
 
 class RecurrentState:
     """What a recurrent (gated DeltaNet) layer keeps between tokens, the same size at any context
@@ -164,6 +177,17 @@ class RecurrentState:
         self.conv = np.zeros((d_conv - 1, conv_dim), F32)
         self.ssm = np.zeros((n_v_heads, head_v, head_k), F32)
         self.length = 0
+
+    def trim(self, n: int) -> bool:
+        """A state cannot forget tokens: only n == length holds."""
+        return n == self.length
+
+    def checkpoint(self) -> tuple[np.ndarray, np.ndarray, int]:
+        return self.conv.copy(), self.ssm.copy(), self.length
+
+    def restore(self, checkpoint: tuple[np.ndarray, np.ndarray, int]) -> None:
+        conv, ssm, self.length = checkpoint
+        self.conv[...], self.ssm[...] = conv, ssm
 
 
 def attention(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 import mmap
@@ -20,12 +19,13 @@ from swapmoe.errors import SwapmoeError
 from swapmoe.gguf_file import GGUFFile, open_gguf
 from swapmoe.memcap import available_memory
 from swapmoe.repack import index as expert_index
-from swapmoe.runtime import layers
 from swapmoe.runtime.experts import options as streaming_options
 from swapmoe.runtime.experts.io import MmapEngine, PreadEngine, slot_need, slot_plan
 from swapmoe.runtime.experts.store import ExpertStore, StoreSummary
 from swapmoe.runtime.models import ARCHITECTURES
+from swapmoe.runtime.routing import Routing, RoutingPolicy
 from swapmoe.runtime.sampling import Sampler, Sampling
+from swapmoe.runtime.together import forward_together
 from swapmoe.runtime.tokenizer import Tokenizer
 
 BATCH = 256  # prompt tokens per forward pass: each expert is read once per batch
@@ -82,7 +82,7 @@ class Sequence:
     `token` being the last); None while more may come."""
 
     conversation: Conversation
-    routing: Any  # its own routing state (base.Routing)
+    routing: Routing  # its own routing state
     sampler: Sampler
     stop: set
     max_tokens: int
@@ -137,15 +137,15 @@ class Model:
             self._load_nonexpert()
         self.store = self._store()
         self.net = ARCHITECTURES[arch](self.gguf, self.store, self.hparams)
-        routing = self._routing = self.net.routing  # the policies this plan asks for; each sequence forks it
-        routing.fixation = self.plan.fixation
-        routing.prefetch_previous = self.plan.prefetch in ("previous", "both")
-        routing.lookahead = self.plan.prefetch in ("lookahead", "both")
-        routing.hash_prefetch = self.plan.hash_prefetch
+        self.routing_policy = RoutingPolicy(  # what the plan asks for; every sequence has its own Routing
+            fixation=self.plan.fixation,
+            prefetch_previous=self.plan.prefetch in ("previous", "both"),
+            lookahead=self.plan.prefetch in ("lookahead", "both"),
+            hash_prefetch=self.plan.hash_prefetch,
+        )
         if not self.plan.streaming:
             self.store.preload()
-        if trace is not None:
-            routing.trace = RoutingTrace(trace, self)
+        self.trace = RoutingTrace(trace, self) if trace is not None else None
         self.tokenizer = Tokenizer.from_gguf(self.gguf)
         self.stats = Stats()
 
@@ -192,6 +192,19 @@ class Model:
             engine = MmapEngine(paths, expert_regions(idx) if plan.streaming else None)
         return ExpertStore(idx, engine, plan.budget_bytes, plan.keep_recent)
 
+    def close(self) -> None:
+        """Stop the expert reads, unmap and close the files, finish the routing trace. The model
+        cannot be used after; `with swapmoe.load(...) as model:` closes it at the end."""
+        self.store.close()
+        if self.trace is not None:
+            self.trace.close()
+
+    def __enter__(self) -> "Model":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     # --- text <-> tokens -------------------------------------------------------------------
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
         return self.tokenizer.encode(text, add_special=add_special)
@@ -215,10 +228,13 @@ class Model:
         if ids.size and (ids.min() < 0 or ids.max() >= self.net.n_vocab):
             raise SwapmoeError(f"token id out of range 0..{self.net.n_vocab - 1}")
 
-    def _prefill(self, ids: np.ndarray, cache, all_logits: bool, routing) -> np.ndarray:
-        self.net.routing = routing
+    def new_routing(self) -> Routing:
+        """A sequence's own routing state under the model's policies."""
+        return Routing(self.store, self.routing_policy, self.trace)
+
+    def _prefill(self, ids: np.ndarray, cache, all_logits: bool, routing: Routing) -> np.ndarray:
         routing.expect(ids)  # every hash-routed layer's experts for the whole prompt are known now
-        outs = [self.net.forward(ids[i : i + BATCH], cache, all_logits) for i in range(0, len(ids), BATCH)]
+        outs = [self.net.forward(ids[i : i + BATCH], cache, routing, all_logits) for i in range(0, len(ids), BATCH)]
         return np.concatenate(outs) if all_logits else outs[-1]
 
     def _start_stats(self) -> None:
@@ -253,7 +269,7 @@ class Model:
             raise SwapmoeError(f"{len(ids)} tokens exceed the context of {self.n_ctx}")
         self._start_stats()
         start = time.perf_counter()
-        out = self._prefill(ids, self.net.new_cache(len(ids)), True, self._routing.fork())
+        out = self._prefill(ids, self.net.new_cache(len(ids)), True, self.new_routing())
         self.stats.prompt_tokens, self.stats.prompt_seconds = len(ids), time.perf_counter() - start
         self._finish_stats()
         return out
@@ -285,7 +301,7 @@ class Model:
             conversation, reused = Conversation(cache=self.net.new_cache(len(ids) + max_tokens)), 0
         seq = Sequence(
             conversation,
-            self._routing.fork(),
+            self.new_routing(),
             Sampler(Sampling(**sampling)),
             set() if ignore_eos else set(self.tokenizer.eot_ids),
             max_tokens,
@@ -307,13 +323,13 @@ class Model:
 
     def advance(self, sequences: list[Sequence]) -> None:
         """Feed each unfinished sequence its newest token and sample the next: one decoding pass
-        for all of them together (Transformer.forward_together: one product per weight, each
+        for all of them together (together.forward_together: one product per weight, each
         expert read once)."""
         live = [s for s in sequences if s.token is not None and s.finished is None]
         if not live:
             return
-        logits = self.net.forward_together(
-            [s.token for s in live], [s.conversation.cache for s in live], [s.routing for s in live]
+        logits = forward_together(
+            self.net, [s.token for s in live], [s.conversation.cache for s in live], [s.routing for s in live]
         )
         for seq, row in zip(live, logits):
             seq.conversation.tokens.append(seq.token)
@@ -369,36 +385,27 @@ class Model:
         held, prompt = conversation.tokens, ids.tolist()
         shared = min(shared_prefix(held, prompt), len(prompt) - 1)
         cache, checkpoint = conversation.cache, conversation.checkpoint
-        if cache is not None and shared < len(held) and not all(isinstance(c, layers.KVCache) for c in cache):
-            if checkpoint is None or checkpoint[0] > shared:
-                conversation.cache, conversation.tokens, conversation.checkpoint = None, [], None
-                cache = None
-            else:  # back to the end of the last prompt
+        if cache is not None and not all(c.trim(shared) for c in cache):
+            if checkpoint is not None and checkpoint[0] <= shared:  # back to the end of the last prompt
                 shared = checkpoint[0]
                 for c, saved in zip(cache, checkpoint[1]):
-                    if saved is not None:
-                        c.conv[...], c.ssm[...], c.length = saved.conv, saved.ssm, saved.length
+                    c.restore(saved)
+            if checkpoint is None or not all(c.trim(shared) for c in cache):
+                cache = None
         if cache is None:
-            conversation.cache = self.net.new_cache(self.n_ctx)
+            conversation.cache, conversation.checkpoint = self.net.new_cache(self.n_ctx), None
+            held.clear()
             return 0
-        for c in cache:
-            if isinstance(c, layers.KVCache):
-                c.length = shared  # what lies past it is overwritten as the new tokens come
         del held[shared:]
         return shared
 
     @staticmethod
     def _checkpoint(conversation: Conversation) -> None:
-        """Copy the recurrent states at the end of a prompt (a turn boundary), for _reuse; only
-        for caches made of attention caches and recurrent states."""
-        cache = conversation.cache
-        if any(isinstance(c, layers.RecurrentState) for c in cache) and all(
-            isinstance(c, (layers.KVCache, layers.RecurrentState)) for c in cache
-        ):
-            conversation.checkpoint = (
-                len(conversation.tokens),
-                [copy.deepcopy(c) if isinstance(c, layers.RecurrentState) else None for c in cache],
-            )
+        """At the end of a prompt (a turn boundary), copy what the caches could not trim back to
+        (recurrent states), for _reuse; nothing where trimming reaches every earlier point."""
+        saved = [c.checkpoint() for c in conversation.cache]
+        if any(snapshot is not None for snapshot in saved):
+            conversation.checkpoint = (len(conversation.tokens), saved)
 
     def generate(
         self, prompt: str | list[int], max_tokens: int = 128, ignore_eos: bool = False, **sampling
@@ -471,6 +478,9 @@ class RoutingTrace:
         }
         self.file.write(json.dumps(line) + "\n")
         self.file.flush()
+
+    def close(self) -> None:
+        self.file.close()
 
 
 def shared_prefix(a: list[int], b: list[int]) -> int:

@@ -261,7 +261,7 @@ _separate_tokens = False  # set by separate_tokens()
 def separate_tokens():
     """Inside, each row of a product is one token of its own sequence: the route is chosen as for
     a one-token product (ggml_order's n_tok = 1), so sequences decoding together in one product
-    (Transformer.forward_together) each get the bits they get alone."""
+    (together.forward_together) each get the bits they get alone."""
     global _separate_tokens
     before, _separate_tokens = _separate_tokens, True
     try:

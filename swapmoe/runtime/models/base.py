@@ -10,32 +10,36 @@ A subclass provides:
 - `load_block(i) -> Block`: layer i's weights as typed records, built with the loaders of
   `self.w` (`attention`, `moe`, `dense_ffn`, `block`). Every tensor is looked up when the model
   loads, so a misnamed one fails there with a message naming it.
-- `block(i, h, positions, cache) -> h`: the forward pass of layer i, reading like the model.
+- `block(i, h, step, cache) -> h`: the forward pass of layer i, reading like the model; `step`
+  (a `Step`) carries the pass's positions and the sequence's routing state (hand it to
+  `self.moe(i, x, step)`), `cache` is the sequence's cache of layer i.
 
 and may override:
 
 - `router`: how router logits become expert weights (a `Router`; class attribute or set in setup).
 - `hparams(gguf)`: the hyperparameters, where the architecture reads a generic key differently.
 - `new_cache(n_ctx)` and `cache_bytes(gguf, hp, n_ctx)`: per-layer caches other than GQA's
-  per-head keys and values, and their size.
+  per-head keys and values, and their size. A layer cache has `length` (tokens it holds),
+  `trim(n) -> bool` (cut back to the first n tokens where it can; False where it cannot) and
+  `checkpoint()` / `restore(checkpoint)` (a copy of what trim cannot bring back, or None where
+  nothing is needed: a later restore and trim return to this point).
 - `expert_activation(layer, gate, up)`: the routed experts' activation (default SwiGLU).
 - `embed(tokens)` and `head(h)`: what enters the first block (default: the token embeddings)
   and what the output matrix reads after the last (default: h normalised by output_norm),
   for architectures whose residual stream is not one vector per token (DeepSeek-V4's four).
 
-Hash-routed layers (DeepSeek-V4) need nothing of their own: `Routing.select` takes their
-experts from the sidecar's token → experts table instead of the router's top-k.
+Hash-routed layers (DeepSeek-V4) need nothing of their own: `Routing.select` (routing.py)
+takes their experts from the sidecar's token → experts table instead of the router's top-k.
+Sequences that decode together (together.py) are each this same forward pass.
 """
 
 from __future__ import annotations
 
 import enum
-import functools
 import math
 from dataclasses import dataclass
 from typing import Any
 
-import greenlet
 import numpy as np
 from gguf import ExpertGatingFuncType, GGMLQuantizationType as T, Keys
 
@@ -44,7 +48,8 @@ from swapmoe.gguf_file import GGUFFile
 from swapmoe.runtime import kernels, layers
 from swapmoe.runtime.experts.store import Expert
 from swapmoe.runtime.kernels import ggml_math
-from swapmoe.runtime.linear import Weight, linear, linear_apart, linear_each, rows_of, shared_products
+from swapmoe.runtime.linear import Weight, linear, linear_apart, linear_each, rows_of
+from swapmoe.runtime.routing import Routing
 
 ROPE_SCALE_LINEAR = "{arch}.rope.scale_linear"  # the older key for the linear factor; gguf-py no longer names it
 
@@ -317,100 +322,15 @@ class Weights:
         return Block(self.vector(f"blk.{i}.attn_norm.weight"), attn, self.vector(f"blk.{i}.{ffn_norm}.weight"), ffn)
 
 
-class Routing:
-    """Expert-choice policies that sit between the router and the expert store.
+@dataclass(frozen=True)
+class Step:
+    """What one forward pass of one sequence carries through the blocks: its tokens' positions,
+    the sequence's routing state, and, where sequences decode together, the meeting at which
+    its routed experts are mixed with theirs (together.Meeting; None alone)."""
 
-    Hash-routed layers (the sidecar's tables) take the experts their table gives the pass's
-    input tokens; no policy changes them. With hash_prefetch, `expect(tokens)` starts reading
-    those experts as soon as the tokens are known (before the pass that uses them).
-    fixation N: while decoding, each layer reuses the expert ids of the first pass of every
-        window of N passes (the router still weighs the pinned experts); never for prompts.
-    prefetch_previous: at the start of a decoding pass, prefetch each layer's experts of the
-        previous pass. lookahead: prefetch layer i+1's predicted experts after layer i.
-    """
-
-    def __init__(self, store):
-        self.store = store
-        self.hash_tables: dict[int, np.ndarray] = dict(store.index.tables)
-        self.fixation, self.prefetch_previous, self.lookahead = 0, False, False  # set by Model from its plan
-        self.hash_prefetch = True
-        self.trace = None  # told every pass and every layer's choice (Model's --trace: a RoutingTrace)
-        self._pass = 0  # the trace's number of the pass under way
-        self._decoding = False
-        self._tokens = np.zeros(0, np.int64)  # the pass's input tokens
-        self._passes = 0  # decoding passes since the fixation window opened
-        self._pinned: dict[int, np.ndarray] = {}
-        self._last: dict[int, np.ndarray] = {}
-
-    def fork(self) -> "Routing":
-        """A Routing with these policies and tables and a state of its own: every sequence has one,
-        so sequences decoding together keep their own fixation windows and previous experts."""
-        other = Routing(self.store)
-        other.fixation, other.prefetch_previous, other.lookahead = self.fixation, self.prefetch_previous, self.lookahead
-        other.hash_prefetch, other.trace = self.hash_prefetch, self.trace
-        return other
-
-    def expect(self, tokens: np.ndarray) -> None:
-        """These tokens are the next input: start reading their hash-routed layers' experts, in
-        layer order. One token may evict other experts (these are certain to be used); a prompt
-        only fills free room, since its hash layers may need more experts than fit."""
-        if not self.hash_prefetch:
-            return
-        for layer, table in sorted(self.hash_tables.items()):
-            self.store.prefetch(layer, np.unique(table[tokens]), evict=len(tokens) == 1, certain=True)
-
-    def begin_pass(self, decoding: bool, tokens: np.ndarray) -> None:
-        if self.trace:
-            self._pass = self.trace.new_pass()
-        self._decoding = decoding
-        self._tokens = tokens
-        self.expect(tokens)
-        if not decoding:
-            self._pinned.clear()
-            self._passes = 0
-        elif self.fixation and self._passes >= self.fixation:
-            self._pinned.clear()
-            self._passes = 0
-        if decoding and self.prefetch_previous:
-            for layer, ids in self._last.items():
-                self.store.prefetch(layer, np.unique(ids))
-        elif decoding and self._pinned:  # fixed experts are known for the whole pass
-            for layer, ids in self._pinned.items():
-                self.store.prefetch(layer, ids)
-
-    def hash_ids(self, layer: int) -> np.ndarray | None:
-        """ids [T, k] of a hash-routed layer for the pass's tokens, in the table's order; None
-        for a routed layer."""
-        table = self.hash_tables.get(layer)
-        return None if table is None else table[self._tokens].astype(np.int64)
-
-    def select(self, layer: int, selection: np.ndarray, k: int) -> np.ndarray:
-        """ids [T, k] of the chosen experts: the hash table's, else top-k of `selection` or the
-        pinned ids under fixation."""
-        ids = self.hash_ids(layer)
-        if ids is not None:
-            if self.trace:
-                self.trace(self._pass, self._decoding, layer, ids, True)
-            return ids
-        if self._decoding and self.fixation and layer in self._pinned:
-            ids = self._pinned[layer][None, :]
-        else:
-            ids = layers.top_k(selection, k)
-            if self._decoding and self.fixation:
-                self._pinned[layer] = ids[0]
-        self._last[layer] = ids
-        if self.trace:
-            self.trace(self._pass, self._decoding, layer, ids, False)
-        return ids
-
-    def prefetch(self, layer: int, ids) -> None:
-        if ids is not None and not (self._decoding and layer in self._pinned):
-            self.store.prefetch(layer, ids)
-
-    def end_pass(self) -> None:
-        if self._decoding:
-            self._passes += 1
-        self.store.end_pass()
+    positions: np.ndarray
+    routing: Routing
+    meeting: Any = None
 
 
 class Transformer:
@@ -429,8 +349,6 @@ class Transformer:
         self.output_norm = self.w.vector("output_norm.weight")
         self.output = self.w.matrix("output.weight") if self.w.has("output.weight") else self.embedding
         self.n_vocab = self.embedding.rows
-        self.routing = Routing(store)
-        self._meeting: _Meeting | None = None  # set while forward_together runs
         self.setup()
         self.blocks = [self.load_block(i) for i in range(self.hp.n_layer)]
         self._check_contract()
@@ -445,7 +363,7 @@ class Transformer:
     def load_block(self, i: int) -> Block:
         raise NotImplementedError
 
-    def block(self, i: int, h: np.ndarray, positions: np.ndarray, cache: layers.KVCache) -> np.ndarray:
+    def block(self, i: int, h: np.ndarray, step: Step, cache: layers.KVCache) -> np.ndarray:
         raise NotImplementedError
 
     def _check_contract(self) -> None:
@@ -469,40 +387,25 @@ class Transformer:
         hp = self.hp
         return [layers.KVCache(n_ctx, hp.n_head_kv, hp.head_dim, hp.v_head_dim) for _ in range(hp.n_layer)]
 
-    def forward(self, tokens: np.ndarray, cache: list[layers.KVCache], all_logits: bool = False) -> np.ndarray:
-        """Logits [T, n_vocab] (or [1, n_vocab] for the last token) after feeding `tokens`."""
+    def forward(
+        self, tokens: np.ndarray, cache: list, routing: Routing, all_logits: bool = False, meeting=None
+    ) -> np.ndarray:
+        """Logits [T, n_vocab] (or [1, n_vocab] for the last token) after feeding `tokens` to the
+        sequence whose per-layer caches are `cache` and routing state is `routing`. `meeting`:
+        where it waits for the sequences it decodes together with (together.py)."""
         start = cache[0].length
-        positions = np.arange(start, start + len(tokens))
         decoding = len(tokens) == 1 and start > 0
-        self.routing.begin_pass(decoding, tokens)
+        step = Step(np.arange(start, start + len(tokens)), routing, meeting)
+        routing.begin_pass(decoding, tokens)
         h = self.embed(tokens)
         for i in range(self.hp.n_layer):
-            h = self.block(i, h, positions, cache[i])
-            if self.routing.lookahead and decoding and i + 1 < self.hp.n_layer:
-                self.routing.prefetch(i + 1, self.predict_experts(i + 1, h))
-        self.routing.end_pass()
+            h = self.block(i, h, step, cache[i])
+            if routing.policy.lookahead and decoding and i + 1 < self.hp.n_layer:
+                routing.prefetch(i + 1, self.predict_experts(i + 1, h, routing))
+        routing.end_pass()
         if not all_logits:
             h = h[-1:]
         return linear(self.output, self.head(h))
-
-    def forward_together(self, tokens: list[int], caches: list[list], routings: list[Routing]) -> np.ndarray:
-        """Logits [S, n_vocab] of one decoding pass of S sequences: sequence s feeds tokens[s] after
-        caches[s] and chooses experts with routings[s]. Each sequence's pass is forward() itself,
-        run as a greenlet (a coroutine on this thread) that waits at every product (linear_each)
-        and every layer's routed experts until all passes are there; then one product takes every
-        pass's rows, and each expert any of them chose is read once and applied to all its rows.
-        Rows are one-token products (kernels.separate_tokens): every sequence gets the bits it
-        gets decoding alone."""
-        before = self.routing
-        try:
-            if len(tokens) == 1:
-                self.routing = routings[0]
-                return self.forward(np.array(tokens[:1]), caches[0])
-            self._meeting = _Meeting(self, routings)
-            passes = [functools.partial(self.forward, np.array([t]), c) for t, c in zip(tokens, caches)]
-            return np.concatenate(self._meeting.run(passes))
-        finally:
-            self.routing, self._meeting = before, None
 
     def embed(self, tokens: np.ndarray) -> np.ndarray:
         return rows_of(self.embedding, tokens)
@@ -577,7 +480,7 @@ class Transformer:
         keys, values = cache.append(k, v.reshape(T_, hp.n_head_kv, hp.v_head_dim))
         return layers.attention(q, keys, values, positions, 1.0 / math.sqrt(hp.head_dim), window, a.sinks)
 
-    def moe(self, i: int, x: np.ndarray) -> np.ndarray:
+    def moe(self, i: int, x: np.ndarray, step: Step) -> np.ndarray:
         """llama.cpp's build_moe_ffn for layer i's routed experts, by `self.router`: router logits
         (+ bias) → probabilities by the gating function → choice (shifted by the selection bias,
         limited to groups) → top-k → weights from the unbiased probabilities, optionally
@@ -590,7 +493,7 @@ class Transformer:
         selection = probs if ffn.selection_bias is None else probs + ffn.selection_bias
         if r.n_groups > 1:
             selection = layers.limit_to_groups(selection, r.n_groups, r.n_groups_used)
-        ids = self.routing.select(i, selection, self.hp.n_expert_used)
+        ids = step.routing.select(i, selection, self.hp.n_expert_used)
         weights = probs[np.arange(len(ids))[:, None], ids]
         if r.gating == Gating.SOFTMAX_WEIGHT:
             weights = layers.softmax(weights)
@@ -598,18 +501,18 @@ class Transformer:
             weights = layers.normalize_weights(weights)
         if r.scale not in (0.0, 1.0):
             weights = weights * np.float32(r.scale)
-        return self.routed_experts(i, x, ids, weights)
+        return self.routed_experts(i, x, ids, weights, step)
 
-    def routed_experts(self, layer: int, x: np.ndarray, ids: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    def routed_experts(self, layer: int, x: np.ndarray, ids: np.ndarray, weights: np.ndarray, step: Step) -> np.ndarray:
         """Σ_k weights[t,k] · expert_{ids[t,k]}(x[t]), summed in rank order as llama.cpp does.
 
         Expert-major: each expert any token chose is fetched once and applied to all its tokens.
         All reads of the layer start at once, and the experts already resident are computed while
         the others are read (store.ready_first); for one token, the resident ones in one kernel
-        call per projection (experts_ffn). Under forward_together, the tokens of every sequence
-        meet here first."""
-        if self._meeting is not None:
-            return self._meeting.experts(layer, x, ids, weights)
+        call per projection (experts_ffn). Sequences decoding together (step.meeting) meet here
+        first, and one call mixes the experts for all their tokens."""
+        if step.meeting is not None:
+            return step.meeting.experts(layer, x, ids, weights)
         return self.mix_experts(layer, x, ids, weights)
 
     def mix_experts(self, layer: int, x: np.ndarray, ids: np.ndarray, weights: np.ndarray) -> np.ndarray:
@@ -690,79 +593,17 @@ class Transformer:
     def expert_activation(self, layer: int, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
         return layers.swiglu(gate, up)
 
-    def predict_experts(self, i: int, h: np.ndarray) -> np.ndarray | None:
+    def predict_experts(self, i: int, h: np.ndarray, routing: Routing) -> np.ndarray | None:
         """Guess layer i's experts from the residual stream before layer i runs (for prefetch):
         its router applied to h as if attention added nothing. None for a dense layer."""
         b = self.blocks[i]
         if not isinstance(b.ffn, MoE):
             return None
-        exact = self.routing.hash_ids(i)
+        exact = routing.hash_ids(i)
         if exact is not None:
             return exact[-1]
         x = layers.rms_norm(h[-1:], b.ffn_norm, self.hp.rms_eps)
         return layers.top_k(linear(b.ffn.router, x), self.hp.n_expert_used)[0]
-
-
-class _Meeting:
-    """Where the passes of forward_together wait for each other. A pass that reaches a product
-    (linear_each: x and its weights) or a layer's routed experts (layer, x, ids, weights) hands it
-    over and suspends. When every pass is suspended or done, the largest group waiting at the
-    same place (ties: the one of the lowest pass) is computed in one call on their stacked rows,
-    and its passes resume with their own rows. Passes of one model take the same steps, so
-    normally all of them wait at the same place."""
-
-    def __init__(self, net: Transformer, routings: list[Routing]):
-        self.net, self.routings = net, routings
-        self.scheduler = greenlet.getcurrent()
-        self.waiting: dict[int, tuple] = {}  # pass -> (place, x, ...)
-        self.passes: list[greenlet.greenlet] = []
-
-    def experts(self, layer: int, x: np.ndarray, ids: np.ndarray, weights: np.ndarray) -> np.ndarray:
-        return self._suspend(("experts", layer), x, ids, weights)
-
-    def products(self, x: np.ndarray, weights: tuple[Weight, ...]) -> list[np.ndarray] | None:
-        """linear.shared_products' pool: None (compute it there) for a product that is not a
-        pass's: the scheduler's own, or one on another thread."""
-        if greenlet.getcurrent() not in self.passes:
-            return None
-        return self._suspend(("products", *map(id, weights)), x, weights)
-
-    def _suspend(self, place: tuple, x: np.ndarray, *rest):
-        self.waiting[self.passes.index(greenlet.getcurrent())] = (place, x, *rest)
-        return self.scheduler.switch()
-
-    def run(self, passes: list) -> list[np.ndarray]:
-        self.passes = [greenlet.greenlet(p) for p in passes]
-        results: list = [None] * len(passes)
-
-        def resume(s: int, *value) -> None:
-            self.net.routing = self.routings[s]  # the routing state of the pass that runs
-            out = self.passes[s].switch(*value)
-            if self.passes[s].dead:
-                results[s] = out
-
-        with shared_products(self.products):
-            for s in range(len(passes)):
-                resume(s)
-            while self.waiting:
-                places = [w[0] for _, w in sorted(self.waiting.items())]
-                place = max(places, key=places.count)
-                group = sorted(s for s, w in self.waiting.items() if w[0] == place)
-                parts = [self.waiting.pop(s) for s in group]
-                for s, value in zip(group, self._compute(place, parts)):
-                    resume(s, value)
-        return results
-
-    def _compute(self, place: tuple, parts: list[tuple]) -> list:
-        """The values the passes of `parts` (waiting at `place`) resume with, in their order."""
-        x = np.concatenate([p[1] for p in parts])
-        ends = np.cumsum([len(p[1]) for p in parts])[:-1]
-        with kernels.separate_tokens():
-            if place[0] == "experts":
-                ids, weights = np.concatenate([p[2] for p in parts]), np.concatenate([p[3] for p in parts])
-                return np.split(self.net.mix_experts(place[1], x, ids, weights), ends)
-            products = linear_each(x, *parts[0][2])
-        return [list(rows) for rows in zip(*(np.split(y, ends) for y in products))]
 
 
 _GATES = {

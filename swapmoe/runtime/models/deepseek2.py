@@ -164,10 +164,10 @@ class DeepSeek2(Transformer):
             out = layers.attention(np.concatenate([q_nope, q_pe], axis=-1), keys, values, positions, self.kq_scale)
         return linear(a.wo, out)
 
-    def block(self, i, h, positions, cache):
+    def block(self, i, h, step, cache):
         b, eps = self.blocks[i], self.hp.rms_eps
-        h = h + self.attention(b.attn, layers.rms_norm(h, b.attn_norm, eps), positions, cache)
+        h = h + self.attention(b.attn, layers.rms_norm(h, b.attn_norm, eps), step.positions, cache)
         x = layers.rms_norm(h, b.ffn_norm, eps)
         if not isinstance(b.ffn, MoE):
             return h + b.ffn(x)
-        return h + (self.moe(i, x) + b.ffn.shared(x))
+        return h + (self.moe(i, x, step) + b.ffn.shared(x))

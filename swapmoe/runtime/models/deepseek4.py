@@ -146,6 +146,18 @@ class LayerCache:
             total += CompressorState.nbytes(CSA, index_dim, True, n_ctx)
         return total
 
+    def trim(self, n: int) -> bool:
+        """The ring has overwritten older keys and the compressors have folded them: only n ==
+        length holds."""
+        return n == self.length
+
+    def checkpoint(self) -> None:
+        """None: a copy would be as large as the cache, which the memory plan counts once; a
+        conversation that leaves its held tokens is processed again from the start."""
+
+    def restore(self, checkpoint: None) -> None:
+        pass
+
     def window(self, kv: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Append this pass's keys; return the raw keys the pass may see and their positions."""
         n, start = len(self.raw), int(positions[0])
@@ -201,7 +213,7 @@ class DeepSeek4(Transformer):
             scale=g.arch_get(Keys.LLM.EXPERT_WEIGHTS_SCALE),
         )
         self.n_hash = g.arch_get(HASH_LAYER_COUNT, 0)
-        tables = sorted(self.routing.hash_tables)
+        tables = sorted(self.store.index.tables)
         if tables != list(range(min(self.n_hash, hp.n_layer))):
             raise SwapmoeError(
                 f"{g.path}: {self.n_hash} hash-routed layers, but the index has tables for "
@@ -305,13 +317,15 @@ class DeepSeek4(Transformer):
         hyper.hc_collapse(x, pre, y)
         return layers.rms_norm(y, self.output_norm, self.hp.rms_eps)
 
-    def block(self, i, x, positions, cache):
+    def block(self, i, x, step, cache):
         b, eps = self.blocks[i], self.hp.rms_eps
         h, post, comb = self.mix_in(x, b.attn_mix)
-        x = self.mix_out(self.attention(b.attn, layers.rms_norm(h, b.attn_norm, eps), positions, cache), x, post, comb)
+        x = self.mix_out(
+            self.attention(b.attn, layers.rms_norm(h, b.attn_norm, eps), step.positions, cache), x, post, comb
+        )
         h, post, comb = self.mix_in(x, b.ffn_mix)
         f = layers.rms_norm(h, b.ffn_norm, eps)
-        return self.mix_out(self.moe(i, f) + self.shared_expert(i, f), x, post, comb)
+        return self.mix_out(self.moe(i, f, step) + self.shared_expert(i, f), x, post, comb)
 
     def mix_in(self, x, mix: HyperMix):
         """The streams x [T, 4, D] collapsed into one sublayer input [T, D], and the post weights
@@ -446,11 +460,11 @@ class DeepSeek4(Transformer):
         np.put_along_axis(chosen, top, True, axis=1)
         return chosen
 
-    def predict_experts(self, i, x):
+    def predict_experts(self, i, x, routing):
         """Layer i's experts for lookahead: exact for a hash-routed layer; else its router on the
         mean of the streams as they leave layer i - 1 (as if the layer's own attention and mixing
         changed nothing)."""
-        exact = self.routing.hash_ids(i)
+        exact = routing.hash_ids(i)
         if exact is not None:
             return exact[-1]
         b = self.blocks[i]

@@ -39,14 +39,14 @@ class GptOss(Transformer):
         w = self.w
         return w.block(i, w.attention(i, sinks=True), w.moe(i, router_bias=True), ffn_norm="post_attention_norm")
 
-    def block(self, i, h, positions, cache):
+    def block(self, i, h, step, cache):
         b, eps, swa = self.blocks[i], self.hp.rms_eps, self.is_swa[i]
         h = h + self.gqa_attention(
             b.attn,
             layers.rms_norm(h, b.attn_norm, eps),
-            positions,
+            step.positions,
             cache,
             window=self.window if swa else None,
             rope=self.swa_rope if swa else self.rope,
         )
-        return h + self.moe(i, layers.rms_norm(h, b.ffn_norm, eps))
+        return h + self.moe(i, layers.rms_norm(h, b.ffn_norm, eps), step)

@@ -71,13 +71,13 @@ class Laguna(Transformer):
             return w.block(i, attn, w.dense_ffn(i))
         return w.block(i, attn, w.moe(i, selection_bias=True, shared=True))
 
-    def block(self, i, h, positions, cache):
+    def block(self, i, h, step, cache):
         b, eps = self.blocks[i], self.hp.rms_eps
-        h = h + self.attention(i, b.attn, layers.rms_norm(h, b.attn_norm, eps), positions, cache)
+        h = h + self.attention(i, b.attn, layers.rms_norm(h, b.attn_norm, eps), step.positions, cache)
         x = layers.rms_norm(h, b.ffn_norm, eps)
         if not isinstance(b.ffn, MoE):
             return h + b.ffn(x)
-        return h + (self.moe(i, x) + b.ffn.shared(x))
+        return h + (self.moe(i, x, step) + b.ffn.shared(x))
 
     def attention(self, i: int, ga: GatedAttention, x, positions, cache: layers.KVCache):
         """GQA with layer i's head count and RoPE, its output gated by softplus(W_gate·x)."""

@@ -23,8 +23,8 @@ class Llama(Transformer):
         ffn = w.moe(i) if w.has(f"blk.{i}.ffn_gate_inp.weight") else w.dense_ffn(i)
         return w.block(i, w.attention(i), ffn)
 
-    def block(self, i, h, positions, cache):
+    def block(self, i, h, step, cache):
         b, eps = self.blocks[i], self.hp.rms_eps
-        h = h + self.gqa_attention(b.attn, layers.rms_norm(h, b.attn_norm, eps), positions, cache)
+        h = h + self.gqa_attention(b.attn, layers.rms_norm(h, b.attn_norm, eps), step.positions, cache)
         x = layers.rms_norm(h, b.ffn_norm, eps)
-        return h + (self.moe(i, x) if isinstance(b.ffn, MoE) else b.ffn(x))
+        return h + (self.moe(i, x, step) if isinstance(b.ffn, MoE) else b.ffn(x))

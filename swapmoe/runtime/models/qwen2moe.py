@@ -21,11 +21,11 @@ class Qwen2MoE(Transformer):
     def load_block(self, i):
         return self.w.block(i, self.w.attention(i), self.w.moe(i, shared=True, shared_gate=True))
 
-    def block(self, i, h, positions, cache):
+    def block(self, i, h, step, cache):
         b, eps = self.blocks[i], self.hp.rms_eps
-        h = h + self.gqa_attention(b.attn, layers.rms_norm(h, b.attn_norm, eps), positions, cache)
+        h = h + self.gqa_attention(b.attn, layers.rms_norm(h, b.attn_norm, eps), step.positions, cache)
         x = layers.rms_norm(h, b.ffn_norm, eps)
-        routed = self.moe(i, x)
+        routed = self.moe(i, x, step)
         g = linear(b.ffn.shared_gate, x)
         gate = layers.silu(g) / g  # llama.cpp's sigmoid for this gate (NaN at exactly 0, as there)
         return h + (routed + b.ffn.shared(x) * gate)

@@ -167,16 +167,16 @@ class Qwen35MoE(Transformer):
         out = layers.rms_norm(out, d.norm, eps) * layers.silu(z.reshape(T_, shape.n_v, shape.head_v))
         return linear(d.out, out.reshape(T_, -1))
 
-    def block(self, i, h, positions, cache):
+    def block(self, i, h, step, cache):
         b, eps = self.blocks[i], self.hp.rms_eps
         x = layers.rms_norm(h, b.attn_norm, eps)
         if self.shape.recurrent[i]:
             h = h + self.delta_net(b.attn, x, cache)
         else:
-            h = h + self.gated_attention(b.attn, x, positions, cache)
+            h = h + self.gated_attention(b.attn, x, step.positions, cache)
         x = layers.rms_norm(h, b.ffn_norm, eps)
         shared_gate = layers.sigmoid(linear(b.ffn.shared_gate, x))
-        return h + (self.moe(i, x) + b.ffn.shared(x) * shared_gate)
+        return h + (self.moe(i, x, step) + b.ffn.shared(x) * shared_gate)
 
 
 def _l2_norm(x: np.ndarray, eps: float) -> np.ndarray:

@@ -20,9 +20,9 @@ class Qwen3MoE(Transformer):
     def load_block(self, i):
         return self.w.block(i, self.w.attention(i, qk_norm=True), self.w.moe(i))
 
-    def block(self, i, h, positions, cache):
+    def block(self, i, h, step, cache):
         b, eps = self.blocks[i], self.hp.rms_eps
         h = h + self.gqa_attention(
-            b.attn, layers.rms_norm(h, b.attn_norm, eps), positions, cache, qk_norm_per_head=True
+            b.attn, layers.rms_norm(h, b.attn_norm, eps), step.positions, cache, qk_norm_per_head=True
         )
-        return h + self.moe(i, layers.rms_norm(h, b.ffn_norm, eps))
+        return h + self.moe(i, layers.rms_norm(h, b.ffn_norm, eps), step)
