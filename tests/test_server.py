@@ -280,3 +280,21 @@ def test_thinking_goes_to_reasoning_content(served, client, model, monkeypatch):
         top_p=1,
     )
     assert plain.choices[0].message.content == text
+
+
+def test_shutdown_closes_the_model(tmp_path):
+    """Stopping the server stops its worker thread and closes the model: its routing trace is
+    complete on disk."""
+    from starlette.testclient import TestClient
+
+    trace = tmp_path / "trace.jsonl"
+    app = create_app(lambda: swapmoe.load(swapmoe.default_model_path(), trace=trace), name="tiny-moe")
+    with TestClient(app) as http:
+        while http.get("/health").status_code != 200:
+            time.sleep(0.05)
+        reply = http.post("/v1/completions", json={"prompt": "def f", "max_tokens": 2, "temperature": 0})
+        assert reply.status_code == 200, reply.text
+        worker = app.state.server.worker
+    assert not worker.thread.is_alive()
+    assert worker.model.trace.file.closed
+    assert json.loads(trace.read_text().splitlines()[-1])["layer"] >= 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 import threading
@@ -17,7 +18,7 @@ from starlette.routing import Route
 
 from swapmoe.errors import SwapmoeError
 from swapmoe.server.protocol import APIError, Generation, chat_request, completion_request, flag
-from swapmoe.server.worker import Job, Worker
+from swapmoe.server.worker import Done, Failed, Job, Text, Worker
 
 MAX_BODY = 8 << 20  # bytes of one request
 PING_SECONDS = 10.0  # an SSE comment this often while the prompt runs, so clients do not time out
@@ -37,6 +38,10 @@ class Server:
             self.worker = Worker(load(), self.parallel)
         except (SwapmoeError, OSError) as e:
             self.load_error = str(e)
+
+    def close(self) -> None:
+        if self.worker is not None:
+            self.worker.close()
 
     def ready(self) -> Worker:
         if self.worker is None:
@@ -107,28 +112,26 @@ def create_app(load, name: str, api_key: str | None = None, parallel: int = 1) -
             return StreamingResponse(
                 _stream(request, job), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
             )
+        text, thought = [], []
         try:
-            text, thought, finish, usage, logprobs = [], [], None, None, None
             while True:
                 try:
                     event = await asyncio.wait_for(job.events.get(), 1.0)
                 except asyncio.TimeoutError:
                     if await request.is_disconnected():
-                        break  # nobody to answer: the finally below frees the worker
+                        return Response(status_code=499)  # nobody to answer: the finally below frees the worker
                     continue
-                if event[0] == "text":
-                    text.append(event[1])
-                    thought.append(event[3])
-                elif event[0] == "error":
-                    raise event[1]
-                else:
-                    finish, usage, logprobs = event[1], event[2], event[4]
+                if isinstance(event, Failed):
+                    raise event.error
+                if isinstance(event, Done):
                     break
+                text.append(event.content)
+                thought.append(event.reasoning)
         finally:
             job.cancelled.set()  # a client gone mid-request frees the worker at its next token
-        reply = _response(generation, "".join(text), "".join(thought), finish, usage, server.name)
-        if logprobs is not None:
-            reply["choices"][0]["logprobs"] = _logprobs(worker.model.tokenizer, logprobs, generation.chat)
+        reply = _response(generation, "".join(text), "".join(thought), event.finish, event.usage.as_dict(), server.name)
+        if event.logprobs is not None:
+            reply["choices"][0]["logprobs"] = _logprobs(worker.model.tokenizer, event.logprobs, generation.chat)
         return JSONResponse(reply)
 
     async def _stream(request: Request, job: Job) -> AsyncIterator[str]:
@@ -176,22 +179,23 @@ def create_app(load, name: str, api_key: str | None = None, parallel: int = 1) -
                 except asyncio.TimeoutError:
                     yield ": ping\n\n"
                     continue
-                if event[0] == "text":
-                    _, content, steps, thought = event
+                if isinstance(event, Text):
+                    content, thought = event.content, event.reasoning
                     if generation.chat:
                         delta = {"reasoning_content": thought} if thought else {}
-                        yield chunk({**delta, "content": content} if content or not thought else delta, steps=steps)
+                        yield chunk(
+                            {**delta, "content": content} if content or not thought else delta, steps=event.logprobs
+                        )
                     else:
-                        yield chunk(text=content, steps=steps)
+                        yield chunk(text=content, steps=event.logprobs)
                     sent += len(content)
-                elif event[0] == "error":
-                    yield f"data: {json.dumps(event[1].body())}\n\n"
+                elif isinstance(event, Failed):
+                    yield f"data: {json.dumps(event.error.body())}\n\n"
                     break
                 else:
-                    finish, usage = event[1], event[2]
-                    yield chunk({}, finish) if generation.chat else chunk(text="", finish=finish)
+                    yield chunk({}, event.finish) if generation.chat else chunk(text="", finish=event.finish)
                     if generation.include_usage:
-                        yield chunk(usage=usage)
+                        yield chunk(usage=event.usage.as_dict())
                     break
             yield "data: [DONE]\n\n"
         finally:
@@ -259,7 +263,13 @@ def create_app(load, name: str, api_key: str | None = None, parallel: int = 1) -
         Route("/detokenize", guarded(detokenize), methods=["POST"]),
         Route("/metrics", guarded(metrics)),
     ]
-    app = Starlette(routes=routes)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette):
+        yield
+        await asyncio.get_running_loop().run_in_executor(None, server.close)
+
+    app = Starlette(routes=routes, lifespan=lifespan)
     app.state.server = server
     return app
 

@@ -23,6 +23,58 @@ from swapmoe.server import reasoning
 from swapmoe.server.protocol import APIError, Generation
 from swapmoe.server.reasoning import ReasoningSplit
 
+TokenLogprobs = tuple[int, float, list[tuple[int, float]]]  # token, its log-probability, the top tokens'
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Tokens one request took: its prompt (of them, those its slot's caches already held) and
+    its reply."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+    def as_dict(self) -> dict:
+        """OpenAI's usage object."""
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+        }
+
+
+@dataclass(frozen=True)
+class Text:
+    """A piece of the reply: its answer and its thinking, and the log-probabilities (if asked
+    for) of the tokens the piece completes."""
+
+    content: str
+    reasoning: str
+    logprobs: list[TokenLogprobs] | None
+
+
+@dataclass(frozen=True)
+class Done:
+    """The reply is complete: why it ended, its usage, its time, every token's log-probabilities
+    (if asked for)."""
+
+    finish: str
+    usage: Usage
+    seconds: float
+    logprobs: list[TokenLogprobs] | None
+
+
+@dataclass(frozen=True)
+class Failed:
+    """The request failed: the error its client gets."""
+
+    error: APIError
+
+
+Event = Text | Done | Failed  # what the worker thread sends a request's event loop
+
 
 @dataclass
 class Job:
@@ -33,7 +85,7 @@ class Job:
     events: asyncio.Queue
     cancelled: threading.Event = field(default_factory=threading.Event)
 
-    def send(self, *event) -> None:
+    def send(self, event: Event) -> None:
         self.loop.call_soon_threadsafe(self.events.put_nowait, event)
 
 
@@ -97,7 +149,7 @@ class Reply:
             rest = split.flush()
             reasoning, content = reasoning + rest[0], content + rest[1]
         if reasoning or content or steps:
-            self.job.send("text", content, steps, reasoning)
+            self.job.send(Text(content, reasoning, steps))
         self.sent = upto
 
     def end(self) -> None:
@@ -105,18 +157,8 @@ class Reply:
             return
         self._send(len(self.text), last=True)
         n_prompt, seq = len(self.job.prompt), self.seq
-        self.job.send(
-            "done",
-            self.finish,
-            {
-                "prompt_tokens": n_prompt,
-                "completion_tokens": seq.generated,
-                "total_tokens": n_prompt + seq.generated,
-                "prompt_tokens_details": {"cached_tokens": seq.cached_tokens},
-            },
-            time.perf_counter() - self.started,
-            self.logprobs,
-        )
+        usage = Usage(n_prompt, seq.generated, seq.cached_tokens)
+        self.job.send(Done(self.finish, usage, time.perf_counter() - self.started, self.logprobs))
 
 
 @dataclass
@@ -176,8 +218,14 @@ class Worker:
     def submit(self, job: Job) -> None:
         self.jobs.put(job)
 
-    def close(self) -> None:
+    def close(self, wait: float = 10.0) -> None:
+        """Stop taking jobs; when the thread ends within `wait` seconds (the requests under way are
+        cancelled by then: their clients are gone), close the model. A prompt still being
+        processed after that is left to the process's exit."""
         self.jobs.put(None)
+        self.thread.join(wait)
+        if not self.thread.is_alive():
+            self.model.close()
 
     def _run(self) -> None:
         while True:
@@ -208,7 +256,7 @@ class Worker:
         try:
             seq = model.start(job.prompt, max_tokens, request.ignore_eos, slot.conversation, **request.sampling)
         except Exception as e:  # the server keeps serving; the client learns what failed
-            job.send("error", _server_error(e))
+            job.send(Failed(_server_error(e)))
             slot.conversation = Conversation()  # its caches may hold part of the failed prompt
             return
         self.totals.prompt_tokens += seq.prompt_tokens
@@ -223,7 +271,7 @@ class Worker:
             self.model.advance([slot.reply.seq for slot in busy])
         except Exception as e:
             for slot in busy:
-                slot.reply.job.send("error", _server_error(e))
+                slot.reply.job.send(Failed(_server_error(e)))
                 slot.reply, slot.conversation = None, Conversation()  # caches of an unfinished pass
             return
         self.totals.decode_seconds += time.perf_counter() - started
@@ -245,7 +293,7 @@ def _server_error(e: Exception) -> APIError:
     return e if isinstance(e, APIError) else APIError(500, f"generation failed: {e}", kind="server_error")
 
 
-def _token_logprobs(logits, token: int, top: int) -> tuple[int, float, list[tuple[int, float]]]:
+def _token_logprobs(logits, token: int, top: int) -> TokenLogprobs:
     """The token's log-probability under the model's distribution, and the `top` most likely tokens'."""
     log_p = log_softmax(logits)
     best = np.argsort(-log_p, kind="stable")[:top]
