@@ -15,10 +15,11 @@ import numba
 import numpy as np
 from gguf import Keys
 
-from swapmoe.errors import SwapmoeError
+from swapmoe.errors import SwapmoeError, keyword_options
 from swapmoe.gguf_file import GGUFFile, open_gguf
 from swapmoe.memcap import available_memory
 from swapmoe.repack import index as expert_index
+from swapmoe.runtime import kernels
 from swapmoe.runtime.experts import options as streaming_options
 from swapmoe.runtime.experts.io import MmapEngine, PreadEngine, slot_need, slot_plan
 from swapmoe.runtime.experts.store import ExpertStore, StoreSummary
@@ -103,15 +104,17 @@ class Model:
     def __init__(
         self,
         path: str | os.PathLike,
+        *,
         ctx: int | None = None,
         threads: int | None = None,
         override_kv: dict[str, Any] | list[str] | None = None,
         trace: str | os.PathLike | None = None,
         parallel: int = 1,
         kv_tokens: int | None = None,
-        **streaming,
+        streaming: streaming_options.StreamingOptions,
     ):
-        self.options = streaming_options.StreamingOptions.from_env(**streaming)
+        """The options of load(), the expert-streaming ones gathered in `streaming`."""
+        self.options = streaming
         self.path = Path(path)
         self.gguf = open_gguf(self.path)
         if override_kv:
@@ -124,6 +127,7 @@ class Model:
         if threads:
             numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
         self.index = _index_for(self.gguf)
+        _require_expert_kernels(self.index, self.path)
         self.hparams = ARCHITECTURES[arch].hparams(self.gguf)
         self._resident = self.index.resident_tensors(self.hparams.n_layer)  # what stays in RAM
         self.n_ctx = ctx or min(int(self.gguf.arch_get(Keys.LLM.CONTEXT_LENGTH) or 4096), 4096)
@@ -541,6 +545,17 @@ def _index_for(g: GGUFFile):
     return idx
 
 
+def _require_expert_kernels(idx, path: Path) -> None:
+    """Every routed part's type has a kernel (the other tensors are checked as the network is
+    built): a SwapmoeError naming the tensor otherwise."""
+    for layer in idx.moe_layers():
+        for p, part in enumerate(idx.parts):
+            if idx.part_type[layer, p] >= 0:
+                projection, _, kind = part.partition(".")
+                tensor = f"blk.{layer}.ffn_{projection}_exps.{kind or 'weight'}"
+                kernels.require_kernel(idx.part_type[layer, p], f"{path}: tensor {tensor}")
+
+
 def expert_regions(idx) -> list[tuple[int, int, int]]:
     """(file, offset, length) of each routed tensor's whole extent: where readahead must be off."""
     lengths = idx.part_length
@@ -553,18 +568,57 @@ def expert_regions(idx) -> list[tuple[int, int, int]]:
     return regions
 
 
-def load(path: str | os.PathLike, **options) -> Model:
+@keyword_options
+def load(
+    path: str | os.PathLike,
+    *,
+    ctx: int | None = None,
+    threads: int | None = None,
+    override_kv: dict[str, Any] | list[str] | None = None,
+    trace: str | os.PathLike | None = None,
+    parallel: int = 1,
+    kv_tokens: int | None = None,
+    io: str | None = None,
+    expert_streaming: bool | None = None,
+    expert_cache_size: int | None = None,
+    expert_keep_recent: int | None = None,
+    expert_fixation: int | None = None,
+    expert_prefetch: str | None = None,
+    expert_hash_prefetch: bool | None = None,
+) -> Model:
     """Open a GGUF MoE model for inference.
 
-    Options: ctx (context length), threads, override_kv (metadata values to use instead of the
-    file's: a dict, or llama.cpp's "KEY=TYPE:VALUE" strings), trace (a file: every layer's expert
-    choice as JSON lines, RoutingTrace), parallel (sequences that will decode together, each
-    with a context's caches: the memory plan reserves them), kv_tokens (the most tokens a sequence
-    will hold, when fewer than the context: the plan reserves KV cache for these only and gives the
-    rest to experts; `swapmoe run` without --chat passes its prompt's bytes plus -n), and the
-    expert-streaming options io ("auto",
-    "mmap", "pread"), expert_streaming, expert_cache_size (MiB), expert_keep_recent,
-    expert_fixation, expert_prefetch ("off", "previous", "lookahead", "both"),
-    expert_hash_prefetch (read hash-routed layers' experts as soon as a token is known; on); unset ones
-    come from SWAPMOE_* environment variables, else from what fits this machine."""
-    return Model(path, **options)
+    ctx: context length (default: the model's, at most 4096). threads: numba threads.
+    override_kv: metadata values to use instead of the file's (a dict, or llama.cpp's
+    "KEY=TYPE:VALUE" strings). trace: a file for every layer's expert choice as JSON lines
+    (RoutingTrace). parallel: sequences that will decode together, each with a context's caches
+    (the memory plan reserves them). kv_tokens: the most tokens a sequence will hold, when fewer
+    than the context: the plan reserves KV cache for these only and gives the rest to experts
+    (`swapmoe run` without --chat passes its prompt's bytes plus -n).
+
+    Expert streaming (docs/cli.md; unset ones come from SWAPMOE_* environment variables, else
+    from what fits this machine): io ("auto", "mmap", "pread"), expert_streaming,
+    expert_cache_size (MiB), expert_keep_recent, expert_fixation, expert_prefetch ("off",
+    "previous", "lookahead", "both"), expert_hash_prefetch (read hash-routed layers' experts as
+    soon as a token is known; on).
+
+    A keyword it does not take is a SwapmoeError naming the closest one it does."""
+    streaming = streaming_options.StreamingOptions.from_env(
+        io=io,
+        expert_streaming=expert_streaming,
+        expert_cache_size=expert_cache_size,
+        expert_keep_recent=expert_keep_recent,
+        expert_fixation=expert_fixation,
+        expert_prefetch=expert_prefetch,
+        expert_hash_prefetch=expert_hash_prefetch,
+    )
+    return Model(
+        path,
+        ctx=ctx,
+        threads=threads,
+        override_kv=override_kv,
+        trace=trace,
+        parallel=parallel,
+        kv_tokens=kv_tokens,
+        streaming=streaming,
+    )

@@ -32,7 +32,6 @@ MADV_POPULATE_READ = 22  # Linux 5.14; older kernels answer EINVAL and we touch 
 WILLNEED_PIECE = 512 << 10  # 25 MiB experts: 2.1 GB/s in 512 KiB pieces, 0.08 GB/s in one call
 PAGE = mmap.PAGESIZE
 DIRECT_ALIGN = 4096  # O_DIRECT wants offsets, lengths and buffers aligned to the logical block size
-ENGINE_NAMES = ("mmap", "pread")  # --io's choices besides auto
 
 Ranges = list[tuple[int, int, int]]  # (file, offset, length)
 
@@ -278,3 +277,6 @@ def slot_views(memory: np.ndarray, base: int, ranges: Ranges) -> list[np.ndarray
         memory[base + pos + skip : base + pos + skip + n]
         for (_, _, _, pos, skip), (_, _, n) in zip(direct_spans(ranges), ranges)
     ]
+
+
+ENGINE_NAMES = (MmapEngine.name, PreadEngine.name)  # --io's choices besides auto

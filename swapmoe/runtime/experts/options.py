@@ -12,9 +12,10 @@ import os
 from dataclasses import dataclass, field, fields
 
 from swapmoe.errors import SwapmoeError
+from swapmoe.runtime.experts.io import ENGINE_NAMES
 
 PREFETCH_MODES = ("off", "previous", "lookahead", "both")
-IO_ENGINES = ("auto", "mmap", "pread")
+IO_ENGINES = ("auto", *ENGINE_NAMES)
 WORKING_BYTES = 384 << 20  # interpreter, numba, activations and scratch: measured ~250 MB, with margin
 SAFETY = 0.9  # use at most this share of the memory we may use
 

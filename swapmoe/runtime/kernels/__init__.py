@@ -35,6 +35,8 @@ import numba
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
 
+from swapmoe.errors import SwapmoeError
+
 
 def _configure_numba() -> None:
     """Before any kernel module is imported: LLVM's SLP vectorizer on (numba leaves it off; the
@@ -137,6 +139,16 @@ KERNELS: dict[int, Kernel] = {
     int(T.IQ1_S): Kernel(int(T.Q8_K), iquants.matmul_iq1_s, iquants.dequantize_iq1_s, 12),
     int(T.IQ1_M): Kernel(int(T.Q8_K), iquants.matmul_iq1_m, iquants.dequantize_iq1_m, 48),
 }
+
+
+def require_kernel(ggml_type: int, tensor: str) -> None:
+    """A SwapmoeError naming `tensor` (its file and name) when no kernel here computes its type:
+    loading stops there, not at the tensor's first product."""
+    if int(ggml_type) not in KERNELS:  # open_gguf knows every type number: T() names it
+        supported = ", ".join(T(t).name for t in KERNELS)
+        raise SwapmoeError(
+            f"{tensor}: ggml type {T(int(ggml_type)).name} has no kernel in swapmoe (supported: {supported})"
+        )
 
 
 def _kernel(ggml_type: int) -> Kernel:
@@ -350,6 +362,7 @@ def dequantize_rows(ggml_type: int, W: np.ndarray, rows: int, cols: int, row_ids
 
 __all__ = [
     "KERNELS",
+    "require_kernel",
     "Kernel",
     "QuantizedActivation",
     "quantize_activation",

@@ -263,6 +263,7 @@ class Weights:
 
     def matrix(self, name: str) -> Weight:
         t = self.g.tensor(name)
+        kernels.require_kernel(t.ggml_type, f"{self.g.path}: tensor {name}")
         return Weight(self.g.raw(name), t.ggml_type, int(np.prod(t.ne[1:])), t.ne[0])
 
     def vector(self, name: str) -> np.ndarray:
