@@ -587,14 +587,19 @@ def _print_stream_stats(m) -> None:
 def demo(big, max_tokens):
     """Run swapmoe on the tiny MoE model shipped inside the package.
 
-    The model is repacked into ~/.cache/swapmoe on first use, then generates text with
-    room in RAM for only a quarter of its experts, and shows what the streaming did.
+    The model is repacked into ~/.cache/swapmoe on first use, then generates text with an
+    expert cache of a quarter of its experts' bytes (rounded up to whole MiB), and shows what
+    the streaming did.
     """
     import swapmoe
+    import swapmoe.runtime.kernels  # noqa: F401  (sets NUMBA_CACHE_DIR, read below)
     from swapmoe.gguf_file import open_gguf
     from swapmoe.inspect import format_summary, summarize
     from swapmoe.repack.index import load as load_index, sidecar_path
 
+    # numba writes an index file per compiled function; look before the summary below compiles a few
+    cache_dir = os.environ.get("NUMBA_CACHE_DIR")
+    cold_cache = cache_dir and next(Path(cache_dir).rglob("*.nbi"), None) is None
     path = Path(swapmoe.default_model_path())
     if not path.exists():
         raise SwapmoeError(f"{path}: the embedded model is missing from this installation")
@@ -604,11 +609,18 @@ def demo(big, max_tokens):
         swapmoe.repack(path, packed, force=True)
     click.echo("The embedded tiny model, a qwen3moe trained on Python sources, repacked:\n")
     click.echo(format_summary(summarize(open_gguf(packed))))
-    quarter = int(load_index(packed).part_length.sum()) // 4  # raised by load() if one layer needs more
-    m = swapmoe.load(packed, io="pread", expert_cache_size=max(1, -(-quarter >> 20)))
+    expert_bytes = int(load_index(packed).part_length.sum())
+    cache_mib = -(-expert_bytes // (4 << 20))  # a quarter, rounded up: the cache size is whole MiB
+    if cold_cache:
+        click.echo(
+            f"\nFirst run: numba compiles the kernels before the first token (once; cached in {cache_dir}), "
+            "so the speeds below include the compile."
+        )
+    m = swapmoe.load(packed, io="pread", expert_cache_size=cache_mib)
+    budget = m.plan.budget_bytes
     click.echo(
-        f"\nGenerating with {m.plan.budget_bytes / 2**20:.0f} MiB for experts "
-        f"({m.plan.budget_bytes / m.index.part_length.sum():.0%} of them):\n"
+        f"\nGenerating with {budget / 2**20:.0f} MiB for experts, {budget / expert_bytes:.0%} of their "
+        f"{expert_bytes / 2**20:.1f} MiB (a quarter, rounded up to whole MiB):\n"
     )
     click.echo(DEMO_PROMPT, nl=False)
     for piece in m.generate(DEMO_PROMPT, max_tokens=max_tokens):

@@ -1,5 +1,7 @@
 import functools
+import math
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -68,6 +70,24 @@ def test_demo_streams_the_embedded_model(tmp_path, monkeypatch):
     budget = float(result.output.split("of a ")[1].split(" MiB")[0])
     peak = float(result.output.split("resident experts at most ")[1].split(" MiB")[0])
     assert 0 < peak <= budget
+    # the sentence before generating: the budget, its share of the experts' bytes and why
+    sentence = r"Generating with (\d+) MiB for experts, (\d+)% of their ([\d.]+) MiB \(a quarter,"
+    words = re.search(sentence, result.output)
+    assert words, result.output
+    mib, share, experts = int(words[1]), int(words[2]), float(words[3])
+    assert mib == budget == math.ceil(experts / 4) and share == round(100 * mib / experts)
+
+
+@pytest.mark.slow
+def test_demo_says_when_it_compiles_the_kernels(tmp_path):
+    """With an empty numba cache the demo says that it compiles first; the second run, cached, does not."""
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"), XDG_CACHE_HOME=str(tmp_path))
+    runs = [
+        subprocess.run(cli_command("demo", "-n", "2"), env=env, capture_output=True, text=True, timeout=900)
+        for _ in range(2)
+    ]
+    assert all(run.returncode == 0 for run in runs), runs[0].stderr + runs[1].stderr
+    assert "numba compiles the kernels" in runs[0].stdout and "numba compiles" not in runs[1].stdout
 
 
 def test_run_default_model(tmp_path):

@@ -12,7 +12,7 @@ batch). `--then ID` feeds the prompt first and traces only the decode step of on
 (llama.cpp takes other routes for one token than for a batch). Tensors keep llama.cpp's names
 ("attn_norm-0", "ffn_moe_logits-1", ...; a repeated name gets "#1", "#2" in order of
 computation) and numpy's axis order (the reverse of ggml's ne). Feed them to swapmoe's
-operations one at a time and compare bit for bit: docs/benchmarks.md (parity) lists the routes
+operations one at a time and compare bit for bit: docs/kernels.md (numerics) lists the routes
 found this way.
 """
 
