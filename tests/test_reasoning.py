@@ -6,7 +6,7 @@ import pytest
 from swapmoe.runtime.model import Sequence
 from swapmoe.server.protocol import Generation
 from swapmoe.server.reasoning import ReasoningSplit, opened_by
-from swapmoe.server.worker import Job, Reply
+from swapmoe.server.worker import Done, Job, Reply, Text
 
 CASES = [
     # (the template left <think> open, reply text, reasoning, content)
@@ -73,16 +73,16 @@ def _reply(pieces, stop=(), inside=False):
         if reply.take():
             break
     reply.end()
-    texts = [e for e in job.events if e[0] == "text"]
-    return "".join(e[3] for e in texts), "".join(e[1] for e in texts), job.events[-1]
+    texts = [e for e in job.events if isinstance(e, Text)]
+    return "".join(e.reasoning for e in texts), "".join(e.content for e in texts), job.events[-1]
 
 
 def test_reply_streams_reasoning_then_content():
     thought, content, done = _reply(["<think>", "\nplan", " it", "</think>", "\n\n", "Do", " it."])
     assert (thought, content) == ("plan it", "Do it.")
-    assert done[0] == "done" and done[1] == "length"
+    assert isinstance(done, Done) and done.finish == "length"
 
 
 def test_a_stop_string_inside_the_content_ends_it():
     thought, content, done = _reply(["plan", "</think>", "Do", " it", " STOP", " more"], stop=["STOP"], inside=True)
-    assert (thought, content, done[1]) == ("plan", "Do it ", "stop")
+    assert (thought, content, done.finish) == ("plan", "Do it ", "stop")
