@@ -6,7 +6,7 @@ Public API (each name is imported lazily so `import swapmoe` stays cheap):
     swapmoe.open_gguf(path)                   metadata and tensor table of a GGUF (and its shards)
     swapmoe.repack(in_path, out_path, ...)    page-aligned copy of a GGUF plus its sidecar index
     swapmoe.index.load(gguf_path)             the sidecar index: where every expert slice lives
-    swapmoe.load(path, **options)             a model ready to score and generate text (Model)
+    swapmoe.load(path, *, ctx=, io=, ...)     a model ready to score and generate text (Model)
     swapmoe.serve(path, host=, port=, ...)    an OpenAI-compatible HTTP server (swapmoe.server)
     swapmoe.Tokenizer.from_gguf(path)         llama.cpp-exact tokenizer of a GGUF
 Each name also imports as `from swapmoe import load, repack, synth, ...`; `swapmoe.index` and
