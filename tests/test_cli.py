@@ -1,8 +1,10 @@
 import functools
+import io
 import os
 import shlex
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -187,3 +189,27 @@ def test_a_prompt_longer_than_the_context_could_hold_is_refused_before_tokenizin
     monkeypatch.setattr(Tokenizer, "encode", never)
     result = run_cli("run", "-f", prompt, "-n", "2")
     assert result.exit_code == 1 and "the prompt is 12,500,000 characters; a context of" in result.output
+
+
+def test_progress_in_a_log_is_plain_lines_at_most_every_interval(monkeypatch):
+    from swapmoe import progress
+
+    log = io.StringIO()  # not a terminal
+    monkeypatch.setattr(sys, "stderr", log)
+    monkeypatch.setattr(progress, "LOG_INTERVAL", 3600)
+    with progress.progress_bar(4 * 10**9, "repack m.gguf") as bar:
+        bar.update(10**9)  # sooner than LOG_INTERVAL after the start: nothing
+    assert log.getvalue() == ""
+    monkeypatch.setattr(progress, "LOG_INTERVAL", 0)
+    with progress.progress_bar(4 * 10**9, "repack m.gguf") as bar:
+        bar.update(2 * 10**9)
+    lines = log.getvalue().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("swapmoe: repack m.gguf: 2.00 of 4.00 GB (50%), ")
+    assert "\r" not in log.getvalue()
+
+
+def test_repack_writes_no_redrawn_bar_into_a_log(tmp_path):
+    proc = subprocess.run(
+        cli_command("repack", swapmoe.default_model_path(), tmp_path / "out.gguf"), capture_output=True, text=True
+    )
+    assert proc.returncode == 0 and proc.stdout.startswith("wrote ") and proc.stderr == "", proc.stderr
