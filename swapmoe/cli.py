@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
@@ -9,6 +10,7 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import click
 
@@ -22,6 +24,11 @@ class Stopped(KeyboardInterrupt):
     def __init__(self, signum: int):
         super().__init__(signum)
         self.signum = signum
+
+
+def fail(message: str) -> NoReturn:
+    click.echo(f"swapmoe: error: {message}", err=True)
+    sys.exit(1)
 
 
 def _stop(signum, frame):
@@ -38,8 +45,7 @@ def user_errors(fn):
         try:
             return fn(*args, **kwargs)
         except SwapmoeError as e:
-            click.echo(f"swapmoe: error: {e}", err=True)
-            sys.exit(1)
+            fail(str(e))
         except Stopped as e:
             click.echo(f"swapmoe: stopped by {signal.Signals(e.signum).name}", err=True)
             sys.exit(128 + e.signum)
@@ -50,7 +56,49 @@ def user_errors(fn):
     return wrapper
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+class Command(click.Command):
+    """A command whose usage errors name it (`swapmoe: error: run: ...`), those click's parser
+    raises without saying where included."""
+
+    def parse_args(self, ctx, args):
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as e:
+            e.ctx = e.ctx or ctx
+            raise
+
+
+class Commands(click.Group):
+    """The `swapmoe` group. A usage error anywhere (misspelt option or command, bad value,
+    missing argument; before or inside a command) is one line and exit status 1, as every other
+    error; `swapmoe` alone prints the help, as `swapmoe --help` does."""
+
+    command_class = Command
+
+    def make_context(self, info_name, args, parent=None, **extra):
+        with _usage_errors_in_one_line():
+            return super().make_context(info_name, args, parent, **extra)
+
+    def invoke(self, ctx):
+        with _usage_errors_in_one_line():
+            return super().invoke(ctx)
+
+
+@contextlib.contextmanager
+def _usage_errors_in_one_line():
+    try:
+        yield
+    except click.exceptions.NoArgsIsHelpError as e:
+        click.echo(e.ctx.get_help())
+        e.ctx.exit()
+    except click.UsageError as e:  # BadParameter, NoSuchOption (with its "Did you mean"), missing arguments
+        command = f"{e.ctx.info_name}: " if e.ctx is not None and e.ctx.parent is not None else ""
+        fail(command + e.format_message())
+
+
+@click.group(
+    "swapmoe", cls=Commands, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100}
+)
 @click.version_option(__version__, prog_name="swapmoe")
 def main():
     """Run giant Mixture-of-Experts GGUF models from an SSD.
@@ -649,4 +697,4 @@ def _big_demo() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(prog_name="swapmoe")

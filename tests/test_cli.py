@@ -122,7 +122,7 @@ def test_options_are_checked_before_anything_runs(args, option, tmp_path):
     model = swapmoe.default_model_path()
     args = [model if a == "MODEL" else str(tmp_path / "out.gguf") if a == "OUT" else a for a in args]
     result = run_cli(*args)
-    assert result.exit_code == 2 and option in result.output and "Traceback" not in result.output
+    assert result.exit_code == 1 and option in result.output and "Traceback" not in result.output
     assert not (tmp_path / "out.gguf").exists()
 
 
@@ -189,6 +189,30 @@ def test_a_prompt_longer_than_the_context_could_hold_is_refused_before_tokenizin
     monkeypatch.setattr(Tokenizer, "encode", never)
     result = run_cli("run", "-f", prompt, "-n", "2")
     assert result.exit_code == 1 and "the prompt is 12,500,000 characters; a context of" in result.output
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["run", "--temprature", "1"], "run: No such option '--temprature'. (Did you mean one of: '--temp'"),
+        (["run", "-p", "x", "--io", "floppy"], "run: Invalid value for '--io': 'floppy' is not one of"),
+        (["serve", "--expert-prefetch=soon"], "serve: Invalid value for '--expert-prefetch'"),
+        (["inspect"], "inspect: Missing argument 'MODEL'"),
+        (["verify", "m.gguf", "--against"], "verify: Option '--against' requires an argument"),
+        (["repak", "m.gguf"], "No such command 'repak'. Did you mean 'repack'?"),
+        (["--bogus"], "No such option '--bogus'"),
+    ],
+)
+def test_a_usage_error_is_one_line_naming_the_command_and_exit_1(args, message):
+    proc = subprocess.run(cli_command(*args), capture_output=True, text=True)
+    assert (proc.returncode, proc.stdout) == (1, "")
+    assert proc.stderr.startswith("swapmoe: error: ") and proc.stderr.count("\n") == 1, proc.stderr
+    assert message in proc.stderr
+
+
+def test_swapmoe_alone_prints_the_help():
+    proc = subprocess.run(cli_command(), capture_output=True, text=True)
+    assert proc.returncode == 0 and "Commands:" in proc.stdout and proc.stderr == ""
 
 
 def test_progress_in_a_log_is_plain_lines_at_most_every_interval(monkeypatch):
