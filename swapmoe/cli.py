@@ -17,13 +17,8 @@ import click
 from swapmoe import __version__
 from swapmoe.errors import SwapmoeError
 
-
-class Stopped(KeyboardInterrupt):
-    """SIGTERM or SIGHUP, raised where the main thread is, so that it unwinds as Ctrl-C does."""
-
-    def __init__(self, signum: int):
-        super().__init__(signum)
-        self.signum = signum
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+stops: list[int] = []  # the stop signals the running command got, first first
 
 
 def fail(message: str) -> NoReturn:
@@ -31,27 +26,47 @@ def fail(message: str) -> NoReturn:
     sys.exit(1)
 
 
+class Stopped(KeyboardInterrupt):
+    """A stop signal, raised where the main thread is so that it unwinds as Ctrl-C does: every
+    `finally` runs, temp files go. Not a bare KeyboardInterrupt: once a bare one has passed
+    through an exec of source text (a dataclass being defined), CPython run with -m ends the
+    process by SIGINT, whatever exit status it was given, even if the exception was caught."""
+
+
 def _stop(signum, frame):
-    raise Stopped(signum)
+    stops.append(signum)
+    raise Stopped
 
 
 def user_errors(fn):
-    """Report SwapmoeError as one line and Ctrl-C as 'interrupted', never as a traceback."""
+    """Report SwapmoeError as one line, and a stop (Ctrl-C, SIGTERM, SIGHUP) as one line with exit
+    status 128 + the signal's number (130 for Ctrl-C), never as a traceback.
+
+    A stop is raised as Stopped, a KeyboardInterrupt, where the main thread is. A library may
+    catch it and return (uvicorn shuts down on SIGTERM and Ctrl-C and returns; click.prompt
+    turns it into Abort): the stop is recorded in `stops`, so the command still ends as
+    stopped. A signal ignored when the command starts (nohup, a background job's Ctrl-C)
+    stays ignored."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        for signum in (signal.SIGTERM, signal.SIGHUP):  # as Ctrl-C: unwind, remove temp files
-            signal.signal(signum, _stop)
+        stops.clear()
+        taken = [signum for signum in STOP_SIGNALS if signal.getsignal(signum) != signal.SIG_IGN]
+        previous = {signum: signal.signal(signum, _stop) for signum in taken}
         try:
-            return fn(*args, **kwargs)
+            fn(*args, **kwargs)
         except SwapmoeError as e:
             fail(str(e))
-        except Stopped as e:
-            click.echo(f"swapmoe: stopped by {signal.Signals(e.signum).name}", err=True)
-            sys.exit(128 + e.signum)
         except KeyboardInterrupt:
-            click.echo("swapmoe: interrupted", err=True)
-            sys.exit(130)
+            if not stops:  # raised by code, not by a signal: as Ctrl-C
+                stops.append(signal.SIGINT)
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+        if stops:
+            said = "interrupted" if stops[0] == signal.SIGINT else f"stopped by {signal.Signals(stops[0]).name}"
+            click.echo(f"swapmoe: {said}", err=True)
+            sys.exit(128 + stops[0])
 
     return wrapper
 
@@ -478,7 +493,16 @@ def serve(model, host, port, api_key, parallel, options):
     """
     from swapmoe.server import serve as run_server
 
+    if signal.getsignal(signal.SIGHUP) == _stop:  # not ignored (nohup)
+        signal.signal(signal.SIGHUP, _hang_up_as_sigterm)
     run_server(model, host=host, port=port, api_key=api_key, parallel=parallel, **options)
+
+
+def _hang_up_as_sigterm(signum, frame):
+    """uvicorn shuts down in order on SIGINT and SIGTERM only; SIGHUP raised inside its event loop
+    would land in whatever request is running. Record it, and stop as SIGTERM does."""
+    stops.append(signum)
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 @main.command()

@@ -1,10 +1,16 @@
 import functools
 import io
 import os
+import select
 import shlex
 import shutil
+import signal
+import socket
 import subprocess
 import sys
+import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -213,6 +219,85 @@ def test_a_usage_error_is_one_line_naming_the_command_and_exit_1(args, message):
 def test_swapmoe_alone_prints_the_help():
     proc = subprocess.run(cli_command(), capture_output=True, text=True)
     assert proc.returncode == 0 and "Commands:" in proc.stdout and proc.stderr == ""
+
+
+@pytest.mark.parametrize(
+    "signum, code, said",
+    [
+        (signal.SIGTERM, 143, "swapmoe: stopped by SIGTERM"),
+        (signal.SIGINT, 130, "swapmoe: interrupted"),
+        (signal.SIGHUP, 129, "swapmoe: stopped by SIGHUP"),
+    ],
+)
+def test_serve_stops_on_a_signal_with_its_exit_status(signum, code, said):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(  # Ctrl-C as a terminal gives it: a background job may start with SIGINT ignored
+        cli_command("serve", "--port", port),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None and time.monotonic() < deadline, "serve did not start"
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5)
+                break
+            except urllib.error.HTTPError:  # 503 while the model loads: listening
+                break
+            except OSError:
+                time.sleep(0.1)
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == code and err.strip().splitlines()[-1] == said and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_chat_stopped_at_its_prompt_exits_as_stopped(signum, code):
+    """click.prompt turns the stop into an Abort, which ends the chat: still the signal's status."""
+    proc = subprocess.Popen(
+        cli_command("run", "--chat"),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    try:
+        shown, deadline = b"", time.monotonic() + 120
+        while not shown.endswith(b"you> "):
+            assert time.monotonic() < deadline, shown
+            if select.select([proc.stdout], [], [], 1)[0]:
+                chunk = os.read(proc.stdout.fileno(), 100)
+                assert chunk, f"run ended before its prompt: {shown}"
+                shown += chunk
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    said = "interrupted" if signum == signal.SIGINT else "stopped by SIGTERM"
+    assert proc.returncode == code and err.decode().strip().splitlines()[-1] == f"swapmoe: {said}", err
+
+
+def test_a_stop_that_went_through_an_exec_of_source_text_keeps_its_exit_status(tmp_path):
+    """CPython run with -m ends by SIGINT once a bare KeyboardInterrupt has passed through an exec
+    of source text (as a dataclass being defined does), even if it was caught: the stop a signal
+    raises must not be a bare one."""
+    (tmp_path / "stopped_in_exec.py").write_text(
+        "import os, signal\n"
+        "from swapmoe.cli import user_errors\n"
+        "user_errors(lambda: exec('os.kill(os.getpid(), signal.SIGTERM)\\nwhile True: pass'))()\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(swapmoe.__file__).parents[1])}
+    proc = subprocess.run(
+        [sys.executable, "-m", "stopped_in_exec"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 143 and proc.stderr == "swapmoe: stopped by SIGTERM\n", proc.stderr
 
 
 def test_progress_in_a_log_is_plain_lines_at_most_every_interval(monkeypatch):
