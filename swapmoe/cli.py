@@ -7,6 +7,7 @@ import functools
 import json
 import math
 import os
+import re
 import signal
 import sys
 from pathlib import Path
@@ -211,6 +212,31 @@ def inspect(model, as_json, page_size):
     click.echo(json.dumps(summary, indent=2) if as_json else format_summary(summary))
 
 
+_ESCAPED = re.compile(rb"\\(x[0-9A-Fa-f]{2}|.)", re.DOTALL)
+_ESCAPES = {b"n": b"\n", b"r": b"\r", b"t": b"\t", b"'": b"'", b'"': b'"', b"\\": b"\\"}
+
+
+def process_escapes(text: str) -> str:
+    """What llama.cpp's -p makes of the text (its string_process_escapes): \\n \\r \\t \\' \\" \\\\
+    become the character, \\xHH the byte HH; any other backslash stays, with what follows it.
+    Bytes, as in llama.cpp: \\xc3\\xa9 is é; a result that is not UTF-8 is refused."""
+
+    def unescape(match: re.Match) -> bytes:
+        code = match[1]
+        if len(code) == 3:  # xHH
+            return bytes([int(code[1:], 16)])
+        return _ESCAPES.get(code, match[0])
+
+    escaped = _ESCAPED.sub(unescape, text.encode("utf-8", "surrogateescape"))
+    try:
+        return escaped.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise SwapmoeError(
+            f"-p: the prompt is not UTF-8 text once its escapes are processed ({e.reason} at byte {e.start}); "
+            "--no-escape takes it as it is"
+        ) from None
+
+
 _MODEL_OPTIONS = [
     click.option(
         "--ctx",
@@ -315,13 +341,20 @@ def model_options(command):
 
 @main.command()
 @click.argument("model", required=False, type=click.Path(dir_okay=False, path_type=Path))
-@click.option("-p", "--prompt", help="Prompt text.")
+@click.option("-p", "--prompt", help="Prompt text, with escapes such as \\n processed (see --escape).")
 @click.option(
     "-f",
     "--file",
     "prompt_file",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="Read the prompt from a file.",
+)
+@click.option(
+    "--escape/--no-escape",
+    default=True,
+    show_default=True,
+    help="Turn the escapes in -p's text into what they stand for, as llama.cpp does: \\n \\r \\t \\' \\\" \\\\ "
+    "and \\xHH (the byte HH); any other backslash stays as it is. A -f file is taken as it is.",
 )
 @click.option("--chat", is_flag=True, help="Apply the model's chat template; without -p/-f, chat interactively.")
 @click.option("-n", "--max-tokens", type=click.IntRange(1), default=128, show_default=True, help="Tokens to generate.")
@@ -351,6 +384,7 @@ def run(
     model,
     prompt,
     prompt_file,
+    escape,
     chat,
     max_tokens,
     temp,
@@ -375,6 +409,8 @@ def run(
 
     if prompt is not None and prompt_file is not None:
         raise SwapmoeError("give either -p or -f, not both")
+    if prompt is not None and escape:
+        prompt = process_escapes(prompt)
     if prompt_file is not None:
         try:
             prompt = prompt_file.read_text(encoding="utf-8")

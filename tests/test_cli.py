@@ -300,6 +300,33 @@ def test_a_stop_that_went_through_an_exec_of_source_text_keeps_its_exit_status(t
     assert proc.returncode == 143 and proc.stderr == "swapmoe: stopped by SIGTERM\n", proc.stderr
 
 
+@pytest.mark.parametrize(
+    "typed, meant",
+    [
+        (r"a\nb", "a\nb"),
+        (r"\t\r\\\"\'", "\t\r\\\"'"),
+        (r"\\n", r"\n"),  # an escaped backslash, then a plain n
+        (r"\x41\xc3\xa9!", "Aé!"),  # bytes, so a UTF-8 sequence makes one character
+        (r"\q \x4 \xzz end\ ", r"\q \x4 \xzz end\ "),  # not escapes: kept as typed
+        ("trailing\\", "trailing\\"),
+        ("é \\u00e9", "é \\u00e9"),
+    ],
+)
+def test_prompt_escapes_as_llama_cpp(typed, meant):
+    from swapmoe.cli import process_escapes
+
+    assert process_escapes(typed) == meant
+
+
+def test_run_turns_prompt_escapes_into_characters_unless_no_escape():
+    result = run_cli("run", "-p", r"def f():\n\treturn", "-n", "1")
+    assert result.exit_code == 0 and result.output.startswith("def f():\n\treturn"), result.output
+    result = run_cli("run", "-p", r"def f():\n\treturn", "-n", "1", "--no-escape")
+    assert result.exit_code == 0 and result.output.startswith(r"def f():\n\treturn"), result.output
+    result = run_cli("run", "-p", r"caf\xe9", "-n", "1")
+    assert result.exit_code == 1 and "swapmoe: error: -p: the prompt is not UTF-8" in result.output
+
+
 def test_progress_in_a_log_is_plain_lines_at_most_every_interval(monkeypatch):
     from swapmoe import progress
 
