@@ -10,13 +10,15 @@ import os
 import re
 import signal
 import sys
+from inspect import signature
 from pathlib import Path
-from typing import NoReturn
+from typing import Callable, Iterable, NoReturn
 
 import click
 
 from swapmoe import __version__
 from swapmoe.errors import SwapmoeError
+from swapmoe.runtime.experts.options import IO_ENGINES, PREFETCH_MODES
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 stops: list[int] = []  # the stop signals the running command got, first first
@@ -139,6 +141,24 @@ SEED = click.IntRange(0, 2**63 - 1)
 SPECIAL_TOKENS_MOST = 4  # tokens a tokenizer adds beyond the text's bytes: BOS, EOS, a prefix space
 
 
+class NamesInHelp(click.Option):
+    """An option whose help lists a registry's names, imported only when the help is shown."""
+
+    def __init__(self, *args, names: Callable[[], Iterable[str]], help: str, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.names, self.help_template = names, help
+
+    def get_help_record(self, ctx):
+        self.help = self.help_template.format(names=", ".join(self.names()))
+        return super().get_help_record(ctx)
+
+
+def _synth_archs() -> Iterable[str]:
+    from swapmoe.synthetic.archs import ARCHS  # with gguf and numpy: longer to import than the whole CLI
+
+    return ARCHS
+
+
 def _page_size(ctx, param, value):
     if value < 4096 or value > 1 << 30 or value & (value - 1):
         raise click.BadParameter("must be a power of two from 4096 to 1 GiB")
@@ -149,8 +169,9 @@ def _page_size(ctx, param, value):
 @click.argument("out", type=click.Path(dir_okay=False, path_type=Path))
 @click.option(
     "--arch",
-    help="Architecture (default: the preset's, else qwen3moe): qwen3moe, qwen2moe, olmoe, "
-    "llama, deepseek2, deepseek4, minimax-m2, gpt-oss, qwen35moe, qwen3next, laguna.",
+    cls=NamesInHelp,
+    names=_synth_archs,
+    help="Architecture (default: the preset's, else qwen3moe): {names}.",
 )
 @click.option("--preset", help="Shape of a real model, e.g. qwen3-30b-a3b, deepseek-v4-flash (default: tiny-ARCH).")
 @click.option("--size-gb", type=FINITE_POSITIVE, help="Scale the layer count so the file is about this many GB.")
@@ -200,7 +221,7 @@ def synth(out, arch, preset, size_gb, type_name, layers, experts, seed, force):
     default=16384,
     show_default=True,
     callback=_page_size,
-    help="Page size for the alignment summary.",
+    help="Page size for the alignment summary: a power of two from 4096 to 1 GiB.",
 )
 @user_errors
 def inspect(model, as_json, page_size):
@@ -237,106 +258,96 @@ def process_escapes(text: str) -> str:
         ) from None
 
 
-_MODEL_OPTIONS = [
-    click.option(
-        "--ctx",
-        type=click.IntRange(1, 1 << 24),
-        help="Context length (default: the model's, at most 4096). A run without --chat reserves RAM "
-        "for the KV cache of its prompt and -n tokens only; the rest goes to experts.",
-    ),
-    click.option(
-        "--threads",
-        type=click.IntRange(1, 4096),
-        help="Compute threads (default: all cores). On a machine busy with other work, use fewer, or set "
-        "OMP_WAIT_POLICY=passive.",
-    ),
-    click.option(
-        "--expert-streaming/--no-expert-streaming",
-        default=None,
-        help="Read routed experts only when needed (default: on for repacked files or when the experts "
-        "do not fit in RAM). Env SWAPMOE_EXPERT_STREAMING.",
-    ),
-    click.option(
-        "--expert-cache-size",
-        type=click.IntRange(1),
-        metavar="MiB",
-        help="RAM budget for resident experts, enforced (default: what is left after the rest of the "
-        "model). Env SWAPMOE_EXPERT_CACHE_SIZE.",
-    ),
-    click.option(
-        "--expert-keep-recent",
-        type=click.IntRange(1),
-        metavar="N",
-        help="Keep only the N most recently used experts of each layer after every token. "
-        "Env SWAPMOE_EXPERT_KEEP_RECENT.",
-    ),
-    click.option(
-        "--expert-fixation",
-        type=click.IntRange(0),
-        metavar="N",
-        help="While decoding, reuse each layer's experts for N tokens (faster from disk, slightly "
-        "different output). Env SWAPMOE_EXPERT_FIXATION.",
-    ),
-    click.option(
-        "--expert-prefetch",
-        type=click.Choice(["off", "previous", "lookahead", "both"]),
-        is_flag=False,
-        flag_value="both",
-        help="Start reading experts before they are needed: the previous token's, and/or the next "
-        "layer's predicted by its router (alone: both). Env SWAPMOE_EXPERT_PREFETCH.",
-    ),
-    click.option(
-        "--expert-hash-prefetch/--no-expert-hash-prefetch",
-        default=None,
-        help="Hash-routed layers (DeepSeek-V4): start reading the experts a token's table row names as "
-        "soon as the token is known; exact, so on by default. Env SWAPMOE_EXPERT_HASH_PREFETCH.",
-    ),
-    click.option(
-        "--io",
-        type=click.Choice(["auto", "mmap", "pread"]),
-        help="How experts are read: mapped file or explicit reads into owned buffers. Env SWAPMOE_IO.",
-    ),
-    click.option(
-        "--trace",
-        type=click.Path(dir_okay=False, path_type=Path),
-        metavar="FILE",
-        help="Write every layer's expert choice to FILE as JSON lines, for tools/replay_trace.py.",
-    ),
-    click.option(
-        "--override-kv",
-        multiple=True,
-        metavar="KEY=TYPE:VALUE",
-        help="Use this metadata value instead of the file's (TYPE int, float, bool, str; repeatable), as "
-        "llama.cpp's flag: e.g. qwen3moe.expert_used_count=int:10 routes each token to 10 experts.",
-    ),
-]
-_MODEL_KEYS = (
-    "ctx",
-    "threads",
-    "expert_streaming",
-    "expert_cache_size",
-    "expert_keep_recent",
-    "expert_fixation",
-    "expert_prefetch",
-    "expert_hash_prefetch",
-    "io",
-    "trace",
-    "override_kv",
-)
+def _model_options(ctx_help: str) -> list:
+    return [
+        click.option("--ctx", type=click.IntRange(1, 1 << 24), help=ctx_help),
+        click.option(
+            "--threads",
+            type=click.IntRange(1, 4096),
+            help="Compute threads (default: all cores). On a machine busy with other work, use fewer, or set "
+            "OMP_WAIT_POLICY=passive.",
+        ),
+        click.option(
+            "--expert-streaming/--no-expert-streaming",
+            default=None,
+            help="Read routed experts only when needed (default: on for repacked files or when the experts "
+            "do not fit in RAM). Env SWAPMOE_EXPERT_STREAMING.",
+        ),
+        click.option(
+            "--expert-cache-size",
+            type=click.IntRange(1),
+            metavar="MiB",
+            help="RAM budget for resident experts, enforced (default: what is left after the rest of the "
+            "model). Env SWAPMOE_EXPERT_CACHE_SIZE.",
+        ),
+        click.option(
+            "--expert-keep-recent",
+            type=click.IntRange(1),
+            metavar="N",
+            help="Keep only the N most recently used experts of each layer after every forward pass. "
+            "Env SWAPMOE_EXPERT_KEEP_RECENT.",
+        ),
+        click.option(
+            "--expert-fixation",
+            type=click.IntRange(0),
+            metavar="N",
+            help="While decoding, reuse each layer's experts for N tokens (faster from disk, slightly "
+            "different output). Env SWAPMOE_EXPERT_FIXATION.",
+        ),
+        click.option(
+            "--expert-prefetch",
+            type=click.Choice(PREFETCH_MODES),
+            is_flag=False,
+            flag_value="both",
+            help="Start reading experts before they are needed: the previous token's, and/or the next "
+            "layer's predicted by its router (alone: both). Env SWAPMOE_EXPERT_PREFETCH.",
+        ),
+        click.option(
+            "--expert-hash-prefetch/--no-expert-hash-prefetch",
+            default=None,
+            help="Hash-routed layers (DeepSeek-V4): start reading the experts a token's table row names as "
+            "soon as the token is known; exact, so on by default. Env SWAPMOE_EXPERT_HASH_PREFETCH.",
+        ),
+        click.option(
+            "--io",
+            type=click.Choice(IO_ENGINES),
+            help="How experts are read: the file mapped (mmap), or explicit reads into buffers swapmoe owns "
+            "(pread); auto: pread when experts are evicted and read again, else mmap. Env SWAPMOE_IO.",
+        ),
+        click.option(
+            "--trace",
+            type=click.Path(dir_okay=False, path_type=Path),
+            metavar="FILE",
+            help="Write every layer's expert choice to FILE as JSON lines, for tools/replay_trace.py.",
+        ),
+        click.option(
+            "--override-kv",
+            multiple=True,
+            metavar="KEY=TYPE:VALUE",
+            help="Use this metadata value instead of the file's (TYPE int, float, bool, str; repeatable), as "
+            "llama.cpp's flag: e.g. qwen3moe.expert_used_count=int:10 routes each token to 10 experts.",
+        ),
+    ]
 
 
-def model_options(command):
-    """The options of `swapmoe.load` (context, threads, expert streaming) as flags; the command
-    receives them together as `options`, a dict for swapmoe.load."""
+def model_options(ctx_help: str):
+    """The options of `swapmoe.load` (context, threads, expert streaming) as flags, with `ctx_help`
+    saying what --ctx means for the command. The command receives them together as `options`, a
+    dict for swapmoe.load: every keyword click passes that the command does not take itself."""
 
-    @functools.wraps(command)
-    def wrapper(*args, **kwargs):
-        kwargs["options"] = {key: kwargs.pop(key) for key in _MODEL_KEYS}
-        return command(*args, **kwargs)
+    def decorate(command):
+        own = signature(command).parameters
 
-    for option in reversed(_MODEL_OPTIONS):
-        wrapper = option(wrapper)
-    return wrapper
+        @functools.wraps(command)
+        def wrapper(*args, **kwargs):
+            options = {key: kwargs.pop(key) for key in list(kwargs) if key not in own}
+            return command(*args, options=options, **kwargs)
+
+        for option in reversed(_model_options(ctx_help)):
+            wrapper = option(wrapper)
+        return wrapper
+
+    return decorate
 
 
 @main.command()
@@ -375,7 +386,10 @@ def model_options(command):
 )
 @click.option("--seed", type=SEED, help="Random seed for sampling.")
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-text tokens.")
-@model_options
+@model_options(
+    "Context length (default: the model's, at most 4096). Without --chat, RAM is reserved for the KV cache "
+    "of the prompt and -n tokens only; the rest goes to experts."
+)
 @click.option(
     "--stats", "show_stats", is_flag=True, help="Print what the expert store chose and why, and its counters."
 )
@@ -511,7 +525,10 @@ def run(
     help="Requests decoded together (each with its own context's caches); each step reads an "
     "expert once for all of them. More requests wait in order.",
 )
-@model_options
+@model_options(
+    "Context length of each --parallel slot (default: the model's, at most 4096); RAM is reserved for the "
+    "KV cache of every slot."
+)
 @user_errors
 def serve(model, host, port, api_key, parallel, options):
     """Serve a GGUF MoE model over OpenAI's HTTP API (default: the embedded tiny model).

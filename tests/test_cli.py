@@ -1,6 +1,7 @@
 import functools
 import io
 import os
+import re
 import select
 import shlex
 import shutil
@@ -13,10 +14,13 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import click
 import pytest
 
 import swapmoe
 from swapmoe.cli import main
+from swapmoe.runtime.experts.options import IO_ENGINES, PREFETCH_MODES
+from swapmoe.synthetic.archs import ARCHS
 
 from conftest import cli_command, run_cli
 
@@ -325,6 +329,48 @@ def test_run_turns_prompt_escapes_into_characters_unless_no_escape():
     assert result.exit_code == 0 and result.output.startswith(r"def f():\n\treturn"), result.output
     result = run_cli("run", "-p", r"caf\xe9", "-n", "1")
     assert result.exit_code == 1 and "swapmoe: error: -p: the prompt is not UTF-8" in result.output
+
+
+def _help_texts(command):
+    """The command's own help (up to its examples, which may show other programs' flags) and
+    every option's help, as `COMMAND --help` shows them."""
+    ctx = click.Context(command, info_name=command.name)
+    yield command.help.split("Examples:")[0]
+    for param in command.get_params(ctx):
+        record = param.get_help_record(ctx)
+        if record is not None:
+            yield record[1]
+
+
+@pytest.mark.parametrize("name", sorted(main.commands))
+def test_help_mentions_only_options_the_command_has(name):
+    command = main.commands[name]
+    ctx = click.Context(command, info_name=name)
+    options = {opt for param in command.get_params(ctx) for opt in (*param.opts, *param.secondary_opts)}
+    for text in _help_texts(command):
+        for mentioned in re.findall(r"(?<![\w-])--?[a-zA-Z][\w-]*", text):
+            assert mentioned in options, f"{name} --help mentions {mentioned}: {text}"
+
+
+def test_choices_and_help_follow_the_registries():
+    """A new I/O engine, prefetch mode or synthetic architecture shows up in the CLI unasked."""
+    script = """
+import click
+import swapmoe.runtime.experts.options as options
+import swapmoe.synthetic.archs as archs
+options.IO_ENGINES += ("uring",)
+options.PREFETCH_MODES += ("oracle",)
+archs.ARCHS["newarch"] = archs.ARCHS["qwen3moe"]
+from swapmoe.cli import main
+run = {p.name: p for p in main.commands["run"].params}
+print(list(run["io"].type.choices), list(run["expert_prefetch"].type.choices))
+synth = main.commands["synth"]
+print(synth.get_help(click.Context(synth, info_name="synth")))
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    choices, help_text = proc.stdout.split("\n", 1)
+    assert choices == str([*IO_ENGINES, "uring"]) + " " + str([*PREFETCH_MODES, "oracle"])
+    assert ", ".join([*ARCHS, "newarch"]) in " ".join(help_text.split())
 
 
 def test_progress_in_a_log_is_plain_lines_at_most_every_interval(monkeypatch):
