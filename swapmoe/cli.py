@@ -2,55 +2,121 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
 import os
+import re
 import signal
 import sys
+from inspect import signature
 from pathlib import Path
+from typing import Callable, Iterable, NoReturn
 
 import click
 
 from swapmoe import __version__
 from swapmoe.errors import SwapmoeError
+from swapmoe.runtime.experts.options import IO_ENGINES, PREFETCH_MODES
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+stops: list[int] = []  # the stop signals the running command got, first first
+
+
+def fail(message: str) -> NoReturn:
+    click.echo(f"swapmoe: error: {message}", err=True)
+    sys.exit(1)
 
 
 class Stopped(KeyboardInterrupt):
-    """SIGTERM or SIGHUP, raised where the main thread is, so that it unwinds as Ctrl-C does."""
-
-    def __init__(self, signum: int):
-        super().__init__(signum)
-        self.signum = signum
+    """A stop signal, raised where the main thread is so that it unwinds as Ctrl-C does: every
+    `finally` runs, temp files go. Not a bare KeyboardInterrupt: once a bare one has passed
+    through an exec of source text (a dataclass being defined), CPython run with -m ends the
+    process by SIGINT, whatever exit status it was given, even if the exception was caught."""
 
 
 def _stop(signum, frame):
-    raise Stopped(signum)
+    stops.append(signum)
+    raise Stopped
 
 
 def user_errors(fn):
-    """Report SwapmoeError as one line and Ctrl-C as 'interrupted', never as a traceback."""
+    """Report SwapmoeError as one line, and a stop (Ctrl-C, SIGTERM, SIGHUP) as one line with exit
+    status 128 + the signal's number (130 for Ctrl-C), never as a traceback.
+
+    A stop is raised as Stopped, a KeyboardInterrupt, where the main thread is. A library may
+    catch it and return (uvicorn shuts down on SIGTERM and Ctrl-C and returns; click.prompt
+    turns it into Abort): the stop is recorded in `stops`, so the command still ends as
+    stopped. A signal ignored when the command starts (nohup, a background job's Ctrl-C)
+    stays ignored."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        for signum in (signal.SIGTERM, signal.SIGHUP):  # as Ctrl-C: unwind, remove temp files
-            signal.signal(signum, _stop)
+        stops.clear()
+        taken = [signum for signum in STOP_SIGNALS if signal.getsignal(signum) != signal.SIG_IGN]
+        previous = {signum: signal.signal(signum, _stop) for signum in taken}
         try:
-            return fn(*args, **kwargs)
+            fn(*args, **kwargs)
         except SwapmoeError as e:
-            click.echo(f"swapmoe: error: {e}", err=True)
-            sys.exit(1)
-        except Stopped as e:
-            click.echo(f"swapmoe: stopped by {signal.Signals(e.signum).name}", err=True)
-            sys.exit(128 + e.signum)
+            fail(str(e))
         except KeyboardInterrupt:
-            click.echo("swapmoe: interrupted", err=True)
-            sys.exit(130)
+            if not stops:  # raised by code, not by a signal: as Ctrl-C
+                stops.append(signal.SIGINT)
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+        if stops:
+            said = "interrupted" if stops[0] == signal.SIGINT else f"stopped by {signal.Signals(stops[0]).name}"
+            click.echo(f"swapmoe: {said}", err=True)
+            sys.exit(128 + stops[0])
 
     return wrapper
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+class Command(click.Command):
+    """A command whose usage errors name it (`swapmoe: error: run: ...`), those click's parser
+    raises without saying where included."""
+
+    def parse_args(self, ctx, args):
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as e:
+            e.ctx = e.ctx or ctx
+            raise
+
+
+class Commands(click.Group):
+    """The `swapmoe` group. A usage error anywhere (misspelt option or command, bad value,
+    missing argument; before or inside a command) is one line and exit status 1, as every other
+    error; `swapmoe` alone prints the help, as `swapmoe --help` does."""
+
+    command_class = Command
+
+    def make_context(self, info_name, args, parent=None, **extra):
+        with _usage_errors_in_one_line():
+            return super().make_context(info_name, args, parent, **extra)
+
+    def invoke(self, ctx):
+        with _usage_errors_in_one_line():
+            return super().invoke(ctx)
+
+
+@contextlib.contextmanager
+def _usage_errors_in_one_line():
+    try:
+        yield
+    except click.exceptions.NoArgsIsHelpError as e:
+        click.echo(e.ctx.get_help())
+        e.ctx.exit()
+    except click.UsageError as e:  # BadParameter, NoSuchOption (with its "Did you mean"), missing arguments
+        command = f"{e.ctx.info_name}: " if e.ctx is not None and e.ctx.parent is not None else ""
+        fail(command + e.format_message())
+
+
+@click.group(
+    "swapmoe", cls=Commands, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100}
+)
 @click.version_option(__version__, prog_name="swapmoe")
 def main():
     """Run giant Mixture-of-Experts GGUF models from an SSD.
@@ -75,6 +141,24 @@ SEED = click.IntRange(0, 2**63 - 1)
 SPECIAL_TOKENS_MOST = 4  # tokens a tokenizer adds beyond the text's bytes: BOS, EOS, a prefix space
 
 
+class NamesInHelp(click.Option):
+    """An option whose help lists a registry's names, imported only when the help is shown."""
+
+    def __init__(self, *args, names: Callable[[], Iterable[str]], help: str, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.names, self.help_template = names, help
+
+    def get_help_record(self, ctx):
+        self.help = self.help_template.format(names=", ".join(self.names()))
+        return super().get_help_record(ctx)
+
+
+def _synth_archs() -> Iterable[str]:
+    from swapmoe.synthetic.archs import ARCHS  # with gguf and numpy: longer to import than the whole CLI
+
+    return ARCHS
+
+
 def _page_size(ctx, param, value):
     if value < 4096 or value > 1 << 30 or value & (value - 1):
         raise click.BadParameter("must be a power of two from 4096 to 1 GiB")
@@ -85,8 +169,9 @@ def _page_size(ctx, param, value):
 @click.argument("out", type=click.Path(dir_okay=False, path_type=Path))
 @click.option(
     "--arch",
-    help="Architecture (default: the preset's, else qwen3moe): qwen3moe, qwen2moe, olmoe, "
-    "llama, deepseek2, deepseek4, minimax-m2, gpt-oss, qwen35moe, qwen3next, laguna.",
+    cls=NamesInHelp,
+    names=_synth_archs,
+    help="Architecture (default: the preset's, else qwen3moe): {names}.",
 )
 @click.option("--preset", help="Shape of a real model, e.g. qwen3-30b-a3b, deepseek-v4-flash (default: tiny-ARCH).")
 @click.option("--size-gb", type=FINITE_POSITIVE, help="Scale the layer count so the file is about this many GB.")
@@ -136,7 +221,7 @@ def synth(out, arch, preset, size_gb, type_name, layers, experts, seed, force):
     default=16384,
     show_default=True,
     callback=_page_size,
-    help="Page size for the alignment summary.",
+    help="Page size for the alignment summary: a power of two from 4096 to 1 GiB.",
 )
 @user_errors
 def inspect(model, as_json, page_size):
@@ -148,117 +233,139 @@ def inspect(model, as_json, page_size):
     click.echo(json.dumps(summary, indent=2) if as_json else format_summary(summary))
 
 
-_MODEL_OPTIONS = [
-    click.option(
-        "--ctx",
-        type=click.IntRange(1, 1 << 24),
-        help="Context length (default: the model's, at most 4096). A run without --chat reserves RAM "
-        "for the KV cache of its prompt and -n tokens only; the rest goes to experts.",
-    ),
-    click.option(
-        "--threads",
-        type=click.IntRange(1, 4096),
-        help="Compute threads (default: all cores). On a machine busy with other work, use fewer, or set "
-        "OMP_WAIT_POLICY=passive.",
-    ),
-    click.option(
-        "--expert-streaming/--no-expert-streaming",
-        default=None,
-        help="Read routed experts only when needed (default: on for repacked files or when the experts "
-        "do not fit in RAM). Env SWAPMOE_EXPERT_STREAMING.",
-    ),
-    click.option(
-        "--expert-cache-size",
-        type=click.IntRange(1),
-        metavar="MiB",
-        help="RAM budget for resident experts, enforced (default: what is left after the rest of the "
-        "model). Env SWAPMOE_EXPERT_CACHE_SIZE.",
-    ),
-    click.option(
-        "--expert-keep-recent",
-        type=click.IntRange(1),
-        metavar="N",
-        help="Keep only the N most recently used experts of each layer after every token. "
-        "Env SWAPMOE_EXPERT_KEEP_RECENT.",
-    ),
-    click.option(
-        "--expert-fixation",
-        type=click.IntRange(0),
-        metavar="N",
-        help="While decoding, reuse each layer's experts for N tokens (faster from disk, slightly "
-        "different output). Env SWAPMOE_EXPERT_FIXATION.",
-    ),
-    click.option(
-        "--expert-prefetch",
-        type=click.Choice(["off", "previous", "lookahead", "both"]),
-        is_flag=False,
-        flag_value="both",
-        help="Start reading experts before they are needed: the previous token's, and/or the next "
-        "layer's predicted by its router (alone: both). Env SWAPMOE_EXPERT_PREFETCH.",
-    ),
-    click.option(
-        "--expert-hash-prefetch/--no-expert-hash-prefetch",
-        default=None,
-        help="Hash-routed layers (DeepSeek-V4): start reading the experts a token's table row names as "
-        "soon as the token is known; exact, so on by default. Env SWAPMOE_EXPERT_HASH_PREFETCH.",
-    ),
-    click.option(
-        "--io",
-        type=click.Choice(["auto", "mmap", "pread"]),
-        help="How experts are read: mapped file or explicit reads into owned buffers. Env SWAPMOE_IO.",
-    ),
-    click.option(
-        "--trace",
-        type=click.Path(dir_okay=False, path_type=Path),
-        metavar="FILE",
-        help="Write every layer's expert choice to FILE as JSON lines, for tools/replay_trace.py.",
-    ),
-    click.option(
-        "--override-kv",
-        multiple=True,
-        metavar="KEY=TYPE:VALUE",
-        help="Use this metadata value instead of the file's (TYPE int, float, bool, str; repeatable), as "
-        "llama.cpp's flag: e.g. qwen3moe.expert_used_count=int:10 routes each token to 10 experts.",
-    ),
-]
-_MODEL_KEYS = (
-    "ctx",
-    "threads",
-    "expert_streaming",
-    "expert_cache_size",
-    "expert_keep_recent",
-    "expert_fixation",
-    "expert_prefetch",
-    "expert_hash_prefetch",
-    "io",
-    "trace",
-    "override_kv",
-)
+_ESCAPED = re.compile(rb"\\(x[0-9A-Fa-f]{2}|.)", re.DOTALL)
+_ESCAPES = {b"n": b"\n", b"r": b"\r", b"t": b"\t", b"'": b"'", b'"': b'"', b"\\": b"\\"}
 
 
-def model_options(command):
-    """The options of `swapmoe.load` (context, threads, expert streaming) as flags; the command
-    receives them together as `options`, a dict for swapmoe.load."""
+def process_escapes(text: str) -> str:
+    """What llama.cpp's -p makes of the text (its string_process_escapes): \\n \\r \\t \\' \\" \\\\
+    become the character, \\xHH the byte HH; any other backslash stays, with what follows it.
+    Bytes, as in llama.cpp: \\xc3\\xa9 is é; a result that is not UTF-8 is refused."""
 
-    @functools.wraps(command)
-    def wrapper(*args, **kwargs):
-        kwargs["options"] = {key: kwargs.pop(key) for key in _MODEL_KEYS}
-        return command(*args, **kwargs)
+    def unescape(match: re.Match) -> bytes:
+        code = match[1]
+        if len(code) == 3:  # xHH
+            return bytes([int(code[1:], 16)])
+        return _ESCAPES.get(code, match[0])
 
-    for option in reversed(_MODEL_OPTIONS):
-        wrapper = option(wrapper)
-    return wrapper
+    escaped = _ESCAPED.sub(unescape, text.encode("utf-8", "surrogateescape"))
+    try:
+        return escaped.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise SwapmoeError(
+            f"-p: the prompt is not UTF-8 text once its escapes are processed ({e.reason} at byte {e.start}); "
+            "--no-escape takes it as it is"
+        ) from None
+
+
+def _model_options(ctx_help: str) -> list:
+    return [
+        click.option("--ctx", type=click.IntRange(1, 1 << 24), help=ctx_help),
+        click.option(
+            "--threads",
+            type=click.IntRange(1, 4096),
+            help="Compute threads (default: all cores). On a machine busy with other work, use fewer, or set "
+            "OMP_WAIT_POLICY=passive.",
+        ),
+        click.option(
+            "--expert-streaming/--no-expert-streaming",
+            default=None,
+            help="Read routed experts only when needed (default: on for repacked files or when the experts "
+            "do not fit in RAM). Env SWAPMOE_EXPERT_STREAMING.",
+        ),
+        click.option(
+            "--expert-cache-size",
+            type=click.IntRange(1),
+            metavar="MiB",
+            help="RAM budget for resident experts, enforced (default: what is left after the rest of the "
+            "model). Env SWAPMOE_EXPERT_CACHE_SIZE.",
+        ),
+        click.option(
+            "--expert-keep-recent",
+            type=click.IntRange(1),
+            metavar="N",
+            help="Keep only the N most recently used experts of each layer after every forward pass. "
+            "Env SWAPMOE_EXPERT_KEEP_RECENT.",
+        ),
+        click.option(
+            "--expert-fixation",
+            type=click.IntRange(0),
+            metavar="N",
+            help="While decoding, reuse each layer's experts for N tokens (faster from disk, slightly "
+            "different output). Env SWAPMOE_EXPERT_FIXATION.",
+        ),
+        click.option(
+            "--expert-prefetch",
+            type=click.Choice(PREFETCH_MODES),
+            is_flag=False,
+            flag_value="both",
+            help="Start reading experts before they are needed: the previous token's, and/or the next "
+            "layer's predicted by its router (alone: both). Env SWAPMOE_EXPERT_PREFETCH.",
+        ),
+        click.option(
+            "--expert-hash-prefetch/--no-expert-hash-prefetch",
+            default=None,
+            help="Hash-routed layers (DeepSeek-V4): start reading the experts a token's table row names as "
+            "soon as the token is known; exact, so on by default. Env SWAPMOE_EXPERT_HASH_PREFETCH.",
+        ),
+        click.option(
+            "--io",
+            type=click.Choice(IO_ENGINES),
+            help="How experts are read: the file mapped (mmap), or explicit reads into buffers swapmoe owns "
+            "(pread); auto: pread when experts are evicted and read again, else mmap. Env SWAPMOE_IO.",
+        ),
+        click.option(
+            "--trace",
+            type=click.Path(dir_okay=False, path_type=Path),
+            metavar="FILE",
+            help="Write every layer's expert choice to FILE as JSON lines, for tools/replay_trace.py.",
+        ),
+        click.option(
+            "--override-kv",
+            multiple=True,
+            metavar="KEY=TYPE:VALUE",
+            help="Use this metadata value instead of the file's (TYPE int, float, bool, str; repeatable), as "
+            "llama.cpp's flag: e.g. qwen3moe.expert_used_count=int:10 routes each token to 10 experts.",
+        ),
+    ]
+
+
+def model_options(ctx_help: str):
+    """The options of `swapmoe.load` (context, threads, expert streaming) as flags, with `ctx_help`
+    saying what --ctx means for the command. The command receives them together as `options`, a
+    dict for swapmoe.load: every keyword click passes that the command does not take itself."""
+
+    def decorate(command):
+        own = signature(command).parameters
+
+        @functools.wraps(command)
+        def wrapper(*args, **kwargs):
+            options = {key: kwargs.pop(key) for key in list(kwargs) if key not in own}
+            return command(*args, options=options, **kwargs)
+
+        for option in reversed(_model_options(ctx_help)):
+            wrapper = option(wrapper)
+        return wrapper
+
+    return decorate
 
 
 @main.command()
 @click.argument("model", required=False, type=click.Path(dir_okay=False, path_type=Path))
-@click.option("-p", "--prompt", help="Prompt text.")
+@click.option("-p", "--prompt", help="Prompt text, with escapes such as \\n processed (see --escape).")
 @click.option(
     "-f",
     "--file",
     "prompt_file",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="Read the prompt from a file.",
+)
+@click.option(
+    "--escape/--no-escape",
+    default=True,
+    show_default=True,
+    help="Turn the escapes in -p's text into what they stand for, as llama.cpp does: \\n \\r \\t \\' \\\" \\\\ "
+    "and \\xHH (the byte HH); any other backslash stays as it is. A -f file is taken as it is.",
 )
 @click.option("--chat", is_flag=True, help="Apply the model's chat template; without -p/-f, chat interactively.")
 @click.option("-n", "--max-tokens", type=click.IntRange(1), default=128, show_default=True, help="Tokens to generate.")
@@ -279,7 +386,10 @@ def model_options(command):
 )
 @click.option("--seed", type=SEED, help="Random seed for sampling.")
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-text tokens.")
-@model_options
+@model_options(
+    "Context length (default: the model's, at most 4096). Without --chat, RAM is reserved for the KV cache "
+    "of the prompt and -n tokens only; the rest goes to experts."
+)
 @click.option(
     "--stats", "show_stats", is_flag=True, help="Print what the expert store chose and why, and its counters."
 )
@@ -288,6 +398,7 @@ def run(
     model,
     prompt,
     prompt_file,
+    escape,
     chat,
     max_tokens,
     temp,
@@ -312,6 +423,8 @@ def run(
 
     if prompt is not None and prompt_file is not None:
         raise SwapmoeError("give either -p or -f, not both")
+    if prompt is not None and escape:
+        prompt = process_escapes(prompt)
     if prompt_file is not None:
         try:
             prompt = prompt_file.read_text(encoding="utf-8")
@@ -412,7 +525,10 @@ def run(
     help="Requests decoded together (each with its own context's caches); each step reads an "
     "expert once for all of them. More requests wait in order.",
 )
-@model_options
+@model_options(
+    "Context length of each --parallel slot (default: the model's, at most 4096); RAM is reserved for the "
+    "KV cache of every slot."
+)
 @user_errors
 def serve(model, host, port, api_key, parallel, options):
     """Serve a GGUF MoE model over OpenAI's HTTP API (default: the embedded tiny model).
@@ -430,7 +546,16 @@ def serve(model, host, port, api_key, parallel, options):
     """
     from swapmoe.server import serve as run_server
 
+    if signal.getsignal(signal.SIGHUP) == _stop:  # not ignored (nohup)
+        signal.signal(signal.SIGHUP, _hang_up_as_sigterm)
     run_server(model, host=host, port=port, api_key=api_key, parallel=parallel, **options)
+
+
+def _hang_up_as_sigterm(signum, frame):
+    """uvicorn shuts down in order on SIGINT and SIGTERM only; SIGHUP raised inside its event loop
+    would land in whatever request is running. Record it, and stop as SIGTERM does."""
+    stops.append(signum)
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 @main.command()
@@ -661,4 +786,4 @@ def _big_demo() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(prog_name="swapmoe")

@@ -86,7 +86,7 @@ def test_the_checks_see_each_kind_of_failure(fuzz):
             Result(1, "", "swapmoe: error: bad\n", 1 << 20, 1.0),
             "error does not name M.gguf",
         ),
-        (Command(["run", "x", "--ctx", "0"]), Result(2, "", "Usage: swapmoe run\n", 1 << 20, 1.0), "usage error"),
+        (Command(["run", "x", "--ctx", "0"]), Result(2, "", "Usage: swapmoe run\n", 1 << 20, 1.0), "exit 2"),
     ]
     for cmd, result, problem in cases:
         found = fuzz.check(cmd, result)

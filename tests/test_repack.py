@@ -285,7 +285,7 @@ def test_cli_round_trip(models, tmp_path):
 )
 def test_cli_bad_options(models, tmp_path, args, message):
     result = run_cli("repack", models("qwen3moe"), tmp_path / "out.gguf", *args)
-    assert result.exit_code == 2 and message in result.output
+    assert result.exit_code == 1 and message in result.output
 
 
 def test_refuses_same_file_and_existing_output(models, tmp_path):

@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from tqdm import tqdm
 
 from swapmoe.errors import SwapmoeError
+from swapmoe.progress import progress_bar
 
 CHUNK = 8 << 20
 WORKERS = (os.cpu_count() or 2) + 1  # one more than cores so a reader waits on I/O while others hash
@@ -101,15 +101,7 @@ def run(
     queue = iter(_batches(pieces))
     lock, stop, errors = threading.Lock(), threading.Event(), []
     src_fds, dst_fds = [], []
-    bar = tqdm(
-        total=sum(p.length for p in pieces),
-        unit="B",
-        unit_scale=True,
-        desc=desc,
-        disable=not progress,
-        mininterval=0.5,
-        smoothing=0.1,
-    )
+    bar = progress_bar(sum(p.length for p in pieces), desc, enabled=progress)
 
     def finish(piece: Piece, view: memoryview, h, offset: int, other: memoryview | None) -> bool:
         """Hash bytes of the piece already in `view` (at `offset` within the piece), then write or compare them."""

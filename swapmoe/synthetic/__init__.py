@@ -16,10 +16,10 @@ from typing import Any
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGML_QUANT_VERSION, GGMLQuantizationType as T, GGUFValueType, GGUFWriter, Keys
-from tqdm import tqdm
 
 from swapmoe.atomic import atomic_output, check_free_space, check_output_path
 from swapmoe.errors import SwapmoeError
+from swapmoe.progress import progress_bar
 from swapmoe.synthetic.archs import ARCHS, SynthConfig, Tensor
 from swapmoe.synthetic.blocks import FLOAT_TYPES, QUANT_TYPES, BlockPool, random_floats
 from swapmoe.synthetic.presets import PRESETS, preset_for
@@ -315,7 +315,7 @@ def synth(
         return pools[ggml_type, std].chunks(nbytes)
 
     per_shard = -(-len(tensors) // shards)
-    with tqdm(total=total, unit="B", unit_scale=True, disable=not progress, desc=f"synth {path.name}") as bar:
+    with progress_bar(total, f"synth {path.name}", enabled=progress) as bar:
         for i, shard_path in enumerate(paths):
             w = GGUFWriter(None, arch)
             if i == 0:
